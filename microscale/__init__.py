@@ -1,0 +1,19 @@
+"""microscale: block-scaled low-precision formats (NVFP4, MXFP4/6/8, MXINT8, fp8 and
+intN group formats), exact to the specs and fast on Hopper.
+
+Quick use::
+
+    import microscale as ms
+    q = ms.quantize(x, "nvfp4")          # QTensor
+    y = q.dequantize(torch.bfloat16)
+    print(ms.formats.registry.keys())
+"""
+from . import formats
+from .formats import Format, get_format, registry
+from .ops import decode, dequantize, encode, quantize
+from .qtensor import QTensor
+
+__version__ = "0.1.0"
+
+__all__ = ["formats", "Format", "get_format", "registry", "QTensor", "quantize", "dequantize", "encode", "decode",
+           "__version__"]

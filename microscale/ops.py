@@ -1,0 +1,74 @@
+"""Layer 4: the public operations, dispatched by device.
+
+CPU (and any device without a kernel) runs the reference; CUDA tensors run the
+Triton kernels where one exists for the op.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from .formats import Format, NonFinite, Overflow, Rounding, ScaleRule, TwoLevel, get_element
+from .qtensor import QTensor
+
+__all__ = ["quantize", "dequantize", "encode", "decode"]
+
+
+def quantize(
+    x: torch.Tensor,
+    fmt: str | Format,
+    *,
+    scale_rule: str | ScaleRule | None = None,
+    block_size: int | None = None,
+    rounding: str | Rounding = "nearest_even",
+    overflow: str | Overflow = "saturate",
+    nonfinite: str | NonFinite = "propagate",
+    global_scale: float | torch.Tensor | None = None,
+    convention: str | TwoLevel | None = None,
+    pad: bool = False,
+    generator: torch.Generator | None = None,
+) -> QTensor:
+    """Quantize ``x`` (float32/float16/bfloat16/float64, blocks along the last dim) to ``fmt``.
+
+    Args:
+        x: input tensor, any leading dims.
+        fmt: preset name (``ms.formats.registry``) or a :class:`Format`.
+        scale_rule: override the format's scale rule (``floor``/``ceil``/``even``/``rceil``
+            for E8M0 scales).
+        block_size: override the block size.
+        rounding: ``nearest_even`` (default), ``nearest_away`` or ``stochastic``.
+        overflow: ``saturate`` (default) or ``native``.
+        nonfinite: NaN/Inf input policy: ``propagate`` (default), ``zero`` or ``error``.
+        global_scale: two-level formats: the per-tensor decode scale; computed from the
+            tensor's amax when omitted.
+        convention: two-level formats: ``modelopt`` (default), ``torchao`` or
+            ``compressed-tensors``.
+        pad: zero-pad K (and rows of 2-D blocks) to a whole block instead of raising.
+        generator: seeds stochastic rounding.
+
+    Returns:
+        A :class:`QTensor` in the canonical (checkpoint) layout.
+    """
+    return reference.quantize(
+        x, fmt, scale_rule=scale_rule, block_size=block_size, rounding=rounding, overflow=overflow,
+        nonfinite=nonfinite, global_scale=global_scale, convention=convention, pad=pad, generator=generator)
+
+
+def dequantize(q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode ``q`` to a dense tensor of ``dtype`` in its original shape."""
+    if not isinstance(q, QTensor):
+        raise TypeError(f"dequantize: expected a QTensor, got {type(q).__name__}")
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise TypeError(f"dequantize: dtype={dtype} is not a floating dtype")
+    return reference.dequantize(q, dtype)
+
+
+def encode(x: torch.Tensor, element: str, *, rounding: str = "nearest_even", overflow: str = "saturate",
+           nonfinite: str = "propagate", generator: torch.Generator | None = None) -> torch.Tensor:
+    """Encode each element of ``x`` to ``element`` (e.g. ``"e2m1"``): one uint8 code per element."""
+    return get_element(element).encode(x, rounding, overflow, nonfinite, generator)
+
+
+def decode(codes: torch.Tensor, element: str) -> torch.Tensor:
+    """Decode one code per element (uint8) of ``element`` to float32."""
+    return get_element(element).decode(codes)

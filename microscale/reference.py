@@ -1,0 +1,251 @@
+"""Layer 2: the reference quantizer and dequantizer in plain PyTorch (any device).
+
+This is the oracle the kernels are tested against: vectorized, exact, slow is fine.
+"""
+from __future__ import annotations
+
+import torch
+
+from .formats import (
+    Format, NonFinite, Overflow, Rounding, ScaleRule, TwoLevel, e8m0_from_amax, get_format,
+    pack_codes, packed_len, round_integer, unpack_codes,
+)
+from .formats.elements import _enum
+from .qtensor import QTensor
+
+__all__ = ["quantize", "dequantize", "resolve_format", "nvfp4_global_scale"]
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+E4M3_MAX, E2M1_MAX = 448.0, 6.0
+
+
+def resolve_format(fmt: str | Format, block_size: int | None = None, scale_rule: str | ScaleRule | None = None,
+                   convention: str | TwoLevel | None = None) -> Format:
+    """Resolve a name and per-call overrides into one validated :class:`Format`."""
+    f = get_format(fmt)
+    changes = {}
+    if block_size is not None and block_size != f.block_size:
+        changes["block_size"] = int(block_size)
+    if scale_rule is not None:
+        rule = _enum(ScaleRule, scale_rule, "scale_rule")
+        if rule.power_of_two != f.scale.power_of_two or (rule is ScaleRule.MINMAX) != f.zero_point:
+            raise ValueError(f"scale_rule={rule.value!r} does not apply to format {f.name!r} "
+                             f"({f.scale.name} scales, default rule {f.scale_rule.value!r})")
+        changes["scale_rule"] = rule
+    if convention is not None:
+        conv = _enum(TwoLevel, convention, "convention")
+        if not f.global_scale:
+            raise ValueError(f"convention={conv.value!r} applies only to two-level formats, not {f.name!r}")
+        changes["two_level"] = conv
+    return f.replace(**changes) if changes else f
+
+
+def _check_input(x: torch.Tensor, fmt: Format, pad: bool, op: str) -> torch.Tensor:
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{op}: x has dtype {x.dtype}; expected one of float32, float16, bfloat16, float64")
+    if x.dim() < max(1, 2 if fmt.block_rows > 1 else 1):
+        raise ValueError(f"{op}: x must have at least {2 if fmt.block_rows > 1 else 1} dims for {fmt.name}")
+    k = x.shape[-1]
+    pads = [0, (-k) % fmt.block_size]
+    if fmt.block_rows > 1:
+        pads += [0, (-x.shape[-2]) % fmt.block_rows]
+    if any(pads):
+        if not pad:
+            what = (f"K={k} is not a multiple of the {fmt.name} block size {fmt.block_size}" if pads[1]
+                    else f"rows={x.shape[-2]} is not a multiple of the {fmt.name} block rows {fmt.block_rows}")
+            raise ValueError(f"{op}: {what}; pass pad=True to pad")
+        x = torch.nn.functional.pad(x, pads)
+    return x
+
+
+def _blocks(xf: torch.Tensor, fmt: Format) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """View ``xf`` with block axes; return it and the axes to reduce over."""
+    k = xf.shape[-1]
+    if fmt.block_rows == 1:
+        return xf.reshape(*xf.shape[:-1], k // fmt.block_size, fmt.block_size), (-1,)
+    n = xf.shape[-2]
+    return (xf.reshape(*xf.shape[:-2], n // fmt.block_rows, fmt.block_rows, k // fmt.block_size, fmt.block_size),
+            (-3, -1))
+
+
+def _unblock_scales(s: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """Per-block tensor -> broadcastable against the blocked view."""
+    return s.unsqueeze(-1) if fmt.block_rows == 1 else s.unsqueeze(-2).unsqueeze(-1)
+
+
+def _finite_amax(x: torch.Tensor) -> torch.Tensor:
+    """float32 amax of |x| over its finite elements."""
+    a = x.detach().abs()
+    amax = a.amax().to(torch.float32)
+    if not bool(torch.isfinite(amax)):  # rare: exclude NaN/Inf elements
+        amax = torch.where(torch.isfinite(a), a, torch.zeros((), dtype=a.dtype, device=a.device)).amax().float()
+    return amax
+
+
+def nvfp4_global_scale(x: torch.Tensor, convention: TwoLevel | str = TwoLevel.MODELOPT) -> torch.Tensor:
+    """Per-tensor decode scale ``s_dec`` (float32 0-d) of the two-level NVFP4 scheme.
+
+    ``amax/2688`` (2688 = 448*6) over the finite values of ``x``; compressed-tensors
+    computes ``gs = 2688/max(amax, tiny)`` (NaN/Inf -> 1) and decodes with ``1/gs``.
+    An all-zero tensor gets 1.0.
+    """
+    conv = _enum(TwoLevel, convention, "convention")
+    amax = _finite_amax(x)
+    one = torch.ones((), dtype=torch.float32, device=amax.device)
+    if conv is TwoLevel.COMPRESSED_TENSORS:
+        return one / compressed_tensors_global_scale(amax)
+    s = amax / (E4M3_MAX * E2M1_MAX)
+    return torch.where(amax > 0, s, one)
+
+
+def compressed_tensors_global_scale(amax: torch.Tensor) -> torch.Tensor:
+    """compressed-tensors' stored (reciprocal) global scale ``gs = 2688/max(amax, tiny)``,
+    NaN/Inf/zero-amax -> 1."""
+    one = torch.ones((), dtype=torch.float32, device=amax.device)
+    gs = (E4M3_MAX * E2M1_MAX) / torch.clamp(amax, min=torch.finfo(torch.float32).tiny)
+    return torch.where(torch.isfinite(gs) & (amax > 0), gs, one)
+
+
+def _two_level(xb, amax, fmt: Format, s_dec: torch.Tensor, gs_exact: torch.Tensor | None = None):
+    """Block scales (raw ue4m3) and the divisor/multiplier that scales x into element range."""
+    codec = fmt.scale
+    conv = fmt.two_level
+    if conv is TwoLevel.MODELOPT:
+        sbf = amax / (E2M1_MAX * s_dec)
+        sbf = torch.where(sbf == 0, torch.ones_like(sbf), sbf)
+        raw = codec.encode(sbf)  # ModelOpt's plain torch cast (it saturates), no clamp first
+        xs = xb / _unblock_scales(codec.decode(raw) * s_dec, fmt)
+    elif conv is TwoLevel.TORCHAO:
+        sbf = torch.clamp((amax / E2M1_MAX) / s_dec, min=2.0**-6, max=E4M3_MAX)
+        raw = codec.encode(sbf)
+        xs = xb * _unblock_scales((1.0 / s_dec) / codec.decode(raw), fmt)
+    else:  # compressed-tensors keeps the reciprocal global scale gs (exact, in meta)
+        gs = 1.0 / s_dec if gs_exact is None else gs_exact
+        sbf = torch.clamp(gs * (amax / E2M1_MAX), max=E4M3_MAX)
+        raw = codec.encode(sbf)
+        raw = torch.where(codec.decode(raw) == 0, torch.full_like(raw, 0.125), raw)
+        xs = xb / _unblock_scales(codec.decode(raw) / gs, fmt)
+    return raw, xs
+
+
+def quantize(
+    x: torch.Tensor,
+    fmt: str | Format,
+    *,
+    scale_rule: str | ScaleRule | None = None,
+    block_size: int | None = None,
+    rounding: str | Rounding = Rounding.NEAREST_EVEN,
+    overflow: str | Overflow = Overflow.SATURATE,
+    nonfinite: str | NonFinite = NonFinite.PROPAGATE,
+    global_scale: float | torch.Tensor | None = None,
+    convention: str | TwoLevel | None = None,
+    pad: bool = False,
+    generator: torch.Generator | None = None,
+) -> QTensor:
+    """Quantize ``x`` to ``fmt`` with the reference (PyTorch) path; see :func:`microscale.quantize`."""
+    op = "quantize"
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
+    fmt = resolve_format(fmt, block_size, scale_rule, convention)
+    rounding = _enum(Rounding, rounding, "rounding")
+    overflow = _enum(Overflow, overflow, "overflow")
+    nonfinite = _enum(NonFinite, nonfinite, "nonfinite")
+    if global_scale is not None and not fmt.global_scale:
+        raise ValueError(f"{op}: global_scale applies only to two-level formats, not {fmt.name!r}")
+    shape, dtype = x.shape, x.dtype
+    x = _check_input(x, fmt, pad, op)
+    if nonfinite is NonFinite.ERROR and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{op}: x has NaN or Inf (nonfinite='error')")
+    gscale = gs_exact = None
+    meta = {"two_level": fmt.two_level.value} if fmt.global_scale else {}
+    if fmt.global_scale:
+        if global_scale is None:
+            if fmt.two_level is TwoLevel.COMPRESSED_TENSORS:  # keep its stored gs exact
+                gs_exact = compressed_tensors_global_scale(_finite_amax(x))
+                gscale = 1.0 / gs_exact
+                meta["global_scale_inv"] = float(gs_exact)
+            else:
+                gscale = nvfp4_global_scale(x, fmt.two_level)
+        else:
+            gscale = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(())
+            g = float(gscale)
+            if not (0 < g < float("inf")):
+                raise ValueError(f"{op}: global_scale={g} must be finite and > 0")
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    rows = x2.shape[0]
+    br = fmt.block_rows
+    # Work in row chunks of ~64K elements so every pass stays in cache (3-4x faster on CPU).
+    step = max(br, (_CHUNK // max(k, 1)) // br * br)
+    data = torch.empty((rows, packed_len(k, fmt.element.bits)), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((rows // br, k // fmt.block_size), dtype=fmt.scale.storage, device=x.device)
+    zps = torch.empty(scales.shape, dtype=torch.uint8, device=x.device) if fmt.zero_point else None
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        d, sc, zp = _quantize_rows(x2[r0:r1], fmt, gscale, gs_exact, rounding, overflow, nonfinite, generator)
+        data[r0:r1] = d
+        scales[r0 // br:r1 // br] = sc
+        if zps is not None:
+            zps[r0 // br:r1 // br] = zp
+    lead = tuple(x.shape[:-1])
+    if br > 1:
+        sshape = (*lead[:-1], lead[-1] // br, k // fmt.block_size)
+    else:
+        sshape = (*lead, k // fmt.block_size)
+    return QTensor(data.reshape(*lead, -1), scales.reshape(sshape), fmt, shape, dtype, gscale,
+                   None if zps is None else zps.reshape(sshape), meta)
+
+
+_CHUNK = 1 << 16
+
+
+def _quantize_rows(x, fmt: Format, gscale, gs_exact, rounding, overflow, nonfinite, generator):
+    """Quantize a 2-D slab of whole blocks: returns (packed codes, raw scales, zero points)."""
+    xf = x.to(torch.float32)
+    if nonfinite is NonFinite.ZERO:
+        xf = torch.where(torch.isfinite(xf), xf, torch.zeros((), device=xf.device))
+    xb, red = _blocks(xf, fmt)
+    elem, codec, rule = fmt.element, fmt.scale, fmt.scale_rule
+    amax = xb.abs().amax(dim=red)
+    zp = None
+    if fmt.global_scale:
+        raw, xs = _two_level(xb, amax, fmt, gscale, gs_exact)
+    elif rule.power_of_two:
+        raw = e8m0_from_amax(amax, rule, elem)
+        xs = xb / _unblock_scales(codec.decode(raw), fmt)
+    elif rule is ScaleRule.AMAX:
+        raw = codec.encode(amax / elem.max)
+        s = codec.decode(raw)
+        xs = xb / _unblock_scales(torch.where(s == 0, torch.ones_like(s), s), fmt)
+    else:  # MINMAX (affine): unsigned codes, x = (code - zp) * s
+        qmax = float(elem.max_code)
+        lo = torch.clamp(xb.amin(dim=red), max=0.0)
+        hi = torch.clamp(xb.amax(dim=red), min=0.0)
+        raw = codec.encode((hi - lo) / qmax)
+        raw = torch.where(codec.decode(raw) > 0, raw, codec.encode(torch.ones_like(hi)))  # zero/NaN blocks
+        s = codec.decode(raw)
+        zpf = torch.clamp(round_integer(-lo / s), 0.0, qmax)
+        zp = zpf.to(torch.uint8)
+        q = round_integer(xb / _unblock_scales(s, fmt), rounding, generator) + _unblock_scales(zpf, fmt)
+        codes = torch.nan_to_num(q, nan=0.0).clamp(0.0, qmax).to(torch.uint8)
+    if zp is None:
+        codes = elem.encode(xs, rounding, overflow, nonfinite, generator)
+    return pack_codes(codes.reshape(x.shape), elem.bits), raw, zp
+
+
+def dequantize(q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode a :class:`QTensor` with the reference path (any device)."""
+    fmt = q.fmt
+    pshape = q.padded_shape
+    vals = fmt.element.decode(unpack_codes(q.data, fmt.element.bits, pshape[-1])).reshape(pshape)
+    vb, _ = _blocks(vals, fmt)
+    s = fmt.scale.decode(q.scales)
+    if fmt.zero_point:
+        vb = vb - _unblock_scales(q.zero_points.to(torch.float32), fmt)
+    out = vb * _unblock_scales(s, fmt)
+    if fmt.global_scale:
+        out = out * q.global_scale.to(out.device)
+    out = out.reshape(pshape)
+    if tuple(pshape) != tuple(q.shape):
+        out = out[tuple(slice(0, n) for n in q.shape)]
+    return out.to(dtype)

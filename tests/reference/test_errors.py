@@ -1,0 +1,48 @@
+"""Bad input gets a clear error that names the problem."""
+import pytest
+import torch
+
+import microscale as ms
+
+
+def test_k_not_multiple_of_block():
+    with pytest.raises(ValueError, match=r"K=100 is not a multiple of the nvfp4 block size 16; pass pad=True"):
+        ms.quantize(torch.randn(2, 100), "nvfp4")
+
+
+def test_rows_not_multiple_for_2d_blocks():
+    with pytest.raises(ValueError, match="rows=100 is not a multiple"):
+        ms.quantize(torch.randn(100, 128), "fp8_e4m3_block128x128")
+    q = ms.quantize(torch.randn(100, 128), "fp8_e4m3_block128x128", pad=True)
+    assert q.dequantize().shape == (100, 128)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.bool, torch.complex64])
+def test_unsupported_dtype(dtype):
+    with pytest.raises(TypeError, match="dtype"):
+        ms.quantize(torch.zeros(2, 32, dtype=dtype), "mxfp4")
+
+
+@pytest.mark.parametrize("g", [float("nan"), float("inf"), 0.0, -1.0])
+def test_non_finite_global_scale(g):
+    with pytest.raises(ValueError, match="global_scale=.* must be finite and > 0"):
+        ms.quantize(torch.randn(2, 32), "nvfp4", global_scale=g)
+
+
+def test_unknown_names_and_bad_options():
+    with pytest.raises(KeyError, match="unknown format 'nvfp5'"):
+        ms.quantize(torch.randn(2, 32), "nvfp5")
+    with pytest.raises(ValueError, match="scale_rule='round' is not valid"):
+        ms.quantize(torch.randn(2, 32), "mxfp4", scale_rule="round")
+    with pytest.raises(ValueError, match="does not apply to format 'nvfp4'"):
+        ms.quantize(torch.randn(2, 32), "nvfp4", scale_rule="floor")
+    with pytest.raises(ValueError, match="applies only to two-level formats"):
+        ms.quantize(torch.randn(2, 32), "mxfp4", convention="torchao")
+    with pytest.raises(ValueError, match="global_scale applies only"):
+        ms.quantize(torch.randn(2, 32), "mxfp4", global_scale=1.0)
+    with pytest.raises(ValueError, match="overflow='wrap' is not valid"):
+        ms.quantize(torch.randn(2, 32), "mxfp4", overflow="wrap")
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        ms.quantize([1.0, 2.0], "mxfp4")
+    with pytest.raises(TypeError, match="expected a QTensor"):
+        ms.dequantize(torch.zeros(3))
