@@ -1,0 +1,431 @@
+"""The benchmark harness's logic, on the CPU: bytes/flops models, timing statistics,
+suite selection, the runner's skip/fail handling, report generation and the CLI.
+
+Speed is never asserted here; only what the harness computes from what it measured.
+"""
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+
+from microscale.bench import _timing, models, report, suites
+from microscale.bench import main as bench_main
+from microscale.bench.suites import Case, CaseSpec, Check, Context, Peer, RunOptions, Skip
+
+# ---- models ---------------------------------------------------------------------------
+
+
+def test_bytes_models_count_each_input_once_and_each_output_once():
+    numel, qn = 4096 * 4096, 4096 * 2048 + 4096 * 256 + 4
+    assert models.quantize_bytes(numel, qn) == numel * 2 + qn
+    assert models.dequantize_bytes(numel, qn) == qn + numel * 2
+    assert models.quantize_bytes(numel, qn, in_elem_bytes=4) == numel * 4 + qn
+    w = 28672 * 4096 + 28672 * 512 + 4
+    assert models.linear_bytes(1, 28672, 8192, w) == w + 8192 * 2 + 28672 * 2
+    assert models.linear_bytes(16, 64, 32, 100, bias_nbytes=128) == 100 + 16 * 32 * 2 + 16 * 64 * 2 + 128
+    assert models.linear_flops(4096, 28672, 8192) == 2 * 4096 * 28672 * 8192
+    assert models.copy_bytes(1 << 30) == 2 << 30
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5])
+def test_bytes_models_reject_bad_sizes_by_name(bad):
+    with pytest.raises(ValueError, match="numel"):
+        models.quantize_bytes(bad, 10)
+    with pytest.raises(ValueError, match="M="):
+        models.linear_flops(bad, 2, 3)
+
+
+def test_throughput_percentages_and_bound():
+    c = models.Ceilings(copy_gbps=4000.0, bf16_tflops=700.0, fp8_tflops=1300.0)
+    # 4 GB in 1 ms is 4000 GB/s: the whole copy ceiling; no flops -> memory-bound
+    t = models.throughput(4_000_000_000, 0, 1.0, c)
+    assert t.gbps == pytest.approx(4000.0) and t.pct_copy == pytest.approx(100.0)
+    assert t.bound == "memory" and t.pct_roofline == pytest.approx(100.0) and t.pct_compute is None
+    # 0.7 PFLOP in 1 ms is 700 TFLOP/s; 1 GB at 4 TB/s is 0.25 ms -> compute-bound floor 1 ms
+    t = models.throughput(1_000_000_000, 700_000_000_000, 2.0, c, "bf16_mm")
+    assert t.tflops == pytest.approx(350.0) and t.pct_compute == pytest.approx(50.0)
+    assert t.bound == "compute" and t.floor_ms == pytest.approx(1.0) and t.pct_roofline == pytest.approx(50.0)
+    # the fp8 ceiling is chosen by kind
+    assert models.throughput(1, 1_300_000_000_000, 1.0, c, "fp8_mm").pct_compute == pytest.approx(100.0)
+    # unknown ceilings give None, not a division by zero
+    t = models.throughput(10, 10, 1.0, models.Ceilings(), "bf16_mm")
+    assert t.pct_copy is None and t.pct_compute is None and t.bound is None and t.pct_roofline is None
+    with pytest.raises(ValueError, match="ceiling kind"):
+        models.throughput(1, 1, 1.0, c, "tf32")
+    with pytest.raises(ValueError, match="ms="):
+        models.gbps(1, 0.0)
+
+
+def test_ceilings_round_trip():
+    c = models.Ceilings(1.0, 2.0, None)
+    assert models.Ceilings.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+# ---- timing ---------------------------------------------------------------------------
+
+
+def test_quantiles():
+    assert _timing.quantiles([3.0]) == (3.0, 3.0, 3.0)
+    med, p20, p80 = _timing.quantiles([5, 1, 4, 2, 3])
+    assert (med, p20, p80) == (3.0, pytest.approx(1.8), pytest.approx(4.2))
+    with pytest.raises(ValueError, match="empty"):
+        _timing.quantiles([])
+
+
+def test_rotation_count_exceeds_three_times_l2():
+    l2 = 60 << 20
+    n = _timing.rotation_count(1 << 20, l2)
+    assert n * (1 << 20) > 3 * l2 and (n - 1) * (1 << 20) <= 3 * l2
+    assert _timing.rotation_count(500 << 20, l2) == 1  # one set alone exceeds 3 x L2
+    assert _timing.rotation_count(64 << 20, l2) == 3  # 192 MiB > 180 MiB
+    assert _timing.rotation_count(60 << 20, l2) == 4  # 180 MiB is not > 180 MiB
+    assert _timing.rotation_count(1024, l2) == 256  # capped by max_sets
+    assert _timing.rotation_count(1 << 20, l2, max_total_bytes=10 << 20) == 10
+    assert _timing.rotation_count(1 << 20, 0) == 1
+    with pytest.raises(ValueError, match="set_bytes"):
+        _timing.rotation_count(0, l2)
+
+
+def test_time_cpu_statistics():
+    calls = []
+    t = _timing.time_cpu(lambda a: calls.append(a), [(1,), (2,)], target_s=0.001, min_reps=5)
+    assert t.method == "perf_counter" and t.reps >= 5 and t.n_sets == 2
+    assert 0 < t.p20_ms <= t.median_ms <= t.p80_ms
+    assert set(calls) == {1, 2}  # rotated over both sets
+    with pytest.raises(ValueError, match="sets"):
+        _timing.time_cpu(lambda: None, [])
+
+
+def test_time_cuda_rejects_bad_arguments_before_touching_a_device():
+    with pytest.raises(ValueError, match="sets"):
+        _timing.time_cuda(lambda: None, [])
+    with pytest.raises(ValueError, match="graph="):
+        _timing.time_cuda(lambda: None, [()], graph="sometimes")
+
+
+# ---- selection ------------------------------------------------------------------------
+
+UNIVERSE = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "int4_affine_g128", "int8_fp16")
+
+
+def test_default_suite_covers_every_op_on_the_default_formats():
+    specs = suites.select_cases("default", universe=UNIVERSE)
+    assert {s.op for s in specs} == set(suites.OPS)
+    assert {s.format for s in specs} == set(suites.DEFAULT_FORMATS)
+    assert all(len(s.shape) == suites.SHAPE_RANK[s.op] for s in specs)
+    assert len(specs) == len(set(specs))
+    # the default suite stays small enough for its 8-minute budget
+    assert len(specs) <= 32
+
+
+def test_selection_by_op_format_and_shape():
+    specs = suites.select_cases("default", ops="linear", formats=["mx*"], universe=UNIVERSE)
+    assert {s.op for s in specs} == {"linear"}
+    assert [s.format for s in specs][::3] == ["mxfp4", "mxfp6_e2m3", "mxfp8_e4m3"]
+    specs = suites.select_cases("default", ops=["quantize,linear"], formats="nvfp4",
+                                shapes=["64x128", "2x64x128"], universe=UNIVERSE)
+    assert [s.id for s in specs] == ["quantize/nvfp4/64x128", "linear/nvfp4/2x64x128"]
+    # shapes of one rank leave the other ops' shapes alone
+    specs = suites.select_cases("default", formats="nvfp4", shapes="64x128", universe=UNIVERSE)
+    assert {s.shape for s in specs if s.op == "linear"} == set(suites.SUITES["default"].cuda["linear"].shapes)
+    # a suite that names no formats takes every known one
+    assert {s.format for s in suites.select_cases("quantize", universe=UNIVERSE)} == set(UNIVERSE)
+    # the CPU table is its own
+    cpu = suites.select_cases("default", cpu=True, universe=UNIVERSE)
+    assert cpu and all(s.shape == (4096, 4096) for s in cpu)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"suite": "nope"}, "suite='nope'"),
+    ({"ops": "matmul"}, "ops=\\['matmul'\\]"),
+    ({"formats": "fp3"}, "formats='fp3'"),
+    ({"shapes": "8192"}, "shapes="),
+    ({"shapes": "8x0"}, "shape='8x0'"),
+    ({"shapes": "axb"}, "shape='axb'"),
+])
+def test_selection_errors_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        suites.select_cases(universe=UNIVERSE, **kwargs)
+
+
+def test_case_spec_id():
+    assert CaseSpec("linear", "nvfp4", (1, 28672, 8192)).id == "linear/nvfp4/1x28672x8192"
+
+
+# ---- runner (CPU, fake ops) -------------------------------------------------------------
+
+def _ctx() -> Context:
+    g = torch.Generator()
+    g.manual_seed(0)
+    return Context(torch.device("cpu"), g)
+
+
+FAST = RunOptions(cpu_target_s=0.002)
+CEIL = models.Ceilings(copy_gbps=10.0)
+
+
+def _fake_case(spec: CaseSpec, ctx: Context, *, check_ok: bool = True, peers=()) -> Case:
+    def make():
+        return (suites.random_input(spec.shape, ctx, torch.float32),)
+
+    def check(inputs, y):
+        return Check(check_ok, "mismatches", 0.0 if check_ok else 3.0, "bit-exact" if check_ok else "3 differ")
+    n = spec.shape[0] * spec.shape[1]
+    return Case(spec, lambda x: x * 2, make, check, nbytes=8 * n, flops=0, compute_kind=None, set_bytes=8 * n,
+                peers=list(peers))
+
+
+def test_runner_times_checked_ops_and_their_peers():
+    def ok_peer():
+        return Peer("double-add", lambda x: x + x, lambda i, y: Check(True, "mismatches", 0.0))
+
+    def skip_peer():
+        raise Skip("no such library here")
+
+    def broken_peer():
+        raise RuntimeError("boom")
+
+    def bad_peer():
+        return Peer("wrong", lambda x: x * 3, lambda i, y: Check(bool(torch.equal(y, i[0] * 2)), "mismatches", 1.0,
+                                                                 "differs"))
+    peers = [("double-add", ok_peer), ("absent", skip_peer), ("broken", broken_peer), ("wrong", bad_peer)]
+    builders = {"quantize": lambda s, c: _fake_case(s, c, peers=peers)}
+    [r] = suites.run_cases([CaseSpec("quantize", "fake", (64, 64))], _ctx(), CEIL, FAST, builders, log=None)
+    assert r.status == "ok" and r.check["ok"] and r.timing["method"] == "perf_counter"
+    assert r.nbytes == 8 * 64 * 64
+    assert r.throughput["gbps"] == pytest.approx(models.gbps(r.nbytes, r.timing["median_ms"]))
+    assert r.throughput["pct_copy"] == pytest.approx(r.throughput["gbps"] * 10)
+    st = {p.name: p for p in r.peers}
+    assert st["double-add"].status == "ok"
+    assert st["double-add"].ratio == pytest.approx(st["double-add"].timing["median_ms"] / r.timing["median_ms"])
+    assert (st["absent"].status, st["absent"].reason) == ("skipped", "no such library here")
+    assert st["broken"].status == "skipped" and "RuntimeError: boom" in st["broken"].reason
+    assert st["wrong"].status == "failed" and "differs" in st["wrong"].reason and st["wrong"].timing is None
+
+
+def test_runner_reports_skips_failures_and_errors_without_raising():
+    def skip(spec, ctx):
+        raise Skip("microscale.linear not available")
+
+    def error(spec, ctx):
+        raise KeyError("oops")
+    builders = {"quantize": lambda s, c: _fake_case(s, c, check_ok=False), "linear": skip, "dequantize": error}
+    specs = [CaseSpec("quantize", "f", (8, 8)), CaseSpec("linear", "f", (1, 8, 8)),
+             CaseSpec("dequantize", "f", (8, 8)), CaseSpec("moe", "f", (8, 8))]
+    r = suites.run_cases(specs, _ctx(), CEIL, FAST, builders, log=None)
+    assert [x.status for x in r] == ["failed", "skipped", "error", "skipped"]
+    assert "check failed: 3 differ" in r[0].reason and r[0].timing is None  # never timed when wrong
+    assert r[1].reason == "microscale.linear not available"
+    assert "KeyError" in r[2].reason
+    assert "no builder" in r[3].reason
+
+
+def test_time_budget_skips_the_rest():
+    builders = {"quantize": _fake_case}
+    specs = [CaseSpec("quantize", "f", (8, 8))] * 3
+    r = suites.run_cases(specs, _ctx(), CEIL, RunOptions(cpu_target_s=0.001, time_budget_s=0.0), builders,
+                         log=None)
+    assert r[0].status == "ok" and all(x.status == "skipped" and "time budget" in x.reason for x in r[1:])
+
+
+def test_missing_op_in_microscale_is_a_skip(monkeypatch):
+    def lookup(what):
+        raise Skip(f"microscale.{what} not available")
+    monkeypatch.setattr(suites, "_lookup", lookup)
+    [r] = suites.run_cases([CaseSpec("linear", "nvfp4", (1, 64, 64))], _ctx(), CEIL, FAST, log=None)
+    assert (r.status, r.reason) == ("skipped", "microscale.linear not available")
+
+
+def test_bit_checks():
+    a = torch.tensor([1.0, float("nan"), 3.0])
+    assert suites.check_bits(a, a.clone()).ok
+    b = a.clone()
+    b[2] = 4.0
+    c = suites.check_bits(b, a)
+    assert not c.ok and c.value == 1
+    assert not suites.check_bits(a.half(), a).ok
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    assert suites.check_matmul(x, w, (x @ w.T).bfloat16()).ok
+    assert not suites.check_matmul(x, w, (x @ w.T) * 1.1).ok
+    assert suites.rel_fro(torch.full((2,), float("nan")), torch.ones(2)) == float("inf")
+
+
+def _no_peers(op):
+    return lambda s, c: dataclasses.replace(suites.BUILDERS[op](s, c), peers=[])
+
+
+@pytest.mark.parametrize("op", ["quantize", "dequantize"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "int4_affine_g128"])
+def test_real_ops_on_cpu_are_checked_bit_exact(op, fmt):
+    ms = pytest.importorskip("microscale")
+    if not hasattr(ms, "quantize"):
+        pytest.skip("microscale.quantize not written yet")
+    [r] = suites.run_cases([CaseSpec(op, fmt, (8, 256))], _ctx(), CEIL, FAST, {op: _no_peers(op)}, log=None)
+    assert r.status == "ok", r.reason
+    assert r.check == {"ok": True, "metric": "mismatches", "value": 0.0, "detail": "bit-exact"}
+    q = ms.quantize(torch.randn(8, 256), fmt)
+    assert r.nbytes == 8 * 256 * 2 + q.nbytes
+
+
+def test_quantize_check_catches_a_wrong_bit():
+    ms = pytest.importorskip("microscale")
+    if not hasattr(ms, "quantize"):
+        pytest.skip("microscale.quantize not written yet")
+    x = torch.randn(4, 64)
+    q = ms.quantize(x, "mxfp4")
+    assert suites.check_qtensor(q, ms.quantize(x, "mxfp4")).ok
+    q.data[0, 0] ^= 1
+    c = suites.check_qtensor(q, ms.quantize(x, "mxfp4"))
+    assert not c.ok and c.value == 1 and "data: 1 mismatches" in c.detail
+
+
+def test_random_input_is_never_zeros_and_is_fresh():
+    ctx = _ctx()
+    a, b = suites.random_input((16, 64), ctx), suites.random_input((16, 64), ctx)
+    assert a.dtype == torch.bfloat16 and bool((a != 0).any()) and not torch.equal(a, b)
+
+
+# ---- report ---------------------------------------------------------------------------
+
+def _doc() -> dict:
+    timing = {"median_ms": 0.130, "p20_ms": 0.129, "p80_ms": 0.132, "reps": 500, "method": "events", "n_sets": 2,
+              "calls_per_sample": 1, "note": ""}
+    peer = {"name": "cuBLAS bf16", "status": "ok", "reason": "", "nbytes": 470_000_000,
+            "timing": dict(timing, median_ms=0.160), "gbps": 2937.5, "tflops": 2.9, "ratio": 0.160 / 0.130,
+            "check": {"ok": True, "metric": "rel_fro", "value": 0.003, "detail": ""}}
+    lin = {"op": "linear", "format": "nvfp4", "shape": [1, 28672, 8192], "status": "ok", "reason": "",
+           "nbytes": 125_000_000, "flops": 2 * 28672 * 8192, "compute_kind": "bf16_mm", "timing": timing,
+           "throughput": {"gbps": 961.5, "tflops": 3.6, "pct_copy": 22.5, "pct_compute": 0.5, "floor_ms": 0.029,
+                          "pct_roofline": 22.5, "bound": "memory"},
+           "check": {"ok": True, "metric": "rel_fro", "value": 0.003, "detail": ""},
+           "peers": [peer, {"name": "tl.dot_scaled", "status": "skipped", "reason": "not MXFP4",
+                            "timing": None, "nbytes": None, "gbps": None, "tflops": None, "ratio": None,
+                            "check": None}]}
+    q = {"op": "quantize", "format": "mxfp4", "shape": [8192, 8192], "status": "ok", "reason": "",
+         "nbytes": 134_217_728 + 35_651_584, "flops": 0, "compute_kind": None,
+         "timing": dict(timing, median_ms=0.05, method="graph"),
+         "throughput": {"gbps": 3397.4, "tflops": 0.0, "pct_copy": 79.5, "pct_compute": None, "floor_ms": 0.04,
+                        "pct_roofline": 79.5, "bound": "memory"},
+         "check": {"ok": True, "metric": "mismatches", "value": 0.0, "detail": "bit-exact"}, "peers": []}
+    bad = {"op": "dequantize", "format": "nvfp4", "shape": [8192, 8192], "status": "failed",
+           "reason": "check failed: 12 of 67108864 elements differ", "peers": []}
+    skipped = {"op": "linear", "format": "mxfp4", "shape": [1, 28672, 8192], "status": "skipped",
+               "reason": "microscale.linear not available", "peers": []}
+    return {"schema": 1, "mode": "cuda", "suite": "default", "selection": {"ops": None, "formats": None,
+                                                                         "shapes": None},
+            "env": {"date": "2026-11-29T13:00:00+00:00", "device": "NVIDIA H200", "capability": "9.0",
+                    "sm_count": 132, "memory_gib": 139.8, "l2_mib": 60.0, "driver": "580.159.04",
+                    "cuda_runtime": "13.0", "torch": "2.11.0+cu130", "triton": "3.6.0", "python": "3.12.3",
+                    "microscale": "0.1.0", "git": "abc1234", "cpu": "x", "cpu_threads": 16},
+            "seed": 7, "wall_s": 300.0,
+            "ceilings": {"copy_gbps": 4270.0, "bf16_tflops": 700.0, "fp8_tflops": None},
+            "ceilings_detail": {"copy": {"status": "ok", "what": "copy of 1024 MiB"},
+                                "bf16_mm": {"status": "ok", "what": "cuBLAS"},
+                                "fp8_mm": {"status": "error", "reason": "RuntimeError: no fp8"}},
+            "methodology": {"timer": "CUDA events, median per call"},
+            "results": [q, lin, bad, skipped]}
+
+
+def test_markdown_states_environment_ceilings_ratios_and_skips():
+    md = report.render_markdown(_doc())
+    for s in ("NVIDIA H200", "580.159.04", "2.11.0+cu130", "3.6.0", "2026-11-29T13:00:00+00:00",
+              "4270 GB/s", "700 TFLOP/s", "n/a (RuntimeError: no fp8)", "## quantize", "## linear",
+              "vs cuBLAS bf16", "1.23×", "vs tl.dot_scaled", "tl.dot_scaled: not MXFP4",
+              "`dequantize/nvfp4/8192x8192` — failed: check failed: 12 of 67108864 elements differ",
+              "`linear/mxfp4/1x28672x8192` — skipped: microscale.linear not available", "130.0 µs", "3397"):
+        assert s in md, s
+    # every table row has as many cells as its header
+    for block in md.split("\n\n"):
+        rows = [ln for ln in block.splitlines() if ln.startswith("|")]
+        if rows:
+            assert len({ln.count(" | ") for ln in rows if not ln.startswith("|---")}) == 1, block
+
+
+def test_markdown_flags_an_incomplete_run():
+    d = _doc()
+    assert "INCOMPLETE" not in report.render_markdown(d)
+    d["complete"] = False
+    assert "INCOMPLETE" in report.render_markdown(d)
+
+
+def test_csv_has_a_row_per_case_and_columns_per_peer(tmp_path):
+    path = report.write_csv(_doc(), tmp_path / "r.csv")
+    import csv
+    rows = list(csv.DictReader(open(path)))
+    assert len(rows) == 4
+    assert rows[1]["cuBLAS bf16 ratio"] == str(round(0.160 / 0.130, 4))
+    assert rows[1]["median_us"] == "130.0" and rows[2]["status"] == "failed"
+
+
+def test_regenerate_is_atomic_and_checks_the_schema(tmp_path):
+    j = report.write_json(_doc(), tmp_path / "results.json")
+    md = tmp_path / "bench" / "RESULTS.md"
+    md.parent.mkdir()
+    md.write_text("old")
+    assert report.regenerate(j, md) == md
+    assert md.read_text().startswith("# microscale benchmark results")
+    assert sorted(os.listdir(md.parent)) == ["RESULTS.md"]  # no temporary file left behind
+    (tmp_path / "bad.json").write_text(json.dumps({"results": []}))
+    with pytest.raises(ValueError, match="schema"):
+        report.regenerate(tmp_path / "bad.json", md)
+    assert bench_main(["report", str(j), "--md", str(md), "--csv", str(tmp_path / "x.csv")]) == 0
+    assert (tmp_path / "x.csv").exists()
+
+
+def test_json_replaces_non_finite_floats(tmp_path):
+    d = _doc()
+    d["results"][0]["check"]["value"] = float("inf")
+    j = report.write_json(d, tmp_path / "r.json")
+    assert report.load_json(j)["results"][0]["check"]["value"] == "inf"
+    report.render_markdown(report.load_json(j))
+
+
+def test_roofline_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    assert report.plot_roofline(_doc(), tmp_path / "roofline.png")
+    assert (tmp_path / "roofline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_roofline_plot_is_optional(tmp_path, monkeypatch):
+    real = builtins.__import__
+
+    def no_mpl(name, *a, **k):
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    assert report.plot_roofline(_doc(), tmp_path / "roofline.png") is False
+    assert not (tmp_path / "roofline.png").exists()
+    paths = report.write_outputs(_doc(), tmp_path)
+    assert paths["png"] is None and paths["json"].exists() and paths["csv"].exists()
+
+
+# ---- command line ---------------------------------------------------------------------
+
+def test_cli_list(capsys):
+    assert bench_main(["--list", "--ops", "linear", "--formats", "nvfp4"]) == 0
+    out = capsys.readouterr().out.split()
+    assert out and all(line.startswith("linear/nvfp4/") for line in out)
+    with pytest.raises(SystemExit):
+        bench_main(["--list", "--ops", "matmul"])
+
+
+def test_cli_cpu_end_to_end(tmp_path):
+    ms = pytest.importorskip("microscale")
+    rc = bench_main(["--cpu", "--ops", "quantize", "--formats", "mxfp4", "--shapes", "64x256",
+                     "--target-ms", "20", "--out", str(tmp_path)])
+    doc = report.load_json(tmp_path / "results.json")
+    assert doc["mode"] == "cpu" and doc["complete"] and doc["ceilings"]["copy_gbps"] > 0
+    [r] = doc["results"]
+    assert (r["op"], r["format"], r["shape"]) == ("quantize", "mxfp4", [64, 256])
+    if hasattr(ms, "quantize"):
+        assert rc == 0 and r["status"] == "ok" and r["check"]["ok"] and r["timing"]["median_ms"] > 0
+    else:
+        assert r["status"] == "skipped"
+    assert (tmp_path / "results.csv").exists()
+    assert "## quantize" in report.render_markdown(doc)
