@@ -201,7 +201,7 @@ _CHUNK = 1 << 16
 
 def _quantize_rows(x, fmt: Format, gscale, gs_exact, rounding, overflow, nonfinite, generator):
     """Quantize a 2-D slab of whole blocks: returns (packed codes, raw scales, zero points)."""
-    xf = x.to(torch.float32)
+    xf = x.to(torch.float32)  # (bf16 reductions are slow on CPU; converting first is cheaper)
     if nonfinite is NonFinite.ZERO:
         xf = torch.where(torch.isfinite(xf), xf, torch.zeros((), device=xf.device))
     xb, red = _blocks(xf, fmt)
@@ -219,8 +219,8 @@ def _quantize_rows(x, fmt: Format, gscale, gs_exact, rounding, overflow, nonfini
         xs = xb / _unblock_scales(torch.where(s == 0, torch.ones_like(s), s), fmt)
     else:  # MINMAX (affine): unsigned codes, x = (code - zp) * s
         qmax = float(elem.max_code)
-        lo = torch.clamp(xb.amin(dim=red), max=0.0)
-        hi = torch.clamp(xb.amax(dim=red), min=0.0)
+        lo = torch.clamp(xb.amin(dim=red).to(torch.float32), max=0.0)
+        hi = torch.clamp(xb.amax(dim=red).to(torch.float32), min=0.0)
         raw = codec.encode((hi - lo) / qmax)
         raw = torch.where(codec.decode(raw) > 0, raw, codec.encode(torch.ones_like(hi)))  # zero/NaN blocks
         s = codec.decode(raw)

@@ -19,6 +19,7 @@ Rounding and policies are enums, resolved once at the API boundary:
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -244,7 +245,11 @@ class ElementCodec:
             k -= _f32_bits(c)
         else:
             k = round_integer(a * (1.0 / self.min_subnormal), rounding, generator).to(torch.int32)
-        code = torch.where(a < self.min_normal, k, code)
+        # select the subnormal result where a < min_normal with integer ops (boolean
+        # masks are ~25x slower than int32 arithmetic on CPU): m = -1 there, else 0
+        m = b - _f32_bits(self.min_normal)
+        m >>= 31
+        code ^= (code ^ k) & m
         if overflow is Overflow.SATURATE or self._overflow_code(overflow) == self.max_code:
             code.clamp_(max=self.max_code)
         else:
@@ -272,7 +277,9 @@ class ElementCodec:
         return self.max_code
 
 
+@functools.lru_cache(maxsize=None)
 def _f32_bits(v: float) -> int:
+    """The int32 bit pattern of float32(v)."""
     return int(torch.tensor(v, dtype=torch.float32).view(torch.int32))
 
 

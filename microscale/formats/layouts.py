@@ -37,8 +37,8 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
         return codes.contiguous()
     mask = (1 << bits) - 1
     if bits == 4:
-        c = codes.reshape(*codes.shape[:-1], k // 2, 2) & mask
-        return (c[..., 0] | (c[..., 1] << 4)).contiguous()
+        c = codes.reshape(*codes.shape[:-1], k // 2, 2)
+        return (c[..., 0] & mask) | (c[..., 1] << 4)
     # General width: 8 codes -> `bits` bytes through one int64 word per group.
     g = (codes.reshape(*codes.shape[:-1], k // 8, 8).to(torch.int64) & mask)
     shifts = torch.arange(8, device=codes.device, dtype=torch.int64) * bits
