@@ -319,10 +319,14 @@ def plot_roofline(doc: dict, path: str | os.PathLike) -> bool:
 
 # ---- markdown -------------------------------------------------------------------------
 
-def _t(ms: Optional[float]) -> str:
+def fmt_time(ms: Optional[float]) -> str:
+    """A time given in ms, as µs below 1 ms and as ms above ('—' for None)."""
     if ms is None:
         return "—"
     return f"{ms * 1e3:.1f} µs" if ms < 1 else f"{ms:.3f} ms"
+
+
+_t = fmt_time
 
 
 def _f(v: Optional[float], spec: str, suffix: str = "") -> str:
@@ -339,7 +343,7 @@ def _shape(r: dict) -> str:
     return "×".join(map(str, r["shape"]))
 
 
-def _bf16_mbps(r: dict) -> Optional[float]:
+def bf16_mbps(r: dict) -> Optional[float]:
     """MB/s of the bf16 side of a quantize/dequantize (input of quantize, output of dequantize)."""
     t = r.get("timing") or {}
     if not t.get("median_ms") or r["op"] not in ("quantize", "dequantize"):
@@ -421,7 +425,7 @@ def render_markdown(doc: dict, source: Optional[str] = None) -> str:
                 row += [_f(th.get("gbps"), ".0f"), _f(th.get("tflops"), ".1f"), _f(th.get("pct_roofline"), ".0f", "%"),
                         th.get("bound") or "—"]
             elif cpu:
-                row += [_f(_bf16_mbps(r), ".0f"), _f(th.get("gbps"), ".2f"), _f(th.get("pct_copy"), ".1f", "%")]
+                row += [_f(bf16_mbps(r), ".0f"), _f(th.get("gbps"), ".2f"), _f(th.get("pct_copy"), ".1f", "%")]
             else:
                 row += [_f(th.get("gbps"), ".0f"), _f(th.get("pct_copy"), ".0f", "%")]
             by = {p["name"]: p for p in r.get("peers") or []}

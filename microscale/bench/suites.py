@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from . import _peers, _timing, models
 from ._peers import Skip
+from .report import bf16_mbps, collect_env, fmt_time
 
 __all__ = [
     "OPS",
@@ -41,12 +42,19 @@ __all__ = [
     "Context",
     "PeerResult",
     "CaseResult",
+    "RunOptions",
     "BUILDERS",
     "Skip",
     "known_formats",
     "parse_shape",
     "select_cases",
+    "random_input",
+    "check_qtensor",
+    "check_bits",
+    "check_matmul",
+    "rel_fro",
     "measure_ceilings",
+    "run_case",
     "run_cases",
     "run_benchmark",
 ]
@@ -697,9 +705,12 @@ def _describe(r: CaseResult) -> str:
     if r.status != "ok":
         return f"{r.status}: {r.reason}"
     t, th = r.timing or {}, r.throughput or {}
-    parts = [f"{t['median_ms'] * 1e3:.1f} us [{t['method']}]", f"{th['gbps']:.0f} GB/s"]
+    parts = [f"{fmt_time(t['median_ms'])} [{t['method']}]", f"{th['gbps']:.4g} GB/s"]
+    mbps = bf16_mbps(r.to_dict())
+    if t.get("method") == "perf_counter" and mbps is not None:
+        parts.append(f"{mbps:.0f} MB/s of bf16")
     if r.flops:
-        parts.append(f"{th['tflops']:.1f} TFLOP/s")
+        parts.append(f"{th['tflops']:.4g} TFLOP/s")
     if th.get("pct_roofline") is not None:
         parts.append(f"{th['pct_roofline']:.0f}% of roofline")
     for p in r.peers:
@@ -735,8 +746,8 @@ def run_cases(specs: Sequence[CaseSpec], ctx: Context, ceilings: models.Ceilings
 
 # ---- ceilings -------------------------------------------------------------------------
 
-def _ceiling(label: str, fn: Callable[..., Any], sets: list[tuple], check: Callable[[Any], Check],
-             ctx: Context, opts: RunOptions, log: Optional[TextIO]) -> tuple[Optional[float], dict]:
+def _ceiling(fn: Callable[..., Any], sets: list[tuple], check: Callable[[Any], Check],
+             ctx: Context, opts: RunOptions) -> tuple[Optional[float], dict]:
     """Check, then time, one ceiling; returns (median ms or None, detail)."""
     out = fn(*sets[0])
     chk = check(out)
@@ -762,8 +773,7 @@ def measure_ceilings(ctx: Context, opts: Optional[RunOptions] = None,
     try:
         src = random_input((nbytes // 4,), ctx, torch.float32)
         dst = torch.empty_like(src)
-        ms_, d = _ceiling("copy", lambda a, b: b.copy_(a), [(src, dst)],
-                          lambda y: check_bits(y, src), ctx, opts, log)
+        ms_, d = _ceiling(lambda a, b: b.copy_(a), [(src, dst)], lambda y: check_bits(y, src), ctx, opts)
         d.update(bytes=models.copy_bytes(nbytes), what=f"copy of {nbytes >> 20} MiB, bytes read + written")
         if ms_:
             values["copy_gbps"] = models.gbps(models.copy_bytes(nbytes), ms_)
@@ -782,8 +792,7 @@ def measure_ceilings(ctx: Context, opts: Optional[RunOptions] = None,
         try:
             a = random_input((size, size), ctx)
             b = random_input((size, size), ctx)
-            ms_, d = _ceiling("bf16_mm", torch.mm, [(a, b)],
-                              lambda y: check_matmul(a[:rows], b.T, y[:rows]), ctx, opts, log)
+            ms_, d = _ceiling(torch.mm, [(a, b)], lambda y: check_matmul(a[:rows], b.T, y[:rows]), ctx, opts)
             d.update(flops=flops, what=f"cuBLAS bf16 torch.mm {size}x{size}x{size}")
             if ms_:
                 values["bf16_tflops"] = models.tflops(flops, ms_)
@@ -801,8 +810,8 @@ def measure_ceilings(ctx: Context, opts: Optional[RunOptions] = None,
 
             def fp8_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
                 return torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-            ms_, d = _ceiling("fp8_mm", fp8_mm, [(a8, w8)],
-                              lambda y: check_matmul(a8[:rows].float(), w8.float(), y[:rows]), ctx, opts, log)
+            ms_, d = _ceiling(fp8_mm, [(a8, w8)],
+                              lambda y: check_matmul(a8[:rows].float(), w8.float(), y[:rows]), ctx, opts)
             d.update(flops=flops, what=f"torch._scaled_mm e4m3 x e4m3 -> bf16 {size}x{size}x{size}")
             if ms_:
                 values["fp8_tflops"] = models.tflops(flops, ms_)
@@ -832,8 +841,6 @@ def run_benchmark(suite: str = "default", *, ops: Optional[Iterable[str] | str] 
     (``schema``, ``mode``, ``suite``, ``selection``, ``env``, ``seed``, ``wall_s``,
     ``ceilings``, ``ceilings_detail``, ``methodology``, ``results``). ``checkpoint`` is
     called with the document so far after the ceilings and after every case."""
-    from .report import collect_env
-
     specs = select_cases(suite, ops=ops, formats=formats, shapes=shapes, cpu=cpu)
     _peers.quiet_compiler()
     if not cpu and not torch.cuda.is_available():

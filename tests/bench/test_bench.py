@@ -429,3 +429,106 @@ def test_cli_cpu_end_to_end(tmp_path):
         assert r["status"] == "skipped"
     assert (tmp_path / "results.csv").exists()
     assert "## quantize" in report.render_markdown(doc)
+
+
+# ---- the CUDA control flow, on a fake device ----------------------------------------------
+
+class _FakeEvent:
+    """Stands in for torch.cuda.Event: records the host clock (the fake device is synchronous)."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        import time
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+class _FakeGraph:
+    fail = False
+    captured = 0
+
+    def replay(self):
+        pass
+
+
+class _FakeCapture:
+    def __init__(self, graph, *a, **k):
+        self.graph = graph
+
+    def __enter__(self):
+        if _FakeGraph.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        _FakeGraph.captured += 1
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _FakeStream:
+    def wait_stream(self, other):
+        pass
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    import contextlib
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", _FakeCapture)
+    monkeypatch.setattr(_timing, "l2_cache_bytes", lambda device=None: 60 << 20)
+    _FakeGraph.fail, _FakeGraph.captured = False, 0
+    return _FakeGraph
+
+
+def _busy(us):
+    import time
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+def test_time_cuda_picks_graphs_for_short_calls_and_events_otherwise(fake_cuda):
+    calls = []
+    t = _timing.time_cuda(lambda i: calls.append(i), [(0,), (1,), (2,)], warmup_ms=0.1, target_ms=1.0)
+    assert t.method == "graph" and fake_cuda.captured == 1
+    assert t.calls_per_sample == 21 and t.n_sets == 3  # 7 unrolled copies of 3 sets >= 20 calls
+    assert set(calls) == {0, 1, 2}
+    t = _timing.time_cuda(lambda: _busy(200), [()], warmup_ms=1.0, target_ms=5.0, graph="never")
+    assert t.method == "events" and t.reps >= 10 and t.median_ms >= 0.2
+
+
+def test_time_cuda_falls_back_to_events_when_capture_fails(fake_cuda):
+    fake_cuda.fail = True
+    t = _timing.time_cuda(lambda: None, [()], warmup_ms=0.1, target_ms=1.0, graph="always")
+    assert t.method == "events" and "graph capture failed" in t.note and "RuntimeError" in t.note
+
+
+def test_run_case_rotates_inputs_past_l2_on_a_device(fake_cuda):
+    made = []
+
+    def build(spec, ctx):
+        def make():
+            made.append(1)
+            return (torch.ones(4),)
+        return Case(spec, lambda x: _busy(50), make, lambda i, y: Check(True, "mismatches", 0.0), nbytes=50 << 20,
+                    flops=0, compute_kind=None, set_bytes=50 << 20,
+                    peers=[("p", lambda: Peer("p", lambda x: _busy(100), lambda i, y: Check(True, "m", 0.0)))])
+    ctx = Context(torch.device("cuda"), torch.Generator())
+    r = suites.run_case(CaseSpec("quantize", "f", (8, 8)), ctx, models.Ceilings(copy_gbps=4000.0),
+                        RunOptions(warmup_ms=0.5, target_ms=5.0, graph="never"), {"quantize": build})
+    assert r.status == "ok", r.reason
+    assert r.timing["n_sets"] == len(made) == 4  # 4 x 50 MiB > 3 x 60 MiB
+    assert r.peers[0].status == "ok" and r.peers[0].timing["n_sets"] == 4 and r.peers[0].ratio > 1
