@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph", choices=("auto", "always", "never"), default="auto",
                    help="CUDA graphs: auto = for calls under 10 us or host-bound launches (default)")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
-                   help="skip (and report as skipped) the cases left after S seconds")
+                   help="report the cases left after S seconds as skipped (default: the suite's, 450 for "
+                        "'default', none for the others; 0: no budget)")
     p.add_argument("--md", default=None, metavar="PATH",
                    help="also regenerate this RESULTS.md from the run (default: don't)")
     return p
@@ -96,7 +97,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for s in specs:
             print(s.id)
         return 0
-    opts = suites.RunOptions(graph=a.graph, time_budget_s=a.time_budget)
+    budget = suites.SUITES[a.suite].budget_s if a.time_budget is None else (a.time_budget or None)
+    opts = suites.RunOptions(graph=a.graph, time_budget_s=budget)
     if a.target_ms is not None:
         opts.target_ms, opts.cpu_target_s = a.target_ms, a.target_ms / 1e3
     partial = Path(a.out) / "results.json"

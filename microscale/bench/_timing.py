@@ -140,8 +140,11 @@ def _time_events(fn: Fn, sets: Sequence[InputSet], reps: int) -> list[float]:
     return [start.elapsed_time(end) for start, end in pairs]
 
 
-def _time_graph(fn: Fn, sets: Sequence[InputSet], unroll: int, reps: int) -> list[float]:
-    # Warm up on a side stream before capture, as the CUDA-graph docs ask.
+def _capture(fn: Fn, sets: Sequence[InputSet], unroll: int) -> torch.cuda.CUDAGraph:
+    """Capture ``unroll`` passes over ``sets`` into a CUDA graph, on a side stream after a
+    warm-up there (as the CUDA-graph docs ask). Unlike ``torch.cuda.graph``, a call that
+    fails during capture always ends the capture and restores the stream, and its own
+    error (not the 'capture invalidated' that follows) is the one raised."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -150,10 +153,25 @@ def _time_graph(fn: Fn, sets: Sequence[InputSet], unroll: int, reps: int) -> lis
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(unroll):
-            for s in sets:
-                fn(*s)
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        try:
+            for _ in range(unroll):
+                for s in sets:
+                    fn(*s)
+        except BaseException:
+            try:
+                graph.capture_end()
+            except Exception:
+                pass
+            raise
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(side)
+    return graph
+
+
+def _time_graph(fn: Fn, sets: Sequence[InputSet], unroll: int, reps: int) -> list[float]:
+    graph = _capture(fn, sets, unroll)
     calls = unroll * len(sets)
     for _ in range(2):
         graph.replay()

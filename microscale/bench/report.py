@@ -391,7 +391,8 @@ def render_markdown(doc: dict, source: Optional[str] = None) -> str:
 
     m = doc.get("methodology") or {}
     if m:
-        lines += ["## Method", ""] + [f"- {k.replace('_', ' ')}: {v}" for k, v in m.items()]
+        lines += ["## Method", ""] + [f"- {k.replace('_', ' ')}: {v}" for k, v in m.items() if k != "peers"]
+        lines += [f"- peer {name}: {what}" for name, what in (m.get("peers") or {}).items()]
         lines += ["- bytes model: quantize reads numel×2 (bf16) and writes q.nbytes; dequantize reads q.nbytes "
                   "and writes numel×2; linear reads the weight's bytes + M×K×2 and writes M×N×2; "
                   "flops 2×M×N×K.",

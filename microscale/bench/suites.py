@@ -67,6 +67,16 @@ DEFAULT_FORMATS: tuple[str, ...] = ("nvfp4", "mxfp4", "mxfp8_e4m3", "int4_affine
 SHAPE_RANK: dict[str, int] = {"quantize": 2, "dequantize": 2, "linear": 3}
 #: Relative Frobenius error a bf16-output matmul must stay under (DESIGN.md, Testing).
 LINEAR_TOL = 1e-2
+#: What each peer is, for the report.
+PEERS: dict[str, str] = {
+    "cuBLAS bf16": "F.linear on a dense bf16 weight of the same shape (fresh random data, own rotation)",
+    "torch.compile(dequant+linear)": "torch.compile of microscale.reference.dequantize(q, bf16) followed by "
+                                     "F.linear, on the op's own inputs",
+    "torch.compile(reference)": "torch.compile of microscale.reference.dequantize(q, bf16)",
+    "tl.dot_scaled": "a plain Triton tl.dot_scaled bf16 x MXFP4 kernel (no split-K, one tile per M bucket)",
+    "torchao (compiled)": "torchao NVFP4Tensor.to_nvfp4 / MXTensor.to_mx under torch.compile, checked by "
+                          "round-trip error against microscale's",
+}
 
 
 # ---- selection ------------------------------------------------------------------------
@@ -95,12 +105,14 @@ class OpPlan:
 
 @dataclass(frozen=True)
 class Suite:
-    """A named suite: per op an :class:`OpPlan`, one table for CUDA and one for ``--cpu``."""
+    """A named suite: per op an :class:`OpPlan`, one table for CUDA and one for ``--cpu``;
+    ``budget_s`` is the default time budget (cases left after it are reported skipped)."""
 
     name: str
     description: str
     cuda: dict[str, OpPlan]
     cpu: dict[str, OpPlan]
+    budget_s: Optional[float] = None
 
 
 _W = (28672, 8192)  # a 70B-class MLP projection weight [N, K]
@@ -118,7 +130,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
                 "dequantize": OpPlan(DEFAULT_FORMATS, _QSHAPES_DEFAULT),
                 "linear": OpPlan(DEFAULT_FORMATS, _LSHAPES_DEFAULT)},
           cpu={"quantize": OpPlan(DEFAULT_FORMATS, _CPU_Q),
-               "dequantize": OpPlan(DEFAULT_FORMATS, _CPU_Q)}),
+               "dequantize": OpPlan(DEFAULT_FORMATS, _CPU_Q)},
+          budget_s=450.0),
     Suite("quantize", "quantize and dequantize on every registered format",
           cuda={"quantize": OpPlan(None, _QSHAPES_ALL), "dequantize": OpPlan(None, _QSHAPES_ALL)},
           cpu={"quantize": OpPlan(None, _CPU_Q), "dequantize": OpPlan(None, _CPU_Q)}),
@@ -650,6 +663,8 @@ def _run_peer(name: str, build: Callable[[], Peer], case: Case, sets: list[tuple
                           ratio=t.median_ms / op_ms, check=asdict(chk))
     except Skip as s:
         return PeerResult(name, "skipped", str(s))
+    except NotImplementedError as exc:
+        return PeerResult(name, "skipped", f"not implemented: {_short(exc)}")
     except Exception as exc:
         return PeerResult(name, "error", _short(exc))
     finally:
@@ -668,6 +683,9 @@ def run_case(spec: CaseSpec, ctx: Context, ceilings: models.Ceilings, opts: RunO
         case = builders[spec.op](spec, ctx)
     except Skip as s:
         return CaseResult(**base, status="skipped", reason=str(s))
+    except NotImplementedError as exc:
+        _free(ctx.device)
+        return CaseResult(**base, status="skipped", reason=f"not implemented: {_short(exc)}")
     except Exception as exc:
         _free(ctx.device)
         return CaseResult(**base, status="error", reason=f"build: {_short(exc)}")
@@ -693,6 +711,8 @@ def run_case(spec: CaseSpec, ctx: Context, ceilings: models.Ceilings, opts: RunO
             res.peers.append(pr)
     except Skip as s:
         res.status, res.reason = "skipped", str(s)
+    except NotImplementedError as exc:
+        res.status, res.reason = "skipped", f"not implemented: {_short(exc)}"
     except Exception as exc:
         res.status, res.reason = "error", _short(exc)
     finally:
@@ -889,10 +909,11 @@ def methodology(opts: RunOptions, cpu: bool) -> dict:
     """The timing method of a run, as recorded in its JSON and RESULTS.md."""
     if cpu:
         return {"timer": "time.perf_counter median", "target_s_per_case": opts.cpu_target_s,
-                "rotation": "none (1 input set)", "check": "output vs microscale.reference before timing"}
+                "rotation": "none (1 input set)", "check": "output vs microscale.reference before timing",
+                "peers": PEERS}
     return {"timer": "CUDA events, median per call", "warmup_ms": opts.warmup_ms,
             "target_ms_per_case": opts.target_ms, "graph": f"{opts.graph} (CUDA graph for calls < 10 us "
             "or host-bound launches)", "rotation": f"input sets > {opts.rotate_factor:g} x L2 "
             f"(at most {opts.max_rotation_bytes >> 30} GiB)", "data": "fresh random normal, per-row 2^k scales",
             "check": "output vs microscale.reference (bit-exact) or float64 (matmul, rel Frobenius < 1e-2) "
-            "before timing"}
+            "before timing", "time_budget_s": opts.time_budget_s, "peers": PEERS}

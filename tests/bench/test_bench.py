@@ -214,15 +214,22 @@ def test_runner_reports_skips_failures_and_errors_without_raising():
 
     def error(spec, ctx):
         raise KeyError("oops")
-    builders = {"quantize": lambda s, c: _fake_case(s, c, check_ok=False), "linear": skip, "dequantize": error}
+
+    def unimplemented(spec, ctx):
+        case = _fake_case(spec, ctx)
+        case.fn = lambda x: (_ for _ in ()).throw(NotImplementedError("no CPU kernel for mxfp6"))
+        return case
+    builders = {"quantize": lambda s, c: _fake_case(s, c, check_ok=False), "linear": skip, "dequantize": error,
+                "moe": unimplemented}
     specs = [CaseSpec("quantize", "f", (8, 8)), CaseSpec("linear", "f", (1, 8, 8)),
-             CaseSpec("dequantize", "f", (8, 8)), CaseSpec("moe", "f", (8, 8))]
+             CaseSpec("dequantize", "f", (8, 8)), CaseSpec("moe", "f", (8, 8)), CaseSpec("attn", "f", (8, 8))]
     r = suites.run_cases(specs, _ctx(), CEIL, FAST, builders, log=None)
-    assert [x.status for x in r] == ["failed", "skipped", "error", "skipped"]
+    assert [x.status for x in r] == ["failed", "skipped", "error", "skipped", "skipped"]
     assert "check failed: 3 differ" in r[0].reason and r[0].timing is None  # never timed when wrong
     assert r[1].reason == "microscale.linear not available"
     assert "KeyError" in r[2].reason
-    assert "no builder" in r[3].reason
+    assert r[3].reason == "not implemented: NotImplementedError: no CPU kernel for mxfp6"
+    assert "no builder" in r[4].reason
 
 
 def test_time_budget_skips_the_rest():
@@ -451,25 +458,32 @@ class _FakeEvent:
 
 
 class _FakeGraph:
-    fail = False
+    """Stands in for torch.cuda.CUDAGraph; ``capturing`` is what a host sync would trip on."""
+
+    capturing = False
     captured = 0
+    ended_after_failure = False
+
+    def capture_begin(self, *a, **k):
+        _FakeGraph.capturing = True
+
+    def capture_end(self):
+        failed = _FakeGraph.capturing == "failed"
+        _FakeGraph.capturing = False
+        if failed:
+            _FakeGraph.ended_after_failure = True
+            raise RuntimeError("cudaErrorStreamCaptureInvalidated")
+        _FakeGraph.captured += 1
 
     def replay(self):
         pass
 
 
-class _FakeCapture:
-    def __init__(self, graph, *a, **k):
-        self.graph = graph
-
-    def __enter__(self):
-        if _FakeGraph.fail:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        _FakeGraph.captured += 1
-        return self
-
-    def __exit__(self, *exc):
-        return False
+def _host_sync():
+    """What a host sync does under capture."""
+    if _FakeGraph.capturing:
+        _FakeGraph.capturing = "failed"
+        raise RuntimeError("operation not permitted when stream is capturing")
 
 
 class _FakeStream:
@@ -487,9 +501,8 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _FakeStream())
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", _FakeCapture)
     monkeypatch.setattr(_timing, "l2_cache_bytes", lambda device=None: 60 << 20)
-    _FakeGraph.fail, _FakeGraph.captured = False, 0
+    _FakeGraph.capturing, _FakeGraph.captured, _FakeGraph.ended_after_failure = False, 0, False
     return _FakeGraph
 
 
@@ -511,9 +524,10 @@ def test_time_cuda_picks_graphs_for_short_calls_and_events_otherwise(fake_cuda):
 
 
 def test_time_cuda_falls_back_to_events_when_capture_fails(fake_cuda):
-    fake_cuda.fail = True
-    t = _timing.time_cuda(lambda: None, [()], warmup_ms=0.1, target_ms=1.0, graph="always")
-    assert t.method == "events" and "graph capture failed" in t.note and "RuntimeError" in t.note
+    t = _timing.time_cuda(_host_sync, [()], warmup_ms=0.1, target_ms=1.0, graph="always")
+    assert t.method == "events" and "graph capture failed" in t.note
+    assert "operation not permitted when stream is capturing" in t.note  # the call's error, not the end's
+    assert fake_cuda.ended_after_failure and not fake_cuda.capturing  # the capture was ended
 
 
 def test_run_case_rotates_inputs_past_l2_on_a_device(fake_cuda):
