@@ -54,6 +54,8 @@ class Timing:
         n_sets: number of rotated input sets.
         calls_per_sample: calls that one sample covers (graph: sets x unroll).
         note: why the method was chosen or changed (e.g. a failed graph capture).
+        host_us: host time to launch one call (CUDA only): Python and launch overhead,
+            which a graph hides and an eager caller pays when it exceeds the device time.
     """
 
     median_ms: float
@@ -64,6 +66,7 @@ class Timing:
     n_sets: int
     calls_per_sample: int = 1
     note: str = ""
+    host_us: Optional[float] = None
 
     def to_dict(self) -> dict:
         """JSON-able form."""
@@ -234,14 +237,16 @@ def time_cuda(fn: Fn, sets: Sequence[InputSet], *, warmup_ms: float = 25.0, targ
             med, p20, p80 = quantiles(samples)
             why = "host-bound launches" if host_bound and est_ms * 1e3 >= graph_threshold_us else (
                 f"call under {graph_threshold_us:g} us" if graph == "auto" else "graph='always'")
-            return Timing(med, p20, p80, len(samples), "graph", len(sets), calls, why)
+            return Timing(med, p20, p80, len(samples), "graph", len(sets), calls, why, host_ms * 1e3)
         except Exception as exc:  # capture can fail (host syncs, unsupported ops): fall back
             torch.cuda.synchronize()
             note = f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); events used"
+            if host_bound:
+                note += "; launches are host-bound, so event times include host overhead"
     reps = _clamp(target_ms / est_ms, min_reps, max_reps)
     samples = _time_events(fn, sets, reps)
     med, p20, p80 = quantiles(samples)
-    return Timing(med, p20, p80, len(samples), "events", len(sets), 1, note)
+    return Timing(med, p20, p80, len(samples), "events", len(sets), 1, note, host_ms * 1e3)
 
 
 def time_cpu(fn: Fn, sets: Sequence[InputSet], *, warmup: int = 1, target_s: float = 2.0,

@@ -185,7 +185,7 @@ def _peer_names(results: Iterable[dict], op: Optional[str] = None) -> list[str]:
 
 
 _CSV_COLS = ("op", "format", "shape", "status", "reason", "median_us", "p20_us", "p80_us", "method", "n_sets",
-             "reps", "bytes", "flops", "gbps", "tflops", "pct_copy", "pct_compute", "pct_roofline", "bound",
+             "reps", "host_us", "bytes", "flops", "gbps", "tflops", "pct_copy", "pct_compute", "pct_roofline", "bound",
              "check_metric", "check_value")
 
 
@@ -202,7 +202,7 @@ def csv_rows(doc: dict) -> tuple[list[str], list[dict]]:
                "status": r["status"], "reason": r.get("reason", ""),
                "median_us": _num(t.get("median_ms"), 1e3), "p20_us": _num(t.get("p20_ms"), 1e3),
                "p80_us": _num(t.get("p80_ms"), 1e3), "method": t.get("method", ""), "n_sets": t.get("n_sets", ""),
-               "reps": t.get("reps", ""), "bytes": r.get("nbytes") or "", "flops": r.get("flops") or "",
+               "reps": t.get("reps", ""), "host_us": _num(t.get("host_us")), "bytes": r.get("nbytes") or "", "flops": r.get("flops") or "",
                "gbps": _num(th.get("gbps")), "tflops": _num(th.get("tflops")), "pct_copy": _num(th.get("pct_copy")),
                "pct_compute": _num(th.get("pct_compute")), "pct_roofline": _num(th.get("pct_roofline")),
                "bound": th.get("bound") or "", "check_metric": ck.get("metric", ""),

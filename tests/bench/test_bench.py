@@ -279,6 +279,19 @@ def test_real_ops_on_cpu_are_checked_bit_exact(op, fmt):
     assert r.nbytes == 8 * 256 * 2 + q.nbytes
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "int4_affine_g128"])
+def test_real_linear_on_cpu_is_checked_against_float64(fmt):
+    try:
+        suites._lookup("linear")
+    except Skip as s:
+        pytest.skip(str(s))
+    [r] = suites.run_cases([CaseSpec("linear", fmt, (3, 128, 256))], _ctx(), CEIL, FAST,
+                           {"linear": _no_peers("linear")}, log=None)
+    assert r.status == "ok", r.reason
+    assert r.check["metric"] == "rel_fro" and r.check["value"] < suites.LINEAR_TOL
+    assert r.flops == 2 * 3 * 128 * 256 and r.compute_kind == "bf16_mm"
+
+
 def test_quantize_check_catches_a_wrong_bit():
     ms = pytest.importorskip("microscale")
     if not hasattr(ms, "quantize"):
