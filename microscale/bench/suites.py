@@ -778,6 +778,45 @@ def _ceiling(fn: Callable[..., Any], sets: list[tuple], check: Callable[[Any], C
     return t.median_ms, {"status": "ok", "timing": t.to_dict(), "check": asdict(chk)}
 
 
+_MM_SIZE = 8192  # square matmul of the compute ceilings
+_MM_CHECK_ROWS = 64  # rows checked in float64: the full product costs more than it tells
+
+
+def _copy_ceiling(ctx: Context, opts: RunOptions) -> tuple[Optional[float], dict]:
+    nbytes = (256 << 20) if ctx.cpu else (1 << 30)
+    src = random_input((nbytes // 4,), ctx, torch.float32)
+    dst = torch.empty_like(src)
+    ms_, d = _ceiling(lambda a, b: b.copy_(a), [(src, dst)], lambda y: check_bits(y, src), ctx, opts)
+    d.update(bytes=models.copy_bytes(nbytes), what=f"copy of {nbytes >> 20} MiB, bytes read + written")
+    return (models.gbps(models.copy_bytes(nbytes), ms_) if ms_ else None), d
+
+
+def _bf16_ceiling(ctx: Context, opts: RunOptions) -> tuple[Optional[float], dict]:
+    n, rows = _MM_SIZE, _MM_CHECK_ROWS
+    a, b = random_input((n, n), ctx), random_input((n, n), ctx)
+    ms_, d = _ceiling(torch.mm, [(a, b)], lambda y: check_matmul(a[:rows], b.T, y[:rows]), ctx, opts)
+    flops = models.linear_flops(n, n, n)
+    d.update(flops=flops, what=f"cuBLAS bf16 torch.mm {n}x{n}x{n}, random data")
+    return (models.tflops(flops, ms_) if ms_ else None), d
+
+
+def _fp8_ceiling(ctx: Context, opts: RunOptions) -> tuple[Optional[float], dict]:
+    if not hasattr(torch, "_scaled_mm"):
+        raise Skip("torch has no _scaled_mm")
+    n, rows = _MM_SIZE, _MM_CHECK_ROWS
+    a8 = random_input((n, n), ctx, torch.float32).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w8 = random_input((n, n), ctx, torch.float32).clamp(-448, 448).to(torch.float8_e4m3fn)
+    one = torch.ones((), dtype=torch.float32, device=ctx.device)
+
+    def fp8_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    ms_, d = _ceiling(fp8_mm, [(a8, w8)], lambda y: check_matmul(a8[:rows].float(), w8.float(), y[:rows]),
+                      ctx, opts)
+    flops = models.linear_flops(n, n, n)
+    d.update(flops=flops, what=f"torch._scaled_mm e4m3 x e4m3 -> bf16, tensor scales, {n}x{n}x{n}, random data")
+    return (models.tflops(flops, ms_) if ms_ else None), d
+
+
 def measure_ceilings(ctx: Context, opts: Optional[RunOptions] = None,
                      log: Optional[TextIO] = sys.stderr) -> tuple[models.Ceilings, dict]:
     """Measure the ceilings in this run: copy bandwidth (bytes read + written) of a
@@ -787,66 +826,25 @@ def measure_ceilings(ctx: Context, opts: Optional[RunOptions] = None,
     or the reason one could not be measured)."""
     opts = opts or RunOptions()
     details: dict[str, dict] = {}
-    values: dict[str, Optional[float]] = {"copy_gbps": None, "bf16_tflops": None, "fp8_tflops": None}
-    nbytes = (256 << 20) if ctx.cpu else (1 << 30)
-
-    try:
-        src = random_input((nbytes // 4,), ctx, torch.float32)
-        dst = torch.empty_like(src)
-        ms_, d = _ceiling(lambda a, b: b.copy_(a), [(src, dst)], lambda y: check_bits(y, src), ctx, opts)
-        d.update(bytes=models.copy_bytes(nbytes), what=f"copy of {nbytes >> 20} MiB, bytes read + written")
-        if ms_:
-            values["copy_gbps"] = models.gbps(models.copy_bytes(nbytes), ms_)
-        details["copy"] = d
-        del src, dst
-    except Exception as exc:
-        details["copy"] = {"status": "error", "reason": _short(exc)}
-    _free(ctx.device)
-
-    if ctx.cpu:
-        details["bf16_mm"] = details["fp8_mm"] = {"status": "skipped", "reason": "not measured on the CPU"}
-    else:
-        size = 8192
-        flops = models.linear_flops(size, size, size)
-        rows = 64  # checked rows: a float64 product of the full matrices costs more than it tells
+    values: dict[str, Optional[float]] = {}
+    plan = [("copy_gbps", "copy", _copy_ceiling), ("bf16_tflops", "bf16_mm", _bf16_ceiling),
+            ("fp8_tflops", "fp8_mm", _fp8_ceiling)]
+    for key, kind, measure in plan:
+        values[key] = None
+        if ctx.cpu and kind != "copy":
+            details[kind] = {"status": "skipped", "reason": "not measured on the CPU"}
+            continue
         try:
-            a = random_input((size, size), ctx)
-            b = random_input((size, size), ctx)
-            ms_, d = _ceiling(torch.mm, [(a, b)], lambda y: check_matmul(a[:rows], b.T, y[:rows]), ctx, opts)
-            d.update(flops=flops, what=f"cuBLAS bf16 torch.mm {size}x{size}x{size}")
-            if ms_:
-                values["bf16_tflops"] = models.tflops(flops, ms_)
-            details["bf16_mm"] = d
-            del a, b
-        except Exception as exc:
-            details["bf16_mm"] = {"status": "error", "reason": _short(exc)}
-        _free(ctx.device)
-        try:
-            if not hasattr(torch, "_scaled_mm"):
-                raise Skip("torch has no _scaled_mm")
-            a8 = random_input((size, size), ctx, torch.float32).clamp(-448, 448).to(torch.float8_e4m3fn)
-            w8 = random_input((size, size), ctx, torch.float32).clamp(-448, 448).to(torch.float8_e4m3fn)
-            one = torch.ones((), dtype=torch.float32, device=ctx.device)
-
-            def fp8_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-                return torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-            ms_, d = _ceiling(fp8_mm, [(a8, w8)],
-                              lambda y: check_matmul(a8[:rows].float(), w8.float(), y[:rows]), ctx, opts)
-            d.update(flops=flops, what=f"torch._scaled_mm e4m3 x e4m3 -> bf16 {size}x{size}x{size}")
-            if ms_:
-                values["fp8_tflops"] = models.tflops(flops, ms_)
-            details["fp8_mm"] = d
-            del a8, w8
+            values[key], details[kind] = measure(ctx, opts)
         except Skip as s:
-            details["fp8_mm"] = {"status": "skipped", "reason": str(s)}
+            details[kind] = {"status": "skipped", "reason": str(s)}
         except Exception as exc:
-            details["fp8_mm"] = {"status": "error", "reason": _short(exc)}
+            details[kind] = {"status": "error", "reason": _short(exc)}
         _free(ctx.device)
-    ceilings = models.Ceilings(**values)
     _log(log, "ceilings: " + ", ".join(
-        f"{k}={v:.1f}" if v is not None else f"{k}=n/a ({details[c].get('reason', '')})"
-        for (k, v), c in zip(values.items(), ("copy", "bf16_mm", "fp8_mm"))))
-    return ceilings, details
+        f"{key}={values[key]:.1f}" if values[key] is not None else f"{key}=n/a ({details[kind].get('reason', '')})"
+        for key, kind, _ in plan))
+    return models.Ceilings(**values), details
 
 
 # ---- the whole run --------------------------------------------------------------------

@@ -248,6 +248,18 @@ def test_missing_op_in_microscale_is_a_skip(monkeypatch):
     assert (r.status, r.reason) == ("skipped", "microscale.linear not available")
 
 
+def test_ceilings_on_the_cpu_and_their_failures(monkeypatch):
+    c, d = suites.measure_ceilings(_ctx(), RunOptions(cpu_target_s=0.01), log=None)
+    assert c.copy_gbps > 0 and d["copy"]["status"] == "ok" and d["copy"]["check"]["ok"]
+    assert c.bf16_tflops is None and d["bf16_mm"] == {"status": "skipped", "reason": "not measured on the CPU"}
+
+    def broken(ctx, opts):
+        raise RuntimeError("copy engine on fire")
+    monkeypatch.setattr(suites, "_copy_ceiling", broken)
+    c, d = suites.measure_ceilings(_ctx(), log=None)
+    assert c.copy_gbps is None and d["copy"] == {"status": "error", "reason": "RuntimeError: copy engine on fire"}
+
+
 def test_bit_checks():
     a = torch.tensor([1.0, float("nan"), 3.0])
     assert suites.check_bits(a, a.clone()).ok
