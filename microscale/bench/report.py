@@ -393,8 +393,8 @@ def render_markdown(doc: dict, source: Optional[str] = None) -> str:
     if m:
         lines += ["## Method", ""] + [f"- {k.replace('_', ' ')}: {v}" for k, v in m.items() if k != "peers"]
         lines += [f"- peer {name}: {what}" for name, what in (m.get("peers") or {}).items()]
-        lines += ["- bytes model: quantize reads numel×2 (bf16) and writes q.nbytes; dequantize reads q.nbytes "
-                  "and writes numel×2; linear reads the weight's bytes + M×K×2 and writes M×N×2; "
+        lines += ["- bytes model ('MB moved'): quantize reads numel×2 (bf16) and writes q.nbytes; dequantize "
+                  "reads q.nbytes and writes numel×2; linear reads the weight's bytes + M×K×2 and writes M×N×2; "
                   "flops 2×M×N×K.",
                   "- % roofline: max(bytes / copy bandwidth, flops / bf16 ceiling) / time. "
                   "Peer columns: peer time / microscale time (above 1: microscale is faster).", ""]
@@ -406,12 +406,17 @@ def render_markdown(doc: dict, source: Optional[str] = None) -> str:
             continue
         peers = _peer_names(rs)
         lines += [f"## {op}", ""]
+        held = [f"copy {_f(ceil.get('copy_gbps'), '.0f', ' GB/s')}"]
+        if any(r.get("flops") for r in rs):
+            held += [f"cuBLAS bf16 {_f(ceil.get('bf16_tflops'), '.0f', ' TFLOP/s')}",
+                     f"fp8 _scaled_mm {_f(ceil.get('fp8_tflops'), '.0f', ' TFLOP/s')}"]
+        lines += [f"Ceilings of this run: {', '.join(held)}.", ""]
         if op == "linear":
-            head = ["format", "M×N×K", "time", "GB/s", "TFLOP/s", "% roofline", "bound"]
+            head = ["format", "M×N×K", "MB moved", "GFLOP", "time", "GB/s", "TFLOP/s", "% roofline", "bound"]
         elif cpu:
-            head = ["format", "shape", "time", "bf16 MB/s", "GB/s (model)", "% copy"]
+            head = ["format", "shape", "MB moved", "time", "bf16 MB/s", "GB/s (model)", "% copy"]
         else:
-            head = ["format", "shape", "time", "GB/s", "% copy"]
+            head = ["format", "shape", "MB moved", "time", "GB/s", "% copy"]
         head += [f"vs {p}" for p in peers] + ["timing"]
         body = []
         notes: dict[str, str] = {}
@@ -421,7 +426,10 @@ def render_markdown(doc: dict, source: Optional[str] = None) -> str:
                 row = [r["format"], _shape(r), f"{r['status']}"] + ["—"] * (len(head) - 4) + [""]
                 body.append(row)
                 continue
-            row = [r["format"], _shape(r), _t(t.get("median_ms"))]
+            row = [r["format"], _shape(r), _f((r.get("nbytes") or 0) / 1e6, ".1f")]
+            if op == "linear":
+                row.append(_f((r.get("flops") or 0) / 1e9, ".2f"))
+            row.append(_t(t.get("median_ms")))
             if op == "linear":
                 row += [_f(th.get("gbps"), ".0f"), _f(th.get("tflops"), ".1f"), _f(th.get("pct_roofline"), ".0f", "%"),
                         th.get("bound") or "—"]
