@@ -48,7 +48,17 @@ def quantize(
 
     Returns:
         A :class:`QTensor` in the canonical (checkpoint) layout.
+
+    CUDA tensors run the Triton kernel (bit-identical to the reference; stochastic
+    rounding and the few shapes it can't tile fall back to the reference).
     """
+    if isinstance(x, torch.Tensor) and x.is_cuda:
+        from .kernels import quantize as kq
+
+        f = reference.resolve_format(fmt, block_size, scale_rule, convention)
+        if kq.unsupported_reason(f, rounding) is None:
+            return kq.quantize(x, f, rounding=rounding, overflow=overflow, nonfinite=nonfinite,
+                               global_scale=global_scale, pad=pad)
     return reference.quantize(
         x, fmt, scale_rule=scale_rule, block_size=block_size, rounding=rounding, overflow=overflow,
         nonfinite=nonfinite, global_scale=global_scale, convention=convention, pad=pad, generator=generator)
@@ -60,6 +70,11 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         raise TypeError(f"dequantize: expected a QTensor, got {type(q).__name__}")
     if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         raise TypeError(f"dequantize: dtype={dtype} is not a floating dtype")
+    if q.data.is_cuda:
+        from .kernels import quantize as kq
+
+        if kq.unsupported_reason(q.fmt) is None:
+            return kq.dequantize(q, dtype)
     return reference.dequantize(q, dtype)
 
 

@@ -1,0 +1,306 @@
+"""GPU quantize / dequantize: correctness at realistic shapes, then timings (H200).
+
+One run: (1) kernels vs the CPU reference, bit for bit, on realistic shapes for formats
+covering every kernel path (element kinds, scale codecs and rules, two-level
+conventions static and dynamic, affine, 2-D blocks, swizzled scale layouts, NaN/Inf);
+(2) the device copy bandwidth (bytes read + written); (3) timings of the kernel-level
+functions under CUDA graphs (median of replays, inputs alternated, outputs allocated
+in the graph), as a fraction of copy bandwidth counting each byte the op must move
+once: input read + codes + scales written (dequantize: codes + scales read + output
+written); (4) torchao's NVFP4 quantize under torch.compile as a peer, when importable.
+
+Usage (on the GPU machine): ``PYTHONPATH=. python3 benchmarks/run_gpu_quantize.py``;
+JSON goes to ``$OUT/quantize_bench.json`` (or ./quantize_bench.json). The short table
+is printed last.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from microscale import reference
+from microscale.formats import get_format, get_scale_layout, registry
+from microscale.kernels import quantize as kq
+
+DRY = os.environ.get("BENCH_DRY") == "1"  # CPU dry run of the checks (interpreter, tiny shapes)
+DEV = "cpu" if DRY else "cuda"
+LOG: list[str] = []
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+    LOG.append(msg)
+
+
+def bits_of(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype.is_floating_point:
+        return t.view({4: torch.int32, 2: torch.int16, 1: torch.uint8, 8: torch.int64}[t.element_size()])
+    return t
+
+
+def same_q(a, b) -> bool:
+    ok = torch.equal(a.data.cpu(), b.data) and torch.equal(bits_of(a.scales.cpu()), bits_of(b.scales))
+    if b.zero_points is not None:
+        ok &= torch.equal(a.zero_points.cpu(), b.zero_points)
+    if b.global_scale is not None:
+        ok &= torch.equal(bits_of(a.global_scale.cpu().reshape(1)), bits_of(b.global_scale.reshape(1)))
+    return bool(ok) and a.meta == b.meta
+
+
+def same_vals(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a = a.cpu()
+    na, nb = torch.isnan(a), torch.isnan(b)
+    return bool(torch.equal(na, nb) and torch.equal(bits_of(a)[~na], bits_of(b)[~nb]))
+
+
+def make_input(shape, seed, dtype=torch.bfloat16, nonfinite=False):
+    g = torch.Generator(device=DEV)
+    g.manual_seed(seed)
+    x = torch.randn(shape, device=DEV, generator=g)
+    x = x * torch.exp2(torch.randint(-10, 10, shape[:-1] + (1,), device=DEV, generator=g).float())
+    x[0, :64] = 0.0
+    x[1, :32] *= 2.0 ** -120
+    x[2, :32] *= 2.0 ** 100
+    if nonfinite:
+        x[3, 5] = float("nan")
+        x[4, 7] = float("inf")
+        x[5, 9] = -float("nan")
+    return x.to(dtype)
+
+
+# ----------------------------------------------------------------------------------
+# correctness
+# ----------------------------------------------------------------------------------
+def check_correctness() -> list[dict]:
+    res = []
+    cases = [  # (format, kwargs, shape)
+        ("nvfp4", {}, (4096, 4096)),
+        ("nvfp4", {}, (1024, 4096)),
+        ("nvfp4", {"convention": "torchao"}, (1024, 4096)),
+        ("nvfp4", {"convention": "compressed-tensors"}, (1024, 4096)),
+        ("nvfp4", {"global_scale": "static"}, (4096, 4096)),
+        ("nvfp4", {"global_scale": "static"}, (1024, 4096)),
+        ("mxfp4", {}, (4096, 4096)),
+        ("mxfp4", {}, (1024, 4096)),
+        ("mxfp4", {"scale_rule": "rceil"}, (1024, 4096)),
+        ("mxfp4", {"scale_rule": "even"}, (1024, 4096)),
+        ("mxfp6_e3m2", {"scale_rule": "ceil"}, (1024, 4096)),
+        ("mxfp8_e4m3", {}, (4096, 4096)),
+        ("mxfp8_e4m3", {}, (1024, 4096)),
+        ("mxfp8_e5m2", {"overflow": "native"}, (1024, 4096)),
+        ("mxint8", {}, (1024, 4096)),
+        ("nvfp8", {}, (1024, 4096)),
+        ("fp4_fp16", {"rounding": "nearest_away"}, (1024, 4096)),
+        ("int4_fp32", {}, (1024, 4096)),
+        ("int3_fp16", {}, (1024, 4096)),
+        ("int8_affine_g128", {}, (1024, 4096)),
+        ("fp8_e4m3_block128x128", {}, (1024, 4096)),
+    ]
+    for i, (name, kw, shape) in enumerate(cases):
+        for nonfinite in ((False,) if shape[0] > 1024 else (False, True)):
+            if DRY:
+                shape = (128, 256)
+            x = make_input(shape, 100 + i, nonfinite=nonfinite)
+            kw2 = dict(kw)
+            if kw2.get("global_scale") == "static":
+                xf = x.float().abs()
+                kw2["global_scale"] = float(torch.where(torch.isfinite(xf), xf, 0).amax()) / 2688.0 * 0.5
+            t0 = time.time()
+            got = kq.quantize(x, name, **kw2)
+            want = reference.quantize(x.cpu(), name, **kw2)
+            okq = same_q(got, want)
+            okd = same_vals(kq.dequantize(want.to(DEV), torch.bfloat16), reference.dequantize(want, torch.bfloat16))
+            okd &= same_vals(kq.dequantize(want.to(DEV), torch.float32), reference.dequantize(want, torch.float32))
+            r = dict(fmt=name, kwargs={k: str(v) for k, v in kw.items()}, shape=list(shape), nonfinite=nonfinite,
+                     quantize_exact=okq, dequantize_exact=okd, s=round(time.time() - t0, 2))
+            res.append(r)
+            log(f"check {name:22s} {str(kw):40s} nan/inf={nonfinite!s:5s} quantize={okq} dequantize={okd}")
+    for name in ("nvfp4", "mxfp4", "mxfp8_e4m3"):
+        x = make_input((40, 320) if DRY else (4000, 4096 + 64), 7)  # rows and scale columns pad
+        want = reference.quantize(x.cpu(), name)
+        for lay in ("swizzled_128x4", "swizzled_8x4"):
+            got = kq.quantize_for_gemm(x, name, scale_layout=lay)
+            ok = torch.equal(got.data.cpu(), want.data) and torch.equal(
+                bits_of(got.scales.cpu()), bits_of(get_scale_layout(lay).swizzle(want.scales)))
+            res.append(dict(fmt=name, layout=lay, shape=[4000, 4160], quantize_exact=bool(ok)))
+            log(f"check {name:22s} layout={lay:15s} exact={ok}")
+    # fused (tolerance: float32 prologue rounding differs from torch's)
+    from microscale import fused, reference_fused
+    x = make_input((16, 256) if DRY else (2048, 4096), 9)
+    w = (torch.rand(x.shape[-1], device=DEV) + 0.5).to(torch.bfloat16)
+    for name in ("nvfp4", "mxfp8_e4m3"):
+        gs = 1.0 / 448 if registry[name].global_scale else None
+        got = fused.rmsnorm_quantize(x, w, name, global_scale=gs)
+        want = reference_fused.rmsnorm_quantize(x.cpu(), w.cpu(), name, global_scale=gs)
+        frac = float((got.data.cpu() != want.data).float().mean())
+        res.append(dict(fmt=name, fused="rmsnorm", byte_mismatch_frac=frac))
+        log(f"check fused rmsnorm {name}: packed-byte mismatch fraction {frac:.2e}")
+        got = fused.silu_mul_quantize(x, x.flip(0), name, global_scale=gs)
+        want = reference_fused.silu_mul_quantize(x.cpu(), x.flip(0).cpu(), name, global_scale=gs)
+        frac = float((got.data.cpu() != want.data).float().mean())
+        res.append(dict(fmt=name, fused="silu_mul", byte_mismatch_frac=frac))
+        log(f"check fused silu_mul {name}: packed-byte mismatch fraction {frac:.2e}")
+    return res
+
+
+# ----------------------------------------------------------------------------------
+# timing
+# ----------------------------------------------------------------------------------
+def graph_time(fn, inputs, reps=20, per_graph=4) -> float:
+    """Median ms of one call: ``per_graph`` calls (alternating inputs) captured in a CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(3):
+            fn(inputs[i % len(inputs)])
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(per_graph):
+            fn(inputs[i % len(inputs)])
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / per_graph)
+    return statistics.median(ts)
+
+
+def copy_bandwidth() -> float:
+    n = 1 << 29  # 1 GiB of bf16
+    src = torch.randn(n // 2, device=DEV).to(torch.bfloat16).repeat(2)
+    dst = torch.empty_like(src)
+    ms = graph_time(lambda s: dst.copy_(s), [src], reps=20, per_graph=2)
+    return 2 * src.numel() * 2 / (ms * 1e-3)
+
+
+def q_bytes(fmt, n: int, in_bytes: int = 2) -> int:
+    f = get_format(fmt)
+    return n * in_bytes + n * f.element.bits // 8 + (n // (f.block_size * f.block_rows)) * f.scale.storage.itemsize
+
+
+def run_timings(copy_bw: float) -> list[dict]:
+    rows = []
+    for n in (8192, 16384):
+        xs = [make_input((n, n), 1000 + j) for j in range(2)]
+        numel = n * n
+        gs = torch.tensor(float(xs[0].float().abs().amax()) / 2688.0, device=DEV)
+        variants = [
+            ("quantize nvfp4 static", "nvfp4", lambda x: kq.quantize(x, "nvfp4", global_scale=gs), 1),
+            ("quantize mxfp4", "mxfp4", lambda x: kq.quantize(x, "mxfp4"), 1),
+            ("quantize mxfp8_e4m3", "mxfp8_e4m3", lambda x: kq.quantize(x, "mxfp8_e4m3"), 1),
+            ("quantize nvfp4 dynamic", "nvfp4", lambda x: kq.quantize(x, "nvfp4"), 2),
+            ("quantize nvfp4 swizzled128x4", "nvfp4",
+             lambda x: kq.quantize_for_gemm(x, "nvfp4", global_scale=gs), 1),
+        ]
+        for label, fmt, fn, reads in variants:
+            ms = graph_time(fn, xs)
+            byts = q_bytes(fmt, numel)
+            moved = byts + (reads - 1) * numel * 2
+            rows.append(dict(op=label, shape=[n, n], ms=ms, bytes=byts, bytes_moved=moved, tbps=byts / ms / 1e9,
+                             frac_copy=byts / ms / 1e9 / (copy_bw / 1e12)))
+        for fmt in ("nvfp4", "mxfp4", "mxfp8_e4m3"):
+            qs = [kq.quantize(x, fmt, global_scale=gs if fmt == "nvfp4" else None) for x in xs]
+            ms = graph_time(lambda q: kq.dequantize(q, torch.bfloat16), qs)
+            byts = q_bytes(fmt, numel)
+            rows.append(dict(op=f"dequantize {fmt} -> bf16", shape=[n, n], ms=ms, bytes=byts, bytes_moved=byts,
+                             tbps=byts / ms / 1e9, frac_copy=byts / ms / 1e9 / (copy_bw / 1e12)))
+        del xs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def config_sweep(copy_bw: float) -> list[dict]:
+    n = 16384
+    xs = [make_input((n, n), 2000 + j) for j in range(2)]
+    gs = torch.tensor(float(xs[0].float().abs().amax()) / 2688.0, device=DEV)
+    out = []
+    for fmt in ("nvfp4", "mxfp4"):
+        for cfg in (kq.QuantizeConfig(16, 512, 8), kq.QuantizeConfig(32, 256, 8), kq.QuantizeConfig(8, 512, 4),
+                    kq.QuantizeConfig(32, 512, 8), kq.QuantizeConfig(64, 256, 16)):
+            kw = {"global_scale": gs} if fmt == "nvfp4" else {}
+            ms = graph_time(lambda x: kq.quantize(x, fmt, config=cfg, **kw), xs)
+            byts = q_bytes(fmt, n * n)
+            out.append(dict(op=f"quantize {fmt} cfg {cfg.tile_rows}x{cfg.tile_cols}w{cfg.num_warps}", shape=[n, n],
+                            ms=ms, tbps=byts / ms / 1e9, frac_copy=byts / ms / 1e9 / (copy_bw / 1e12)))
+            log(f"sweep {out[-1]['op']}: {ms:.4f} ms {out[-1]['frac_copy']:.2f} of copy")
+    return out
+
+
+def torchao_peer(copy_bw: float) -> dict:
+    try:
+        from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        return {"peer": "torchao nvfp4", "status": f"not importable: {type(e).__name__}: {e}"}
+    try:
+        n = 8192
+        xs = [make_input((n, n), 3000 + j) for j in range(2)]
+        pts = torch.tensor(float(xs[0].float().abs().amax()) / 2688.0, device=DEV)
+        f = torch.compile(lambda x: NVFP4Tensor.to_nvfp4(x, per_tensor_scale=pts))
+        ms = graph_time(f, xs)
+        byts = q_bytes("nvfp4", n * n)
+        return {"peer": "torchao nvfp4 (torch.compile)", "shape": [n, n], "ms": ms,
+                "frac_copy": byts / ms / 1e9 / (copy_bw / 1e12)}
+    except Exception as e:  # noqa: BLE001
+        return {"peer": "torchao nvfp4", "status": f"failed: {type(e).__name__}: {e}"}
+
+
+def main() -> int:
+    import triton
+
+    if DRY:
+        checks = check_correctness()
+        print(all(c.get("quantize_exact", True) and c.get("dequantize_exact", True) for c in checks))
+        return 0
+    info = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    try:
+        info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                        capture_output=True, text=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        pass
+    log(str(info))
+    t0 = time.time()
+    checks = check_correctness()
+    log(f"correctness: {sum(c.get('quantize_exact', True) and c.get('dequantize_exact', True) for c in checks)}"
+        f"/{len(checks)} exact ({time.time() - t0:.0f}s)")
+    copy_bw = copy_bandwidth()
+    timings = run_timings(copy_bw)
+    sweep = config_sweep(copy_bw) if os.environ.get("SWEEP", "1") == "1" else []
+    peer = torchao_peer(copy_bw)
+    out = dict(info=info, copy_tbps=copy_bw / 1e12, checks=checks, timings=timings, sweep=sweep, peer=peer, log=LOG)
+    path = os.path.join(os.environ.get("OUT", "."), "quantize_bench.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print()
+    print(f"{info['device']}  torch {info['torch']}  triton {info['triton']}  driver {info.get('driver')}  "
+          f"{info['date']}")
+    print(f"device copy bandwidth (read+write): {copy_bw / 1e12:.3f} TB/s")
+    print(f"{'op':34s} {'shape':>12s} {'ms':>8s} {'TB/s':>7s} {'of copy':>8s}")
+    for r in timings:
+        extra = ""
+        if r["bytes_moved"] != r["bytes"]:
+            extra = f"  (actual traffic {r['bytes_moved'] / r['ms'] / 1e9 / copy_bw * 1e12:.2f} of copy)"
+        print(f"{r['op']:34s} {'x'.join(map(str, r['shape'])):>12s} {r['ms']:8.4f} {r['tbps']:7.3f} "
+              f"{r['frac_copy']:8.2f}{extra}")
+    print("peer:", json.dumps(peer))
+    bad = [c for c in checks if not (c.get("quantize_exact", True) and c.get("dequantize_exact", True))]
+    print(f"correctness: {len(checks) - len(bad)}/{len(checks)} exact" + (f"; FAILED: {bad}" if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

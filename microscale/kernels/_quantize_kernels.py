@@ -1,0 +1,584 @@
+"""Triton kernels for block-scaled quantize / dequantize (private; see ``quantize.py``).
+
+One quantize kernel and one dequantize kernel serve every :class:`~microscale.formats.Format`:
+the format's fields arrive as ``tl.constexpr`` parameters (built once per format by
+``quantize._Params``), so each format compiles to its own specialised code without a
+copy of the source per format and without branches on names.
+
+Exactness: every step ports :mod:`microscale.reference` operation for operation in
+float32 — divisions use ``tl.math.div_rn`` (IEEE, never ``div.full``), fp contraction is
+disabled at launch (``enable_fp_fusion=False``), power-of-two scales are applied by an
+exact multiply with their exact reciprocal (subnormal reciprocals included: the
+generated PTX uses plain ``mul.f32``, no ``.ftz``), element rounding is the reference's
+bit-pattern rounding (:meth:`ElementCodec._encode_float`), and the sign of a NaN
+produced by a division/multiply follows the host CPU's rule (a NaN operand
+propagates, first operand first; an invalid operation gives ``DEFAULT_NAN``, the host's
+default NaN: negative on x86) because the sign decides the E4M3/E5M2/E2M1 code.
+
+Layout of one quantize program: ``TR`` rows x ``TK`` columns of the (2-D, padded)
+input, viewed as ``[TR/BR, BR, TK/B, B]`` blocks; the program loops over its column
+range in ``TK`` steps (one step unless a row-wise prologue needs the whole row).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# ----------------------------------------------------------------------------------
+# small exact helpers
+# ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _bits(x):
+    return x.to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _flt(b):
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _to_f32(v):
+    """Loaded values -> float32, exactly (bf16 by bit placement: the interpreter's cast
+    flushes bf16 subnormals; on the GPU this is the same single shift as the cast)."""
+    if v.dtype == tl.bfloat16:
+        r = _flt(v.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+    else:
+        r = v.to(tl.float32)
+    return r
+
+
+@triton.jit
+def _cast(v, ty: tl.constexpr, MANUAL_BF16: tl.constexpr):
+    """float32 -> ``ty`` with round-to-nearest-even. ``MANUAL_BF16``: do the bf16 rounding
+    on the bits (the interpreter's bf16 cast does not round to nearest even)."""
+    if MANUAL_BF16 and ty == tl.bfloat16:
+        b = _bits(v)
+        r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+        r = tl.where(v != v, (b >> 16) | 0x40, r)
+        out = r.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        out = v.to(ty)
+    return out
+
+
+@triton.jit
+def _isfinite(x):
+    return (_bits(x) & 0x7FFFFFFF) < 0x7F800000
+
+
+@triton.jit
+def _clamp_nan(v, lo, hi):
+    """torch.clamp semantics: NaN stays NaN (PTX min/max would drop it)."""
+    return tl.where(v != v, v, tl.minimum(tl.maximum(v, lo), hi))
+
+
+@triton.jit
+def _nan_rule(q, a, b, DEFAULT_NAN: tl.constexpr):
+    """Give a NaN result of ``a (op) b`` the sign the host CPU gives it."""
+    nb = tl.where(a != a, _bits(a), tl.where(b != b, _bits(b), DEFAULT_NAN))
+    return tl.where(q != q, _flt(nb), q)
+
+
+@triton.jit
+def _round_int(t, ROUNDING: tl.constexpr):
+    """Round float32 ``t`` (|t| <= 2^22, not NaN) to an integer-valued float32.
+    0: nearest-even (magic number, exact IEEE adds); 1: nearest, ties away."""
+    if ROUNDING == 0:
+        r = (t + 12582912.0) - 12582912.0
+    else:
+        f = tl.floor(tl.abs(t) + 0.5)
+        r = _flt((_bits(f) & 0x7FFFFFFF) | (_bits(t) & -2147483648))
+    return r
+
+
+# ----------------------------------------------------------------------------------
+# element codec (generic over the codec's fields)
+# ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _encode(x, BITS: tl.constexpr, IS_INT: tl.constexpr, SIGNED: tl.constexpr, FRAC_SCALE: tl.constexpr,
+            MBITS: tl.constexpr, BIAS: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
+            OVF_CODE: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_C: tl.constexpr, SUB_C_BITS: tl.constexpr,
+            INV_MIN_SUB: tl.constexpr, ROUNDING: tl.constexpr, NONFIN: tl.constexpr):
+    """float32 -> int32 code (low BITS bits), exactly as ``ElementCodec.encode``.
+
+    NONFIN: 0 propagate, 1 zero (NaN/Inf -> +0 first)."""
+    if NONFIN == 1:
+        x = tl.where(_isfinite(x), x, 0.0)
+    if IS_INT:
+        t = tl.where(x != x, 0.0, x) * FRAC_SCALE
+        if SIGNED:
+            t = tl.minimum(tl.maximum(t, -MAX_CODE - 1.0), MAX_CODE + 1.0)
+        else:
+            t = tl.minimum(tl.maximum(t, -1.0), MAX_CODE + 1.0)
+        r = _round_int(t, ROUNDING)
+        if SIGNED:
+            r = tl.minimum(tl.maximum(r, -MAX_CODE * 1.0), MAX_CODE * 1.0)
+        else:
+            r = tl.minimum(tl.maximum(r, 0.0), MAX_CODE * 1.0)
+        code = r.to(tl.int32) & ((1 << BITS) - 1)
+    else:
+        SH: tl.constexpr = 23 - MBITS
+        xb = _bits(x)
+        b = xb & 0x7FFFFFFF
+        a = _flt(b)
+        if ROUNDING == 0:
+            code = ((b >> SH) & 1) + ((1 << (SH - 1)) - 1) + b
+        else:
+            code = b + (1 << (SH - 1))
+        code = (code >> SH) - ((127 - BIAS) << MBITS)
+        if ROUNDING == 0:
+            k = _bits(a + SUB_C) - SUB_C_BITS
+        else:
+            k = tl.floor(a * INV_MIN_SUB + 0.5).to(tl.int32)
+        code = tl.where(a < MIN_NORMAL, k, code)
+        if OVF_CODE == MAX_CODE:
+            code = tl.minimum(code, MAX_CODE)
+        else:
+            code = tl.where(code > MAX_CODE, OVF_CODE, code)
+        sign = (xb >> (32 - BITS)) & (1 << (BITS - 1))
+        if NONFIN != 1:
+            isnan = x != x
+            if NAN_CODE >= 0:
+                code = tl.where(isnan, NAN_CODE, code)
+            else:  # ml_dtypes: NaN -> zero with the NaN's sign bit inverted
+                code = tl.where(isnan, 0, code)
+                sign = sign ^ (isnan.to(tl.int32) << (BITS - 1))
+        code = code | sign
+    return code
+
+
+@triton.jit
+def _decode(code, BITS: tl.constexpr, IS_INT: tl.constexpr, SIGNED: tl.constexpr, STEP: tl.constexpr,
+            MBITS: tl.constexpr, BIAS: tl.constexpr, SUB_STEP: tl.constexpr, NAN_MIN: tl.constexpr,
+            INF_CODE: tl.constexpr):
+    """int32 code -> float32 value, exactly as ``ElementCodec.decode``'s table.
+
+    Float codes by bit placement (normal: exponent rebiased in the integer domain;
+    subnormal: ``m * 2^(emin - mbits)``); NaN codes are ``[NAN_MIN, 2^(BITS-1))``."""
+    if IS_INT:
+        if SIGNED:
+            v = ((code << (32 - BITS)) >> (32 - BITS)).to(tl.float32)
+        else:
+            v = code.to(tl.float32)
+        v = v * STEP
+    else:
+        mag = code & ((1 << (BITS - 1)) - 1)
+        e = mag >> MBITS
+        normal = _flt((mag << (23 - MBITS)) + ((127 - BIAS) << 23))
+        sub = (mag & ((1 << MBITS) - 1)).to(tl.float32) * SUB_STEP
+        v = tl.where(e == 0, sub, normal)
+        vb = _bits(v)
+        if NAN_MIN >= 0:
+            vb = tl.where(mag >= NAN_MIN, 0x7FC00000, vb)
+        if INF_CODE >= 0:
+            vb = tl.where(mag == INF_CODE, 0x7F800000, vb)
+        v = _flt(vb | (((code >> (BITS - 1)) & 1) << 31))
+    return v
+
+
+# ---- the E4M3 codec used for UE4M3 scales ----------------------------------------------
+@triton.jit
+def _e4m3_encode(v):
+    return _encode(v, 8, False, True, 1.0, 3, 7, 126, 127, 126, 0.015625, 16384.0, 0x46800000, 512.0, 0, 0)
+
+
+@triton.jit
+def _e4m3_decode(code):
+    return _decode(code, 8, False, True, 1.0, 3, 7, 0.001953125, 127, -1)
+
+
+# ----------------------------------------------------------------------------------
+# scale codecs
+# ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _e8m0_value(bb):
+    """E8M0 byte -> 2^(B-127) (0 -> 2^-127, float32 subnormal; 255 -> NaN)."""
+    return _flt(tl.where(bb == 0, 0x400000, tl.where(bb == 255, 0x7FC00000, bb << 23)))
+
+
+@triton.jit
+def _e8m0_recip(bb):
+    """E8M0 byte -> exact 2^(127-B) (254 -> 2^-127 subnormal; 255 -> NaN)."""
+    return _flt(tl.where(bb == 254, 0x400000, tl.where(bb == 255, 0x7FC00000, (254 - bb) << 23)))
+
+
+@triton.jit
+def _e8m0_from_amax(a, RULE: tl.constexpr, EMAX: tl.constexpr, M_ELEM: tl.constexpr, ELEM_MAX: tl.constexpr):
+    """``scales.e8m0_from_amax``: RULE 0 floor, 1 ceil, 2 even, 3 rceil."""
+    if RULE == 3:
+        d = tl.math.div_rn(a, ELEM_MAX + tl.zeros_like(a))
+        db = _bits(d)
+        e = (db >> 23) & 0xFF
+        m = db & 0x7FFFFF
+        bb = tl.where(e == 0, (m > 0x400000).to(tl.int32), e + (m != 0).to(tl.int32))
+    else:
+        ab = _bits(a)
+        if RULE == 2:
+            ab = (ab + (1 << (22 - M_ELEM))) & -8388608
+        e = (ab >> 23) & 0xFF
+        m = ab & 0x7FFFFF
+        if RULE == 1:
+            bb = e + (m != 0).to(tl.int32) - EMAX
+        else:
+            bb = e - EMAX
+    bb = tl.minimum(tl.maximum(bb, 0), 254)
+    return tl.where(_isfinite(a), bb, 255)
+
+
+@triton.jit
+def _scale_encode(v, SCALE_KIND: tl.constexpr, SCALE_MAX: tl.constexpr, st_ty: tl.constexpr,
+                  SNAN: tl.constexpr = 0, SIBITS: tl.constexpr = 32, MANUAL_BF16: tl.constexpr = False):
+    """``ScaleCodec.encode`` then ``decode``: returns (raw value to store, float32 value).
+
+    SCALE_KIND 0: E8M0 (nearest power of two by the bits, ties up), 1: UE4M3 (E4M3 RNE
+    saturating), 2: a float dtype ``st_ty`` (clamp to +-max, RNE cast; a NaN is stored
+    as ``SNAN``, the host's cast of the default quiet NaN, since GPU casts canonicalise
+    NaN payloads differently)."""
+    if SCALE_KIND == 0:
+        vb = _bits(v)
+        e = (vb >> 23) & 0xFF
+        m = vb & 0x7FFFFF
+        bb = tl.where(e == 0, (m > 0x400000).to(tl.int32), e + (m >= 0x400000).to(tl.int32))
+        bb = tl.minimum(tl.maximum(bb, 0), 254)
+        bb = tl.where(_isfinite(v) & (v > 0), bb, 255)
+        raw = bb
+        val = _e8m0_value(bb)
+    elif SCALE_KIND == 1:
+        raw = _e4m3_encode(v)
+        val = _e4m3_decode(raw)
+    else:
+        raw = _cast(_clamp_nan(v, -SCALE_MAX, SCALE_MAX), st_ty, MANUAL_BF16)
+        val = raw.to(tl.float32)
+        ity = tl.int16 if SIBITS == 16 else tl.int32
+        raw = tl.where(v != v, SNAN, raw.to(ity, bitcast=True)).to(ity).to(st_ty, bitcast=True)
+    return raw, val
+
+
+@triton.jit
+def _scale_decode(raw, SCALE_KIND: tl.constexpr):
+    if SCALE_KIND == 0:
+        val = _e8m0_value(raw.to(tl.int32))
+    elif SCALE_KIND == 1:
+        val = _e4m3_decode(raw.to(tl.int32))
+    else:
+        val = raw.to(tl.float32)
+    return val
+
+
+@triton.jit
+def _scale_offset(r, c, SC, LAYOUT: tl.constexpr):
+    """Flat position of scale (r, c) in a matrix with SC columns: 0 row-major,
+    1 swizzled 128x4, 2 swizzled 8x4 (``layouts.ScaleLayout.offset``)."""
+    if LAYOUT == 0:
+        off = r * SC + c
+    elif LAYOUT == 1:
+        ct = (SC + 3) // 4
+        off = ((r // 128) * ct + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+    else:
+        ct = (SC + 3) // 4
+        off = (r // 8) * ct * 32 + (c // 4) * 32 + (r % 8) * 4 + c % 4
+    return off
+
+
+# ----------------------------------------------------------------------------------
+# global amax (dynamic two-level): partial maxima, no host sync
+# ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _finite_amax_partials_kernel(x_ptr, part_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    """``part[pid]`` = float32 bits of max |x| over the finite elements of this program's
+    ``ITERS`` consecutive chunks of ``BLOCK`` elements (non-negative float bits order as ints)."""
+    pid = tl.program_id(0)
+    base = pid.to(tl.int64) * (BLOCK * ITERS)
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    for i in tl.static_range(ITERS):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        x = _to_f32(tl.load(x_ptr + offs, mask=offs < n, other=0.0))
+        b = _bits(x) & 0x7FFFFFFF
+        acc = tl.maximum(acc, tl.where(b < 0x7F800000, b, 0))
+    tl.store(part_ptr + pid, tl.max(acc, axis=0))
+
+
+@triton.jit
+def _global_from_partials(part_ptr, n_part, TWO_LEVEL: tl.constexpr, NP: tl.constexpr):
+    """(s_dec, gs) from the partial maxima: ``reference.nvfp4_global_scale`` /
+    ``compressed_tensors_global_scale``."""
+    o = tl.arange(0, NP)
+    amax = _flt(tl.max(tl.load(part_ptr + o, mask=o < n_part, other=0), axis=0))
+    if TWO_LEVEL == 3:
+        # torch evaluates ``2688.0 / t`` as ``t.reciprocal() * 2688.0`` (two roundings)
+        gs = tl.math.div_rn(1.0, tl.maximum(amax, 1.1754943508222875e-38)) * 2688.0
+        gs = tl.where(_isfinite(gs) & (amax > 0), gs, 1.0)
+        s = tl.math.div_rn(1.0, gs)
+    else:
+        s = tl.where(amax > 0, tl.math.div_rn(amax, 2688.0), 1.0)
+        gs = tl.math.div_rn(1.0, s)
+    return s, gs
+
+
+# ----------------------------------------------------------------------------------
+# quantize
+# ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, y_ptr, w_ptr,  # input; second input (silu: up) ; rmsnorm weight
+    data_ptr, scale_ptr, zp_ptr, gscale_ptr, part_ptr, gs_out_ptr, flag_ptr,
+    R, K, stride_x, stride_y, SC, n_part, k_per_prog, eps,
+    # tiling
+    TR: tl.constexpr, TK: tl.constexpr, B: tl.constexpr, BR: tl.constexpr,
+    # element
+    BITS: tl.constexpr, IS_INT: tl.constexpr, SIGNED: tl.constexpr, FRAC_SCALE: tl.constexpr,
+    MBITS: tl.constexpr, BIAS: tl.constexpr, MAX_CODE: tl.constexpr, NAN_CODE: tl.constexpr,
+    OVF_CODE: tl.constexpr, MIN_NORMAL: tl.constexpr, SUB_C: tl.constexpr, SUB_C_BITS: tl.constexpr,
+    INV_MIN_SUB: tl.constexpr, ELEM_MAX: tl.constexpr, EMAX: tl.constexpr, M_ELEM: tl.constexpr,
+    # scale
+    SCALE_KIND: tl.constexpr, SCALE_MAX: tl.constexpr, SNAN: tl.constexpr, SIBITS: tl.constexpr,
+    RULE: tl.constexpr,
+    TWO_LEVEL: tl.constexpr, GS_DYNAMIC: tl.constexpr, NP: tl.constexpr, LAYOUT: tl.constexpr,
+    # policies
+    ROUNDING: tl.constexpr, NONFIN: tl.constexpr, DEFAULT_NAN: tl.constexpr, MUL_NAN_SECOND: tl.constexpr,
+    # fused prologue: 0 none, 1 rmsnorm(x) * w, 2 silu(x) * y
+    PROLOGUE: tl.constexpr, N_ITER: tl.constexpr, MANUAL_BF16: tl.constexpr, PACK32: tl.constexpr,
+):
+    RB: tl.constexpr = TR // BR
+    NB: tl.constexpr = TK // B
+    PACK_WORD: tl.constexpr = (8 % BITS) != 0  # 3/5/6-bit codes: 8 codes -> BITS bytes
+    G: tl.constexpr = 8 if PACK_WORD else 8 // BITS  # codes per packing group
+    st_ty = scale_ptr.dtype.element_ty
+
+    pid_r = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_r * TR + tl.arange(0, TR)
+    rmask = rows < R
+    rows64 = rows.to(tl.int64)
+
+    # ---- two-level global scale (s_dec, and the reciprocal gs of compressed-tensors)
+    if TWO_LEVEL != 0:
+        if GS_DYNAMIC:
+            s_dec, gs = _global_from_partials(part_ptr, n_part, TWO_LEVEL, NP)
+            if (pid_r == 0) & (pid_k == 0):
+                tl.store(gs_out_ptr, s_dec)
+                tl.store(gs_out_ptr + 1, gs)
+        else:
+            s_dec = tl.load(gscale_ptr)
+            gs = tl.math.div_rn(1.0, s_dec)
+
+    # ---- row-wise prologue statistics
+    if PROLOGUE == 1:
+        ss = tl.zeros([TR], dtype=tl.float32)
+        for it in range(0, N_ITER):
+            cols = it * TK + tl.arange(0, TK)
+            m2 = rmask[:, None] & (cols < K)[None, :]
+            xv = _to_f32(tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=m2, other=0.0))
+            ss += tl.sum(xv * xv, axis=1)
+        rstd = tl.math.div_rn(tl.full([TR], 1.0, tl.float32), tl.sqrt_rn(ss / K + eps))
+
+    k_lo = pid_k * k_per_prog
+    for it in range(0, N_ITER):  # columns >= K are masked
+        k0 = k_lo + it * TK
+        cols = k0 + tl.arange(0, TK)
+        cmask = cols < K
+        m2 = rmask[:, None] & cmask[None, :]
+        x = _to_f32(tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=m2, other=0.0))
+        if PROLOGUE == 1:
+            w = _to_f32(tl.load(w_ptr + cols, mask=cmask, other=0.0))
+            x = (x * rstd[:, None]) * w[None, :]
+        elif PROLOGUE == 2:
+            y = _to_f32(tl.load(y_ptr + rows64[:, None] * stride_y + cols[None, :], mask=m2, other=0.0))
+            x = (x * tl.sigmoid(x)) * y
+        if NONFIN == 1:
+            x = tl.where(_isfinite(x), x, 0.0)
+        if NONFIN == 2:
+            bad = tl.max(tl.max((~_isfinite(x) & m2).to(tl.int32), axis=1), axis=0)
+            tl.store(flag_ptr, 1, mask=bad != 0)
+
+        xb = tl.reshape(x, [RB, BR, NB, B])
+        # block amax on the float bits (NaN > Inf > finite: propagates like torch.amax)
+        ab = _bits(xb) & 0x7FFFFFFF
+        amax = _flt(tl.max(tl.max(ab, axis=3), axis=1))  # [RB, NB]
+
+        if RULE == 5:  # ---- affine (minmax): unsigned codes, x = (code - zp) * s
+            hasnan = tl.max(tl.max((xb != xb).to(tl.int32), axis=3), axis=1) != 0
+            lo = tl.minimum(tl.min(tl.min(xb, axis=3), axis=1), 0.0)
+            hi = tl.maximum(tl.max(tl.max(xb, axis=3), axis=1), 0.0)
+            lo = tl.where(hasnan, float("nan"), lo)
+            hi = tl.where(hasnan, float("nan"), hi)
+            raw, s = _scale_encode(tl.math.div_rn(hi - lo, MAX_CODE * 1.0 + tl.zeros_like(hi)), SCALE_KIND,
+                                   SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
+            one_raw, one_val = _scale_encode(tl.full(hi.shape, 1.0, tl.float32), SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
+            ok = s > 0
+            raw = tl.where(ok, raw, one_raw)
+            s = tl.where(ok, s, one_val)
+            zt = tl.math.div_rn(-lo, s)
+            zf = _round_int(tl.minimum(tl.where(zt != zt, 0.0, zt), 4194304.0), 0)
+            znan = zt != zt  # the reference's zero point is NaN: all codes become 0, zp 0
+            zf = tl.where(znan, 0.0, tl.minimum(tl.maximum(zf, 0.0), MAX_CODE * 1.0))
+            q = tl.math.div_rn(xb, s[:, None, :, None])
+            qn = q != q
+            q = _round_int(tl.minimum(tl.maximum(tl.where(qn, 0.0, q), -4194304.0), 4194304.0), ROUNDING)
+            q = q + zf[:, None, :, None]
+            q = tl.minimum(tl.maximum(q, 0.0), MAX_CODE * 1.0)
+            codes = tl.where(qn | znan[:, None, :, None], 0, q.to(tl.int32))
+        else:
+            if TWO_LEVEL == 1:  # ModelOpt
+                sbf = tl.math.div_rn(amax, (6.0 * s_dec) + tl.zeros_like(amax))
+                sbf = tl.where(sbf == 0, 1.0, sbf)
+                raw, f = _scale_encode(sbf, SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
+                d = (f * s_dec)[:, None, :, None]
+                xs = _nan_rule(tl.math.div_rn(xb, d), xb, d, DEFAULT_NAN)
+            elif TWO_LEVEL == 2:  # torchao
+                sbf = tl.math.div_rn(tl.math.div_rn(amax, 6.0 + tl.zeros_like(amax)), s_dec + tl.zeros_like(amax))
+                sbf = _clamp_nan(sbf, 0.015625, 448.0)
+                raw, f = _scale_encode(sbf, SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
+                mul = tl.math.div_rn(tl.math.div_rn(1.0, s_dec) + tl.zeros_like(f), f)[:, None, :, None]
+                if MUL_NAN_SECOND:  # which NaN the host's broadcast multiply keeps
+                    xs = _nan_rule(xb * mul, mul, xb, DEFAULT_NAN)
+                else:
+                    xs = _nan_rule(xb * mul, xb, mul, DEFAULT_NAN)
+            elif TWO_LEVEL == 3:  # compressed-tensors
+                sbf = _clamp_nan(gs * tl.math.div_rn(amax, 6.0 + tl.zeros_like(amax)), -float("inf"), 448.0)
+                raw, f = _scale_encode(sbf, SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
+                r8, f8 = _scale_encode(tl.full(f.shape, 0.125, tl.float32), SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
+                if SCALE_KIND == 0:
+                    r8 = tl.zeros_like(r8)
+                    f8 = _e8m0_value(r8)
+                z = f == 0
+                raw = tl.where(z, r8, raw)
+                f = tl.where(z, f8, f)
+                d = tl.math.div_rn(f, gs + tl.zeros_like(f))[:, None, :, None]
+                xs = _nan_rule(tl.math.div_rn(xb, d), xb, d, DEFAULT_NAN)
+            elif RULE <= 3:  # power-of-two rules: exact multiply by the exact reciprocal
+                raw = _e8m0_from_amax(amax, RULE, EMAX, M_ELEM, ELEM_MAX)
+                rcp = _e8m0_recip(raw)[:, None, :, None]
+                xs = _nan_rule(xb * rcp, xb, rcp, DEFAULT_NAN)
+            else:  # RULE == 4, amax: s = codec(amax / max), zero -> 1
+                raw, s = _scale_encode(tl.math.div_rn(amax, ELEM_MAX + tl.zeros_like(amax)), SCALE_KIND,
+                                       SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
+                d = tl.where(s == 0, 1.0, s)[:, None, :, None]
+                xs = _nan_rule(tl.math.div_rn(xb, d), xb, d, DEFAULT_NAN)
+            if NONFIN == 2:
+                vm = tl.reshape(m2, [RB, BR, NB, B])
+                bad = tl.max(tl.max(tl.max(tl.max((~_isfinite(xs) & vm).to(tl.int32), axis=3), axis=2), axis=1),
+                             axis=0)
+                tl.store(flag_ptr + 1, 1, mask=bad != 0)
+            codes = _encode(xs, BITS, IS_INT, SIGNED, FRAC_SCALE, MBITS, BIAS, MAX_CODE, NAN_CODE, OVF_CODE,
+                            MIN_NORMAL, SUB_C, SUB_C_BITS, INV_MIN_SUB, ROUNDING, NONFIN)
+
+        # ---- pack and store codes
+        if PACK32:  # codes of 1/2/4/8 bits: one int32 word per 32 bits (coalesced 4-byte stores)
+            W: tl.constexpr = 32 // BITS
+            cw = tl.reshape(codes, [TR, TK // W, W])
+            words = tl.sum(cw << (tl.arange(0, W) * BITS)[None, None, :], axis=2)  # disjoint bits: sum == or
+            wcols = (k0 // W) + tl.arange(0, TK // W)
+            tl.store(data_ptr + rows64[:, None] * (K // W) + wcols[None, :], words,
+                     mask=rmask[:, None] & (wcols * W < K)[None, :])
+        elif PACK_WORD:
+            codes = tl.reshape(codes, [TR, TK // G, G])
+            sh = (tl.arange(0, 8) * BITS).to(tl.int64)
+            word = tl.sum(codes.to(tl.int64) << sh[None, None, :], axis=2)  # [TR, TK/8]
+            j = tl.arange(0, 8)
+            byts = ((word[:, :, None] >> (j * 8).to(tl.int64)[None, None, :]) & 0xFF).to(tl.uint8)
+            grp = (k0 // 8) + tl.arange(0, TK // 8)
+            boff = rows64[:, None, None] * ((K // 8) * BITS) + grp[None, :, None] * BITS + j[None, None, :]
+            bmask = rmask[:, None, None] & (grp * 8 < K)[None, :, None] & (j < BITS)[None, None, :]
+            tl.store(data_ptr + boff, byts, mask=bmask)
+        else:
+            codes = tl.reshape(codes, [TR, TK // G, G])
+            if G == 1:
+                byts = tl.reshape(codes, [TR, TK]).to(tl.uint8)
+            else:
+                sh = tl.arange(0, G) * BITS
+                byts = tl.sum(codes << sh[None, None, :], axis=2).to(tl.uint8)  # disjoint bits: sum == or
+            bcols = (k0 // G) + tl.arange(0, TK // G)
+            tl.store(data_ptr + rows64[:, None] * (K // G) + bcols[None, :], byts,
+                     mask=rmask[:, None] & (bcols * G < K)[None, :])
+
+        # ---- scales (and zero points), straight into the requested layout
+        srow = pid_r * RB + tl.arange(0, RB)
+        scol = (k0 // B) + tl.arange(0, NB)
+        smask = (srow * BR < R)[:, None] & (scol * B < K)[None, :]
+        soff = _scale_offset(srow[:, None].to(tl.int64), scol[None, :], SC, LAYOUT)
+        if SCALE_KIND == 2:
+            tl.store(scale_ptr + soff, raw, mask=smask)
+        else:
+            tl.store(scale_ptr + soff, raw.to(tl.uint8), mask=smask)
+        if RULE == 5:
+            tl.store(zp_ptr + srow[:, None].to(tl.int64) * SC + scol[None, :], zf.to(tl.uint8), mask=smask)
+
+
+# ----------------------------------------------------------------------------------
+# dequantize
+# ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def _dequantize_kernel(
+    data_ptr, scale_ptr, zp_ptr, gscale_ptr, out_ptr, R, K, SC,
+    TR: tl.constexpr, TK: tl.constexpr, B: tl.constexpr, BR: tl.constexpr,
+    BITS: tl.constexpr, IS_INT: tl.constexpr, SIGNED: tl.constexpr, STEP: tl.constexpr,
+    MBITS: tl.constexpr, BIAS: tl.constexpr, SUB_STEP: tl.constexpr, NAN_MIN: tl.constexpr, INF_CODE: tl.constexpr,
+    SCALE_KIND: tl.constexpr, HAS_ZP: tl.constexpr, HAS_GLOBAL: tl.constexpr, MANUAL_BF16: tl.constexpr,
+    PACK32: tl.constexpr,
+):
+    RB: tl.constexpr = TR // BR
+    NB: tl.constexpr = TK // B
+    PACK_WORD: tl.constexpr = (8 % BITS) != 0
+    G: tl.constexpr = 8 if PACK_WORD else 8 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+
+    pid_r = tl.program_id(0)
+    k0 = tl.program_id(1) * TK
+    rows = pid_r * TR + tl.arange(0, TR)
+    rmask = rows < R
+    rows64 = rows.to(tl.int64)
+    cols = k0 + tl.arange(0, TK)
+
+    if PACK32:
+        W: tl.constexpr = 32 // BITS
+        wcols = (k0 // W) + tl.arange(0, TK // W)
+        words = tl.load(data_ptr + rows64[:, None] * (K // W) + wcols[None, :],
+                        mask=rmask[:, None] & (wcols * W < K)[None, :], other=0)
+        codes = (words[:, :, None] >> (tl.arange(0, W) * BITS)[None, None, :]) & MASK
+    elif PACK_WORD:
+        grp = (k0 // 8) + tl.arange(0, TK // 8)
+        j = tl.arange(0, 8)
+        boff = rows64[:, None, None] * ((K // 8) * BITS) + grp[None, :, None] * BITS + j[None, None, :]
+        bmask = rmask[:, None, None] & (grp * 8 < K)[None, :, None] & (j < BITS)[None, None, :]
+        byts = tl.load(data_ptr + boff, mask=bmask, other=0).to(tl.int64)
+        word = tl.sum(byts << (j * 8).to(tl.int64)[None, None, :], axis=2)
+        codes = ((word[:, :, None] >> (j * BITS).to(tl.int64)[None, None, :]) & MASK).to(tl.int32)
+    else:
+        bcols = (k0 // G) + tl.arange(0, TK // G)
+        byts = tl.load(data_ptr + rows64[:, None] * (K // G) + bcols[None, :],
+                       mask=rmask[:, None] & (bcols * G < K)[None, :], other=0).to(tl.int32)
+        if G == 1:
+            codes = byts
+        else:
+            codes = (byts[:, :, None] >> (tl.arange(0, G) * BITS)[None, None, :]) & MASK
+    v = _decode(tl.reshape(codes, [TR, TK]), BITS, IS_INT, SIGNED, STEP, MBITS, BIAS, SUB_STEP, NAN_MIN, INF_CODE)
+    vb = tl.reshape(v, [RB, BR, NB, B])
+
+    srow = pid_r * RB + tl.arange(0, RB)
+    scol = (k0 // B) + tl.arange(0, NB)
+    smask = (srow * BR < R)[:, None] & (scol * B < K)[None, :]
+    soff = srow[:, None].to(tl.int64) * SC + scol[None, :]
+    s = _scale_decode(tl.load(scale_ptr + soff, mask=smask, other=0), SCALE_KIND)
+    if HAS_ZP:
+        zp = tl.load(zp_ptr + soff, mask=smask, other=0).to(tl.float32)
+        vb = vb - zp[:, None, :, None]
+    out = vb * s[:, None, :, None]
+    if HAS_GLOBAL:
+        out = out * tl.load(gscale_ptr)
+    out = tl.reshape(out, [TR, TK])
+    tl.store(out_ptr + rows64[:, None] * K + cols[None, :], _cast(out, out_ptr.dtype.element_ty, MANUAL_BF16),
+             mask=rmask[:, None] & (cols < K)[None, :])

@@ -1,0 +1,252 @@
+"""Quantize / dequantize kernels vs the reference, bit for bit (Triton interpreter on CPU,
+the GPU when there is one). Shapes are tiny; realistic shapes run in
+``benchmarks/run_gpu_quantize.py`` on the H200."""
+import pytest
+import torch
+
+from microscale import reference, reference_fused
+from microscale.formats import SCALE_LAYOUTS, get_format, get_scale_layout, registry, unpack_codes
+from microscale.kernels import quantize as kq
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+MX = ["mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "mxint4"]
+TWO_LEVEL_DTYPES = [torch.bfloat16, torch.float32]
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """Every kernel output starts as garbage (0xA5 bytes), so unwritten elements show."""
+    def empty(shape, dtype, device):
+        t = torch.empty(shape, dtype=dtype, device=device)
+        t.view(torch.uint8).fill_(0xA5)
+        return t
+    monkeypatch.setattr(kq, "_empty", empty)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype.is_floating_point and t.element_size() == 4:
+        return t.view(torch.int32)
+    if t.dtype.is_floating_point and t.element_size() == 2:
+        return t.view(torch.int16)
+    if t.dtype.is_floating_point:
+        return t.view(torch.uint8)
+    return t
+
+
+def assert_same(a, b):
+    """Two QTensors hold the same bits."""
+    assert a.fmt == b.fmt and tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
+    assert torch.equal(a.data.cpu(), b.data.cpu()), _first_diff(a.data, b.data)
+    assert a.scales.dtype == b.scales.dtype and a.scales.shape == b.scales.shape
+    assert torch.equal(_bits(a.scales.cpu()), _bits(b.scales.cpu())), _first_diff(_bits(a.scales), _bits(b.scales))
+    for x, y in ((a.zero_points, b.zero_points), (a.global_scale, b.global_scale)):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert torch.equal(_bits(x.cpu().reshape(-1)), _bits(y.cpu().reshape(-1)))
+    assert a.meta == b.meta
+
+
+def assert_same_values(a, b):
+    """Bit-identical, except that NaNs only need to be NaN (GPU arithmetic returns the
+    canonical NaN, the CPU propagates payloads)."""
+    a, b = a.cpu(), b.cpu()
+    assert a.dtype == b.dtype and a.shape == b.shape
+    na, nb = torch.isnan(a), torch.isnan(b)
+    assert torch.equal(na, nb)
+    assert torch.equal(_bits(a)[~na], _bits(b)[~nb]), _first_diff(_bits(a).masked_fill(na, 0), _bits(b).masked_fill(nb, 0))
+
+
+def _first_diff(a, b):
+    a, b = a.cpu().reshape(-1), b.cpu().reshape(-1)
+    i = int((a != b).nonzero()[0]) if a.shape == b.shape and (a != b).any() else -1
+    return f"first difference at flat index {i}: {a[i].item() if i >= 0 else ''} vs {b[i].item() if i >= 0 else ''}"
+
+
+def adversarial(gen, shape, fmt, dtype=torch.bfloat16, nonfinite=False):
+    """Heavy-tailed values with per-row magnitudes over a wide range, an all-zero block,
+    exact ties of the element grid, tiny (subnormal-scale) blocks, huge blocks, and
+    optionally NaN/Inf (one block of each, plus isolated ones)."""
+    k = shape[-1]
+    b = get_format(fmt).block_size
+    x = torch.randn(shape, generator=gen)
+    x = x * torch.exp2(torch.randint(-12, 12, shape[:-1] + (1,), generator=gen).float())
+    x2 = x.reshape(-1, k)
+    n = x2.shape[0]
+    x2[0, :b] = 0.0  # zero block
+    if k >= 2 * b:
+        ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.75, -2.5, 6.5, 0.0625, 0.1875, 7.0, 13.0, 112.0, 0.5])
+        reps = torch.cat([ties, ties * 4]).repeat(b // 32 + 1)[:b]
+        x2[0, b:2 * b] = reps * 2.0 ** torch.randint(-3, 3, (1,), generator=gen).float()
+    if n > 1:
+        x2[1, :b] *= 2.0 ** -120  # far below normal range: subnormal elements and scales
+    if n > 2:
+        x2[2, :b] *= 2.0 ** 100  # overflow of small scale codecs
+    if n > 3 and k >= 2 * b:
+        x2[3, b] = 2.0 ** -130  # float32 subnormal next to a normal
+    if nonfinite:
+        x2[min(1, n - 1), -1] = float("nan")
+        x2[min(2, n - 1), -2] = float("inf")
+        x2[0, -b + 1] = -float("inf")
+        x2[n - 1, 0] = -float("nan")
+    return x.reshape(shape).to(dtype).to(DEV)
+
+
+def run_both(x, fmt, **kw):
+    got = kq.quantize(x, fmt, **kw)
+    want = reference.quantize(x.cpu(), fmt, **kw)
+    return got, want
+
+
+# ---- every format of the registry --------------------------------------------------
+@pytest.mark.parametrize("name", list(registry))
+def test_registry_quantize_dequantize(name, gen):
+    fmt = registry[name]
+    rows = 2 * fmt.block_rows if fmt.block_rows > 1 else 6
+    k = 2 * fmt.block_size if fmt.block_rows > 1 else max(4 * fmt.block_size, 128)
+    shape = (rows, k) if fmt.block_rows > 1 else (2, rows // 2, k)
+    x = adversarial(gen, shape, fmt)
+    got, want = run_both(x, name)
+    assert_same(got, want)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert_same_values(kq.dequantize(want.to(DEV), dtype), reference.dequantize(want, dtype))
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "int4_affine_g32", "fp8_e4m3_block128x128"])
+def test_ragged_shapes_and_padding(name, gen):
+    fmt = registry[name]
+    shape = (fmt.block_rows + 3, fmt.block_size * 3 + 5) if fmt.block_rows > 1 else (5, fmt.block_size * 3 + 5)
+    x = adversarial(gen, shape, fmt, dtype=torch.float16)
+    got, want = run_both(x, name, pad=True)
+    assert_same(got, want)
+    out = kq.dequantize(want.to(DEV), torch.float32)
+    assert out.shape == x.shape
+    assert_same_values(out, reference.dequantize(want, torch.float32))
+
+
+# ---- scale rules ---------------------------------------------------------------------
+@pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
+@pytest.mark.parametrize("name", MX)
+def test_e8m0_rules(name, rule, gen):
+    x = adversarial(gen, (4, 128), registry[name], dtype=torch.float32)
+    assert_same(*run_both(x, name, scale_rule=rule))
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("dynamic", [True, False])
+@pytest.mark.parametrize("convention", ["modelopt", "torchao", "compressed-tensors"])
+@pytest.mark.parametrize("dtype", TWO_LEVEL_DTYPES)
+def test_two_level(convention, dynamic, dtype, nonfinite, gen):
+    x = adversarial(gen, (6, 64), registry["nvfp4"], dtype=dtype, nonfinite=nonfinite)
+    a = x.float().abs()
+    amax = float(torch.where(torch.isfinite(a), a, 0).amax())
+    gs = None if dynamic else amax / 2688.0 * 0.37  # some blocks saturate
+    assert_same(*run_both(x, "nvfp4", convention=convention, global_scale=gs))
+
+
+def test_two_level_block_scale_underflow(gen):
+    """Blocks whose scale rounds to E4M3 zero: ModelOpt divides by zero (0/0 NaN codes)."""
+    x = torch.randn(4, 64, generator=gen)
+    x[1] *= 1e-7
+    x[1, :16] = 0.0
+    x[0, 0] = 1e3
+    for conv in ("modelopt", "torchao", "compressed-tensors"):
+        assert_same(*run_both(x.to(DEV), "nvfp4", convention=conv))
+
+
+# ---- rounding, overflow and non-finite policies ----------------------------------------
+@pytest.mark.parametrize("nonfinite", ["propagate", "zero"])
+@pytest.mark.parametrize("overflow", ["saturate", "native"])
+@pytest.mark.parametrize("rounding", ["nearest_even", "nearest_away"])
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3", "fp8_e5m2_fp16", "int4_fp32", "int8_affine_g32"])
+def test_policies(name, rounding, overflow, nonfinite, gen):
+    x = adversarial(gen, (4, 64), registry[name], nonfinite=True)
+    assert_same(*run_both(x, name, rounding=rounding, overflow=overflow, nonfinite=nonfinite))
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp8_e5m2", "fp8_e4m3_fp16"])
+def test_nonfinite_error(name, gen):
+    x = adversarial(gen, (4, 64), registry[name], nonfinite=True)
+    with pytest.raises(ValueError, match="NaN or Inf") as e1:
+        kq.quantize(x, name, nonfinite="error")
+    with pytest.raises(ValueError, match="NaN or Inf") as e2:
+        reference.quantize(x.cpu(), name, nonfinite="error")
+    assert str(e1.value) == str(e2.value)
+    # finite input: both succeed identically, or both raise the element encoder's error
+    # (ModelOpt divides by a block scale that rounded to zero: x/0 = Inf)
+    y = adversarial(gen, (4, 64), registry[name])
+    try:
+        want = reference.quantize(y.cpu(), name, nonfinite="error")
+    except ValueError as e:
+        with pytest.raises(ValueError) as e3:
+            kq.quantize(y, name, nonfinite="error")
+        assert str(e3.value) == str(e)
+    else:
+        assert_same(kq.quantize(y, name, nonfinite="error"), want)
+
+
+def test_stochastic_is_unsupported():
+    assert kq.unsupported_reason(registry["mxfp4"], "stochastic")
+    with pytest.raises(NotImplementedError):
+        kq.quantize(torch.ones(2, 32, device=DEV), "mxfp4", rounding="stochastic")
+
+
+# ---- scale layouts ---------------------------------------------------------------------
+@pytest.mark.parametrize("layout", list(SCALE_LAYOUTS))
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3", "fp8_e4m3_block128"])
+def test_gemm_scale_layouts(name, layout, gen):
+    fmt = registry[name]
+    x = adversarial(gen, (33, fmt.block_size * 5), fmt)  # pads rows and scale columns
+    got = kq.quantize_for_gemm(x, name, scale_layout=layout)
+    want = reference.quantize(x.cpu(), name)
+    assert torch.equal(got.data.cpu(), want.data)
+    lay = get_scale_layout(layout)
+    assert torch.equal(_bits(got.scales.cpu()), _bits(lay.swizzle(want.scales)))
+    assert (got.rows, got.cols) == tuple(want.scales.shape)
+    if want.global_scale is not None:
+        assert torch.equal(got.global_scale.cpu(), want.global_scale)
+
+
+def test_config_override(gen):
+    x = adversarial(gen, (8, 256), registry["mxfp4"])
+    cfg = kq.QuantizeConfig(tile_rows=2, tile_cols=64, num_warps=1)
+    assert_same(kq.quantize(x, "mxfp4", config=cfg), reference.quantize(x.cpu(), "mxfp4"))
+    with pytest.raises(ValueError, match="does not tile"):
+        kq.quantize(x, "mxfp4", config=kq.QuantizeConfig(3, 64))
+
+
+# ---- fused quantizers ------------------------------------------------------------------
+def _close_codes(got, want, max_frac=0.01):
+    """Fused prologues round differently from the torch reference in float32 (reduction
+    order, sigmoid): codes may move by one step at rounding boundaries, rarely."""
+    assert got.data.shape == want.data.shape and got.scales.shape == want.scales.shape
+    bits = want.fmt.element.bits
+    ca = unpack_codes(got.data.cpu(), bits, want.padded_shape[-1])
+    cb = unpack_codes(want.data, bits, want.padded_shape[-1])
+    frac = (ca != cb).float().mean().item()
+    assert frac <= max_frac, frac
+    a = reference.dequantize(got.to("cpu"))
+    b = reference.dequantize(want)
+    assert (a - b).norm() <= 1e-2 * b.norm()
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3", "int8_fp32"])
+def test_rmsnorm_quantize(name, gen):
+    from microscale import fused
+    x = (torch.randn(5, 256, generator=gen) * 3).to(torch.bfloat16)
+    w = (torch.rand(256, generator=gen) + 0.5).to(torch.bfloat16)
+    gs = 1.0 / 448 if registry[name].global_scale else None
+    got = fused.rmsnorm_quantize(x.to(DEV), w.to(DEV), name, eps=1e-5, global_scale=gs,
+                                 config=kq.QuantizeConfig(4, 64, 4))
+    want = reference_fused.rmsnorm_quantize(x, w, name, eps=1e-5, global_scale=gs)
+    _close_codes(got, want)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3"])
+def test_silu_mul_quantize(name, gen):
+    from microscale import fused
+    g = (torch.randn(3, 2, 128, generator=gen) * 2).to(torch.bfloat16)
+    u = torch.randn(3, 2, 128, generator=gen).to(torch.bfloat16)
+    gs = 1.0 / 448 if registry[name].global_scale else None
+    got = fused.silu_mul_quantize(g.to(DEV), u.to(DEV), name, global_scale=gs)
+    want = reference_fused.silu_mul_quantize(g, u, name, global_scale=gs)
+    _close_codes(got, want)
