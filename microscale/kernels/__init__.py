@@ -1,0 +1,1 @@
+"""Triton kernels (private modules, one per op family)."""

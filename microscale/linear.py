@@ -1,0 +1,420 @@
+"""Fused weight-only linear: ``out = x @ dequant(W)^T (+ bias)``.
+
+``W`` is a :class:`~microscale.QTensor` ``[N, K]`` in any registered format; ``x`` is
+bfloat16 or float16 ``[..., K]``; the output has x's dtype and shape ``[..., N]``.
+
+Use::
+
+    import microscale as ms
+    from microscale.linear import linear, prepare
+    pw = prepare(q)              # once, at load time; the holder of the weight keeps it
+    y = linear(x, pw, bias)      # or linear(x, q): prepares (and caches on q) itself
+
+:func:`prepare` repacks the canonical QTensor into the kernel layout
+(:class:`PackedLinearWeight`); the QTensor itself is never modified. Kernel layout:
+
+* ``codes`` — int32 ``[N, K*CB/32]``: codes in containers of ``CB`` bits (4 for codes of
+  <= 4 bits, 8 otherwise), little-endian within the word, element ``w*(32/CB) + i`` in
+  bits ``[i*CB, i*CB + bits)`` of word ``w``. For 4- and 8-bit formats this is the
+  QTensor's own bytes reinterpreted (no copy); 2/3-bit codes widen to nibbles and
+  5/6/7-bit codes to bytes.
+* ``scales`` — the raw block scales, row-major (E8M0 and UE4M3 as uint8 bytes, float
+  scales in their dtype); ``[N/128, K/128]`` for 2-D blocks.
+* ``zero_points`` (affine), ``global_scale`` (two-level) — as in the QTensor.
+* ``specials`` — whether any code is a NaN/Inf encoding (decided by scanning the
+  weight once); only then does the kernel spend selects on them.
+
+On CUDA the op runs one of two Triton kernels (``microscale.kernels._linear_kernels``):
+a split-K tensor-core kernel with tokens on the MMA's N side for small M (decode), a
+tiled GEMM for large M (prefill). Elsewhere it runs the reference
+(``x @ reference.dequantize(W)^T`` in float64). It is registered as the custom op
+``torch.ops.microscale.linear`` so ``torch.compile`` and CUDA-graph capture see one
+opaque node.
+
+Note: the split-K kernel keeps a small fp32 workspace per (device, stream) that it
+leaves zeroed after each call; two calls racing on one stream cannot happen, calls on
+different streams use different workspaces.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from . import reference
+from .formats import Format, pack_codes, unpack_codes
+from .qtensor import QTensor
+
+__all__ = ["linear", "prepare", "PackedLinearWeight", "SplitKConfig", "TileConfig", "choose_config"]
+
+_OP = "linear"
+_SCALE_KIND = {"e8m0": 1, "ue4m3": 2}
+
+
+# ----------------------------------------------------------------------------------
+# repacked weight
+# ----------------------------------------------------------------------------------
+@dataclass
+class PackedLinearWeight:
+    """A QTensor ``[N, K]`` repacked for the linear kernels (see the module docstring)."""
+
+    fmt: Format
+    n: int
+    k: int
+    container_bits: int
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zero_points: torch.Tensor | None
+    global_scale: torch.Tensor | None
+    specials: bool
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    @property
+    def nbytes(self) -> int:
+        t = [self.codes, self.scales, self.zero_points, self.global_scale]
+        return sum(x.numel() * x.element_size() for x in t if x is not None)
+
+    def constexprs(self) -> dict:
+        """The format as kernel ``tl.constexpr`` parameters."""
+        return _format_constexprs(self.fmt, self.specials)
+
+    def to_qtensor(self) -> QTensor:
+        """Inverse of :func:`prepare` (the canonical QTensor)."""
+        fmt = self.fmt
+        codes = _unpermute_codes(self.codes.contiguous().view(torch.uint8), self.container_bits, self.k)
+        data = pack_codes(codes, fmt.element.bits)
+        scales, zp = self.scales, self.zero_points
+        if fmt.block_rows == 1:
+            scales = scales[:, : self.k // fmt.block_size].contiguous()
+            zp = None if zp is None else zp[:, : self.k // fmt.block_size].contiguous()
+        if scales.dtype == torch.uint8 and fmt.scale.storage != torch.uint8:
+            scales = scales.view(fmt.scale.storage)
+        return QTensor(data, scales, fmt, torch.Size((self.n, self.k)), torch.bfloat16,
+                       self.global_scale, zp)
+
+
+def _format_constexprs(fmt: Format, specials: bool) -> dict:
+    el = fmt.element
+    bits = el.bits
+    if el.kind == "float":
+        elem_c = 2.0 ** (127 - el.bias)
+        nan_mag = min(el.nan_codes) if el.nan_codes else -1
+        if el.nan_codes and set(el.nan_codes) != set(range(nan_mag, 1 << (bits - 1))):
+            raise NotImplementedError(f"{_OP}: element {el.name}: NaN codes {el.nan_codes} are not the top "
+                                      "magnitudes; the kernel cannot decode them")
+        inf_mag = el.inf_code if el.inf_code is not None else -1
+    else:
+        elem_c = 2.0 ** (-el.frac_bits)
+        nan_mag = inf_mag = -1
+    return dict(
+        BITS=bits, CB=4 if bits <= 4 else 8, IS_FLOAT=el.kind == "float", MBITS=el.mbits, SIGNED=el.signed,
+        ELEM_C=elem_c, SPECIALS=bool(specials), INF_MAG=inf_mag, NAN_MAG=nan_mag,
+        SCALE_KIND=_SCALE_KIND.get(fmt.scale.name, 0), GROUP=fmt.block_size, GROUP_ROWS=fmt.block_rows,
+        HAS_ZP=fmt.zero_point, HAS_GS=fmt.global_scale,
+    )
+
+
+def _tile_k(cb: int) -> int:
+    """Elements per layout tile: 8 int32 words."""
+    return 8 * (32 // cb)
+
+
+def _permute_codes(codes_u8: torch.Tensor, cb: int) -> torch.Tensor:
+    """Natural-order codes [N, K] -> kernel layout bytes [N, KP*cb/8] (K padded with zero
+    codes to whole tiles). Within a tile of 8 words, element ``j*16 + 2*w + h`` goes to
+    word ``w``, slot ``j + h*S/2`` (S = 32/cb slots per word): one shift of a word then
+    yields the K-adjacent pair (2w, 2w+1) of chunk j as the two halves of a bf16x2."""
+    n, k = codes_u8.shape
+    s = 32 // cb
+    tk = _tile_k(cb)
+    kp = -(-k // tk) * tk
+    c = torch.nn.functional.pad(codes_u8, (0, kp - k)) if kp != k else codes_u8
+    c = c.reshape(n, kp // tk, s // 2, 8, 2).permute(0, 1, 3, 4, 2).reshape(n, kp)
+    return pack_codes(c.contiguous(), cb)
+
+
+def _unpermute_codes(raw: torch.Tensor, cb: int, k: int) -> torch.Tensor:
+    """Inverse of :func:`_permute_codes`: natural-order codes [N, K]."""
+    n = raw.shape[0]
+    s = 32 // cb
+    tk = _tile_k(cb)
+    kp = raw.shape[1] * 8 // cb
+    c = unpack_codes(raw, cb, kp).reshape(n, kp // tk, 8, 2, s // 2).permute(0, 1, 4, 2, 3).reshape(n, kp)
+    return c[:, :k].contiguous()
+
+
+def _has_specials(codes_u8: torch.Tensor, fmt: Format) -> bool:
+    el = fmt.element
+    if el.kind != "float" or not (el.nan_codes or el.inf_code is not None):
+        return False
+    mag = codes_u8 & ((1 << (el.bits - 1)) - 1)
+    lo = min(list(el.nan_codes) + ([el.inf_code] if el.inf_code is not None else []))
+    return bool((mag >= lo).any())
+
+
+def prepare(q: QTensor) -> PackedLinearWeight:
+    """Repack a 2-D QTensor ``[N, K]`` into the kernel layout (once, at load time)."""
+    if isinstance(q, PackedLinearWeight):
+        return q
+    if not isinstance(q, QTensor):
+        raise TypeError(f"{_OP}: qweight must be a QTensor or PackedLinearWeight, got {type(q).__name__}")
+    fmt = q.fmt
+    if len(q.shape) != 2:
+        raise ValueError(f"{_OP}: qweight must be 2-D [N, K], got shape {tuple(q.shape)}")
+    if tuple(q.padded_shape) != tuple(q.shape):
+        raise ValueError(f"{_OP}: qweight of shape {tuple(q.shape)} was padded to {tuple(q.padded_shape)}; "
+                         f"K and N must be multiples of the {fmt.name} block ({fmt.block_rows}x{fmt.block_size})")
+    n, k = (int(s) for s in q.shape)
+    bits = fmt.element.bits
+    cb = 4 if bits <= 4 else 8
+    codes_u8 = unpack_codes(q.data.contiguous(), bits, k)
+    specials = _has_specials(codes_u8, fmt)
+    codes = _permute_codes(codes_u8, cb).view(torch.int32)
+    kp = codes.shape[1] * (32 // cb)
+    groups = -(-kp // fmt.block_size)
+    scales = q.scales.contiguous()
+    if scales.dtype == torch.float8_e4m3fn:
+        scales = scales.view(torch.uint8)
+    if fmt.block_rows == 1 and scales.shape[1] < groups:
+        scales = torch.nn.functional.pad(scales.view(torch.uint8) if scales.dtype == torch.uint8 else scales,
+                                         (0, groups - scales.shape[1]))
+    gs = None if q.global_scale is None else q.global_scale.reshape(1).to(torch.float32).contiguous()
+    zp = None if q.zero_points is None else q.zero_points.contiguous()
+    if zp is not None and zp.shape[1] < groups:
+        zp = torch.nn.functional.pad(zp, (0, groups - zp.shape[1]))
+    return PackedLinearWeight(fmt, n, k, cb, codes, scales, zp, gs, specials)
+
+
+@torch.compiler.disable
+def _cached_prepare(q: QTensor | PackedLinearWeight) -> PackedLinearWeight:
+    """Prepare once per QTensor object: the packed weight is cached on the QTensor itself
+    (keyed by the identity and version of its data), so its holder owns it."""
+    if isinstance(q, PackedLinearWeight):
+        return q
+    if not isinstance(q, QTensor):
+        raise TypeError(f"{_OP}: qweight must be a QTensor or PackedLinearWeight, got {type(q).__name__}")
+    key = (q.data.data_ptr(), q.data._version, q.scales.data_ptr(), q.scales._version, q.data.device)
+    hit = q.__dict__.get("_ms_linear_packed")
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    pw = prepare(q)
+    q.__dict__["_ms_linear_packed"] = (key, pw)
+    return pw
+
+
+# ----------------------------------------------------------------------------------
+# configs
+# ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SplitKConfig:
+    """Decode-path (split-K) kernel config."""
+
+    block_n: int = 128
+    block_m: int = 16
+    block_kw: int = 32  # int32 words of codes per row per step
+    split_k: int = 1
+    pair: bool = False  # two-elements-per-operation decode (4-bit containers, bf16 x)
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Prefill-path (tiled GEMM) kernel config."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8
+
+
+def choose_config(m: int, pw: PackedLinearWeight, x_dtype: torch.dtype, device: torch.device,
+                  max_splitk_m: int = 64) -> SplitKConfig | TileConfig:
+    """The heuristic: split-K for m <= ``max_splitk_m`` (tokens padded to 16 on the N side),
+    the tiled GEMM above, with tile sizes per M bucket."""
+    n, k = pw.n, pw.k
+    cb = pw.container_bits
+    s = 32 // cb
+    if m <= max_splitk_m:
+        bm = max(16, triton_next_pow2(m))
+        bn = 128 if n >= 128 else max(16, triton_next_pow2(n))
+        kw = k // s
+        bkw = 32 if cb == 4 else 64
+        bkw = min(bkw, max(16, triton_next_pow2(kw)))
+        tiles = math.ceil(n / bn) * math.ceil(m / bm)
+        want = 4 * _num_sms(device)
+        split = max(1, min(math.ceil(want / tiles), math.ceil(kw / bkw)))
+        pair = cb == 4 and x_dtype == torch.bfloat16
+        return SplitKConfig(block_n=bn, block_m=bm, block_kw=bkw, split_k=split, pair=pair,
+                            num_warps=4, num_stages=4)
+    if m <= 128:
+        return TileConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
+    if m <= 1024:
+        return TileConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+    return TileConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3)
+
+
+def triton_next_pow2(v: int) -> int:
+    return 1 << max(0, int(v - 1).bit_length())
+
+
+# ----------------------------------------------------------------------------------
+# launch
+# ----------------------------------------------------------------------------------
+_WS: dict = {}
+
+
+def _workspace(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    ws, cnt = _WS.get(key, (None, None))
+    if ws is None or ws.numel() < floats or cnt.numel() < tiles:
+        ws = torch.zeros(max(floats, 1 << 16), dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+        _WS[key] = (ws, cnt)
+    return ws, cnt
+
+
+def _check(x: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{_OP}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"{_OP}: x has dtype {x.dtype}; expected bfloat16 or float16")
+    if x.dim() < 1 or x.shape[-1] != pw.k:
+        raise ValueError(f"{_OP}: x has shape {tuple(x.shape)}; its last dim must be K={pw.k} of the weight")
+    if x.device != pw.device:
+        raise ValueError(f"{_OP}: x is on {x.device} but the weight is on {pw.device}")
+    if bias is not None:
+        if bias.shape != (pw.n,):
+            raise ValueError(f"{_OP}: bias has shape {tuple(bias.shape)}; expected ({pw.n},)")
+        if bias.device != x.device:
+            raise ValueError(f"{_OP}: bias is on {bias.device} but x is on {x.device}")
+
+
+def _launch(x2: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None,
+            config: SplitKConfig | TileConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Run a kernel on 2-D x ``[M, K]`` (contiguous last dim). ``out`` may be passed (tests poison it)."""
+    import triton
+
+    from .kernels import _linear_kernels as kern
+
+    m, k = x2.shape
+    n = pw.n
+    if out is None:
+        out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    if m == 0:
+        return out
+    if config is None:
+        config = choose_config(m, pw, x2.dtype, x2.device)
+    ce = pw.constexprs()
+    dummy = pw.scales
+    zp = pw.zero_points if pw.zero_points is not None else dummy
+    gs = pw.global_scale if pw.global_scale is not None else dummy
+    b = bias if bias is not None else dummy
+    stride_z = zp.stride(0) if pw.zero_points is not None else 0
+    common = (m, n, k, x2.stride(0), out.stride(0), pw.codes.stride(0), pw.scales.stride(0), stride_z)
+    if isinstance(config, SplitKConfig):
+        c = config
+        if c.pair and pw.container_bits != 4:
+            raise ValueError(f"{_OP}: pair decode needs 4-bit containers, not {pw.container_bits}")
+        grid_n, grid_m = triton.cdiv(n, c.block_n), triton.cdiv(m, c.block_m)
+        if c.split_k > 1:
+            ws, cnt = _workspace(x2.device, grid_n * grid_m * c.block_n * c.block_m, grid_n * grid_m)
+        else:
+            ws, cnt = dummy, dummy
+        kern._linear_splitk_kernel[(grid_n, c.split_k, grid_m)](
+            x2, pw.codes, pw.scales, zp, gs, b, out, ws, cnt, m, n, k, pw.codes.shape[1], *common[3:], **ce, HAS_BIAS=bias is not None,
+            BLOCK_N=c.block_n, BLOCK_M=c.block_m, BLOCK_KW=c.block_kw, SPLIT_K=c.split_k, PAIR=c.pair,
+            INTERP=_interpreting(), ITERS=triton.cdiv(triton.cdiv(pw.codes.shape[1], c.split_k), c.block_kw), num_warps=c.num_warps, num_stages=c.num_stages)
+    else:
+        c = config
+        grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)
+        kern._linear_tc_kernel[grid](
+            x2, pw.codes, pw.scales, zp, gs, b, out, *common, **ce, HAS_BIAS=bias is not None,
+            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+            INTERP=_interpreting(), ITERS=triton.cdiv(k, c.block_k), num_warps=c.num_warps, num_stages=c.num_stages)
+    return out
+
+
+def _reference(x: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    w = reference.dequantize(pw.to_qtensor(), torch.float64)
+    y = x.to(torch.float64) @ w.to(x.device).T
+    if bias is not None:
+        y = y + bias.to(torch.float64)
+    return y.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------
+# custom op
+# ----------------------------------------------------------------------------------
+def _unpack_args(codes, scales, zero_points, global_scale, fmt_json, n, k, specials) -> PackedLinearWeight:
+    fmt = Format.from_dict(json.loads(fmt_json))
+    cb = 4 if fmt.element.bits <= 4 else 8
+    return PackedLinearWeight(fmt, n, k, cb, codes, scales, zero_points, global_scale, specials)
+
+
+@torch.library.custom_op("microscale::linear", mutates_args=())
+def _linear_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
+               global_scale: torch.Tensor | None, bias: torch.Tensor | None, fmt_json: str, n: int, k: int,
+               specials: bool) -> torch.Tensor:
+    pw = _unpack_args(codes, scales, zero_points, global_scale, fmt_json, n, k, specials)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x.device.type == "cuda":
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        y = _launch(x2, pw, bias)
+    else:
+        y = _reference(x2, pw, bias)
+    return y.reshape(*lead, n)
+
+
+@_linear_op.register_fake
+def _(x, codes, scales, zero_points, global_scale, bias, fmt_json, n, k, specials):
+    return x.new_empty((*x.shape[:-1], n))
+
+
+def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ dequant(qweight)^T + bias``.
+
+    Args:
+        x: bfloat16 or float16 ``[..., K]``.
+        qweight: a QTensor ``[N, K]`` (prepared once and cached on it) or the result of
+            :func:`prepare` (pass the latter inside ``torch.compile(fullgraph=True)``).
+        bias: optional ``[N]`` (any float dtype; added in fp32).
+
+    Returns:
+        ``[..., N]`` in x's dtype.
+    """
+    pw = qweight if isinstance(qweight, PackedLinearWeight) else _cached_prepare(qweight)
+    _check(x, pw, bias)
+    return torch.ops.microscale.linear(x, pw.codes, pw.scales, pw.zero_points, pw.global_scale, bias,
+                                       _fmt_json(pw.fmt), pw.n, pw.k, pw.specials)
+
+
+_FMT_JSON: dict = {}
+
+
+def _fmt_json(fmt: Format) -> str:
+    s = _FMT_JSON.get(fmt)
+    if s is None:
+        s = _FMT_JSON[fmt] = json.dumps(fmt.to_dict(), sort_keys=True)
+    return s
