@@ -80,30 +80,30 @@ def make_input(shape, seed, dtype=torch.bfloat16, nonfinite=False):
 def check_correctness() -> list[dict]:
     res = []
     cases = [  # (format, kwargs, shape)
-        ("nvfp4", {}, (4096, 4096)),
-        ("nvfp4", {}, (1024, 4096)),
-        ("nvfp4", {"convention": "torchao"}, (1024, 4096)),
-        ("nvfp4", {"convention": "compressed-tensors"}, (1024, 4096)),
-        ("nvfp4", {"global_scale": "static"}, (4096, 4096)),
-        ("nvfp4", {"global_scale": "static"}, (1024, 4096)),
-        ("mxfp4", {}, (4096, 4096)),
-        ("mxfp4", {}, (1024, 4096)),
-        ("mxfp4", {"scale_rule": "rceil"}, (1024, 4096)),
-        ("mxfp4", {"scale_rule": "even"}, (1024, 4096)),
-        ("mxfp6_e3m2", {"scale_rule": "ceil"}, (1024, 4096)),
-        ("mxfp8_e4m3", {}, (4096, 4096)),
-        ("mxfp8_e4m3", {}, (1024, 4096)),
-        ("mxfp8_e5m2", {"overflow": "native"}, (1024, 4096)),
-        ("mxint8", {}, (1024, 4096)),
-        ("nvfp8", {}, (1024, 4096)),
-        ("fp4_fp16", {"rounding": "nearest_away"}, (1024, 4096)),
-        ("int4_fp32", {}, (1024, 4096)),
-        ("int3_fp16", {}, (1024, 4096)),
-        ("int8_affine_g128", {}, (1024, 4096)),
-        ("fp8_e4m3_block128x128", {}, (1024, 4096)),
+        ("nvfp4", {}, (2048, 4096)),
+        ("nvfp4", {}, (512, 4096)),
+        ("nvfp4", {"convention": "torchao"}, (512, 4096)),
+        ("nvfp4", {"convention": "compressed-tensors"}, (512, 4096)),
+        ("nvfp4", {"global_scale": "static"}, (2048, 4096)),
+        ("nvfp4", {"global_scale": "static"}, (512, 4096)),
+        ("mxfp4", {}, (2048, 4096)),
+        ("mxfp4", {}, (512, 4096)),
+        ("mxfp4", {"scale_rule": "rceil"}, (512, 4096)),
+        ("mxfp4", {"scale_rule": "even"}, (512, 4096)),
+        ("mxfp6_e3m2", {"scale_rule": "ceil"}, (512, 4096)),
+        ("mxfp8_e4m3", {}, (2048, 4096)),
+        ("mxfp8_e4m3", {}, (512, 4096)),
+        ("mxfp8_e5m2", {"overflow": "native"}, (512, 4096)),
+        ("mxint8", {}, (512, 4096)),
+        ("nvfp8", {}, (512, 4096)),
+        ("fp4_fp16", {"rounding": "nearest_away"}, (512, 4096)),
+        ("int4_fp32", {}, (512, 4096)),
+        ("int3_fp16", {}, (512, 4096)),
+        ("int8_affine_g128", {}, (512, 4096)),
+        ("fp8_e4m3_block128x128", {}, (512, 4096)),
     ]
     for i, (name, kw, shape) in enumerate(cases):
-        for nonfinite in ((False,) if shape[0] > 1024 else (False, True)):
+        for nonfinite in ((False,) if shape[0] > 512 else (False, True)):
             if DRY:
                 shape = (128, 256)
             x = make_input(shape, 100 + i, nonfinite=nonfinite)
@@ -122,13 +122,13 @@ def check_correctness() -> list[dict]:
             res.append(r)
             log(f"check {name:22s} {str(kw):40s} nan/inf={nonfinite!s:5s} quantize={okq} dequantize={okd}")
     for name in ("nvfp4", "mxfp4", "mxfp8_e4m3"):
-        x = make_input((40, 320) if DRY else (4000, 4096 + 64), 7)  # rows and scale columns pad
+        x = make_input((40, 320) if DRY else (1000, 4096 + 64), 7)  # rows and scale columns pad
         want = reference.quantize(x.cpu(), name)
         for lay in ("swizzled_128x4", "swizzled_8x4"):
             got = kq.quantize_for_gemm(x, name, scale_layout=lay)
             ok = torch.equal(got.data.cpu(), want.data) and torch.equal(
                 bits_of(got.scales.cpu()), bits_of(get_scale_layout(lay).swizzle(want.scales)))
-            res.append(dict(fmt=name, layout=lay, shape=[4000, 4160], quantize_exact=bool(ok)))
+            res.append(dict(fmt=name, layout=lay, shape=list(x.shape), quantize_exact=bool(ok)))
             log(f"check {name:22s} layout={lay:15s} exact={ok}")
     # fused (tolerance: float32 prologue rounding differs from torch's)
     from microscale import fused, reference_fused
@@ -180,10 +180,23 @@ def graph_time(fn, inputs, reps=20, per_graph=4) -> float:
 
 
 def copy_bandwidth() -> float:
+    """Device copy of 1 GiB (bytes read + written), ``copy_`` timed with events outside a
+    graph (inside a graph a memcpy node measured 2.7 TB/s: the copy engine)."""
     n = 1 << 29  # 1 GiB of bf16
     src = torch.randn(n // 2, device=DEV).to(torch.bfloat16).repeat(2)
     dst = torch.empty_like(src)
-    ms = graph_time(lambda s: dst.copy_(s), [src], reps=20, per_graph=2)
+    for _ in range(3):
+        dst.copy_(src)
+    ts = []
+    for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ms = statistics.median(ts)
+    log(f"copy: {ms:.4f} ms for 2 x {src.numel() * 2 / 2**30:.1f} GiB")
     return 2 * src.numel() * 2 / (ms * 1e-3)
 
 
@@ -228,9 +241,9 @@ def config_sweep(copy_bw: float) -> list[dict]:
     xs = [make_input((n, n), 2000 + j) for j in range(2)]
     gs = torch.tensor(float(xs[0].float().abs().amax()) / 2688.0, device=DEV)
     out = []
-    for fmt in ("nvfp4", "mxfp4"):
-        for cfg in (kq.QuantizeConfig(16, 512, 8), kq.QuantizeConfig(32, 256, 8), kq.QuantizeConfig(8, 512, 4),
-                    kq.QuantizeConfig(32, 512, 8), kq.QuantizeConfig(64, 256, 16)):
+    for fmt in ("nvfp4", "mxfp4", "mxfp8_e4m3"):
+        for cfg in (kq.QuantizeConfig(16, 512, 8), kq.QuantizeConfig(8, 512, 4), kq.QuantizeConfig(4, 512, 4),
+                    kq.QuantizeConfig(32, 512, 8), kq.QuantizeConfig(64, 256, 16), kq.QuantizeConfig(16, 256, 4)):
             kw = {"global_scale": gs} if fmt == "nvfp4" else {}
             ms = graph_time(lambda x: kq.quantize(x, fmt, config=cfg, **kw), xs)
             byts = q_bytes(fmt, n * n)
@@ -279,12 +292,21 @@ def main() -> int:
         f"/{len(checks)} exact ({time.time() - t0:.0f}s)")
     copy_bw = copy_bandwidth()
     timings = run_timings(copy_bw)
-    sweep = config_sweep(copy_bw) if os.environ.get("SWEEP", "1") == "1" else []
     peer = torchao_peer(copy_bw)
-    out = dict(info=info, copy_tbps=copy_bw / 1e12, checks=checks, timings=timings, sweep=sweep, peer=peer, log=LOG)
     path = os.path.join(os.environ.get("OUT", "."), "quantize_bench.json")
+    out = dict(info=info, copy_tbps=copy_bw / 1e12, checks=checks, timings=timings, sweep=[], peer=peer, log=LOG)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
+    table(info, copy_bw, timings, peer, checks)
+    if os.environ.get("SWEEP", "1") == "1":
+        out["sweep"] = config_sweep(copy_bw)
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+    table(info, copy_bw, timings, peer, checks)
+    return 0 if all(c.get("quantize_exact", True) and c.get("dequantize_exact", True) for c in checks) else 1
+
+
+def table(info, copy_bw, timings, peer, checks) -> None:
     print()
     print(f"{info['device']}  torch {info['torch']}  triton {info['triton']}  driver {info.get('driver')}  "
           f"{info['date']}")
@@ -299,7 +321,6 @@ def main() -> int:
     print("peer:", json.dumps(peer))
     bad = [c for c in checks if not (c.get("quantize_exact", True) and c.get("dequantize_exact", True))]
     print(f"correctness: {len(checks) - len(bad)}/{len(checks)} exact" + (f"; FAILED: {bad}" if bad else ""))
-    return 1 if bad else 0
 
 
 if __name__ == "__main__":

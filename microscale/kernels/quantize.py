@@ -73,7 +73,8 @@ def _host_mul_nan_second() -> bool:
 _DEFAULT_NAN = _host_default_nan()
 _MUL_NAN_SECOND = _host_mul_nan_second()
 # The interpreter's float32 -> bf16 cast does not round to nearest even: round on the bits.
-_MANUAL_BF16 = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_MANUAL_BF16 = _INTERPRET
 _RULES = {ScaleRule.FLOOR: 0, ScaleRule.CEIL: 1, ScaleRule.EVEN: 2, ScaleRule.RCEIL: 3, ScaleRule.AMAX: 4,
           ScaleRule.MINMAX: 5}
 _TWO_LEVEL = {TwoLevel.MODELOPT: 1, TwoLevel.TORCHAO: 2, TwoLevel.COMPRESSED_TENSORS: 3}
@@ -129,6 +130,20 @@ def _layout_code(layout: ScaleLayout) -> int:
     if layout.tile_cols == 4 and layout.tile_rows == 8 and not layout.sub_rows:
         return 2
     raise NotImplementedError(f"scale layout {layout.name!r} has no kernel support")
+
+
+def _hw_fp8(e: ElementCodec, rounding: Rounding, overflow: Overflow) -> int:
+    """1 / 2 when the GPU's ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` computes this codec's
+    encode exactly (RNE, saturate; NaN-free tiles): E4M3fn / E5M2 by their fields."""
+    if _INTERPRET or rounding is not Rounding.NEAREST_EVEN or overflow is not Overflow.SATURATE:
+        return 0
+    if e.kind != "float" or e.bits != 8:
+        return 0
+    if (e.ebits, e.mbits, e.bias, tuple(e.nan_codes), e.inf_code) == (4, 3, 7, (0x7F,), None):
+        return 1
+    if (e.ebits, e.mbits, e.bias, e.inf_code) == (5, 2, 15, 0x7C):
+        return 2
+    return 0
 
 
 def _pack32(fmt: Format, cfg: QuantizeConfig) -> bool:
@@ -290,7 +305,8 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         ROUNDING=0 if rounding is Rounding.NEAREST_EVEN else 1,
         NONFIN={NonFinite.PROPAGATE: 0, NonFinite.ZERO: 1, NonFinite.ERROR: 2}[nonfinite],
         DEFAULT_NAN=_DEFAULT_NAN, MUL_NAN_SECOND=_MUL_NAN_SECOND, PROLOGUE=prologue, N_ITER=k_per_prog // cfg.tile_cols,
-        MANUAL_BF16=_MANUAL_BF16, PACK32=p32,
+        MANUAL_BF16=_MANUAL_BF16, PACK32=p32, FAST=True, MARKSTEIN=not _INTERPRET,
+        HW_FP8=_hw_fp8(elem, rounding, overflow),
         num_warps=cfg.num_warps, enable_fp_fusion=False,
     )
     g = None
