@@ -13,20 +13,22 @@ Use::
 :func:`prepare` repacks the canonical QTensor into the kernel layout
 (:class:`PackedLinearWeight`); the QTensor itself is never modified. Kernel layout:
 
-* ``codes`` — int32 ``[N, K*CB/32]``: codes in containers of ``CB`` bits (4 for codes of
-  <= 4 bits, 8 otherwise), little-endian within the word, element ``w*(32/CB) + i`` in
-  bits ``[i*CB, i*CB + bits)`` of word ``w``. For 4- and 8-bit formats this is the
-  QTensor's own bytes reinterpreted (no copy); 2/3-bit codes widen to nibbles and
-  5/6/7-bit codes to bytes.
-* ``scales`` — the raw block scales, row-major (E8M0 and UE4M3 as uint8 bytes, float
-  scales in their dtype); ``[N/128, K/128]`` for 2-D blocks.
-* ``zero_points`` (affine), ``global_scale`` (two-level) — as in the QTensor.
+* ``codes`` — int32 ``[N, KP*CB/32]``: codes in containers of ``CB`` bits (4 for codes of
+  <= 4 bits, 8 otherwise; 2/3-bit codes widen to nibbles, 5/6/7-bit codes to bytes), K
+  zero-padded to ``KP`` (a multiple of 256, or of the block if larger), K permuted
+  within tiles of 8 words: element ``j*16 + 2*w + h`` of a tile is in word ``w``, slot
+  ``j + h*S/2`` (``S = 32/CB`` slots per word, slot ``i`` = bits ``[i*CB, i*CB + bits)``).
+* ``scales`` — the raw block scales (E8M0/UE4M3 bytes, fp16/bf16/fp32 bits), each row
+  zero-padded to ``KP/block`` entries and to whole int32 words, viewed as int32;
+  ``[N/128, ...]`` rows for 2-D blocks.
+* ``zero_points`` (affine) — likewise (bytes); ``global_scale`` (two-level) — as in the
+  QTensor.
 * ``specials`` — whether any code is a NaN/Inf encoding (decided by scanning the
   weight once); only then does the kernel spend selects on them.
 
-On CUDA the op runs one of two Triton kernels (``microscale.kernels._linear_kernels``):
-a split-K tensor-core kernel with tokens on the MMA's N side for small M (decode), a
-tiled GEMM for large M (prefill). Elsewhere it runs the reference
+On CUDA the op runs one Triton kernel (``microscale.kernels._linear_kernels``): weight
+rows on the MMA's M side and tokens on its N side, split-K with 16 (up to 64) tokens per
+tile for small M (decode), 128 or 256 tokens per tile and no split for large M (prefill). Elsewhere it runs the reference
 (``x @ reference.dequantize(W)^T`` in float64). It is registered as the custom op
 ``torch.ops.microscale.linear`` so ``torch.compile`` and CUDA-graph capture see one
 opaque node.
@@ -48,10 +50,10 @@ from . import reference
 from .formats import Format, pack_codes, unpack_codes
 from .qtensor import QTensor
 
-__all__ = ["linear", "prepare", "PackedLinearWeight", "SplitKConfig", "TileConfig", "choose_config"]
+__all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_config"]
 
 _OP = "linear"
-_SCALE_KIND = {"e8m0": 1, "ue4m3": 2}
+_SCALE_KIND = {"e8m0": 1, "ue4m3": 2, "fp16": 3, "bf16": 4, "fp32": 5}
 
 
 # ----------------------------------------------------------------------------------
@@ -89,12 +91,11 @@ class PackedLinearWeight:
         fmt = self.fmt
         codes = _unpermute_codes(self.codes.contiguous().view(torch.uint8), self.container_bits, self.k)
         data = pack_codes(codes, fmt.element.bits)
-        scales, zp = self.scales, self.zero_points
-        if fmt.block_rows == 1:
-            scales = scales[:, : self.k // fmt.block_size].contiguous()
-            zp = None if zp is None else zp[:, : self.k // fmt.block_size].contiguous()
-        if scales.dtype == torch.uint8 and fmt.scale.storage != torch.uint8:
-            scales = scales.view(fmt.scale.storage)
+        sb = torch.empty((), dtype=fmt.scale.storage).element_size()
+        groups = self.k // fmt.block_size
+        scales = self.scales.contiguous().view(torch.uint8)[:, : groups * sb].contiguous().view(fmt.scale.storage)
+        zp = None if self.zero_points is None else \
+            self.zero_points.contiguous().view(torch.uint8)[:, :groups].contiguous()
         return QTensor(data, scales, fmt, torch.Size((self.n, self.k)), torch.bfloat16,
                        self.global_scale, zp)
 
@@ -115,7 +116,8 @@ def _format_constexprs(fmt: Format, specials: bool) -> dict:
     return dict(
         BITS=bits, CB=4 if bits <= 4 else 8, IS_FLOAT=el.kind == "float", MBITS=el.mbits, SIGNED=el.signed,
         ELEM_C=elem_c, SPECIALS=bool(specials), INF_MAG=inf_mag, NAN_MAG=nan_mag,
-        SCALE_KIND=_SCALE_KIND.get(fmt.scale.name, 0), GROUP=fmt.block_size, GROUP_ROWS=fmt.block_rows,
+        SCALE_KIND=_SCALE_KIND[fmt.scale.name], SB=torch.empty((), dtype=fmt.scale.storage).element_size(),
+        GROUP=fmt.block_size, GROUP_ROWS=fmt.block_rows,
         HAS_ZP=fmt.zero_point, HAS_GS=fmt.global_scale,
     )
 
@@ -125,7 +127,24 @@ def _tile_k(cb: int) -> int:
     return 8 * (32 // cb)
 
 
-def _permute_codes(codes_u8: torch.Tensor, cb: int) -> torch.Tensor:
+def _k_align(fmt: Format) -> int:
+    """K is padded (zero codes) to a multiple of this: 256 elements, or the block if larger."""
+    return max(256, fmt.block_size)
+
+
+def _pad_words(t: torch.Tensor, entries: int) -> torch.Tensor:
+    """Rows of ``entries`` entries (zero-padded), as raw bytes padded to whole int32 words."""
+    t = t.contiguous()
+    if t.shape[1] < entries:
+        t = torch.nn.functional.pad(t.view(torch.uint8) if t.element_size() == 1 else t, (0, entries - t.shape[1]))
+    raw = t.contiguous().view(torch.uint8)
+    pad = (-raw.shape[1]) % 4
+    if pad:
+        raw = torch.nn.functional.pad(raw, (0, pad))
+    return raw.contiguous().view(torch.int32)
+
+
+def _permute_codes(codes_u8: torch.Tensor, cb: int, kp: int) -> torch.Tensor:
     """Natural-order codes [N, K] -> kernel layout bytes [N, KP*cb/8] (K padded with zero
     codes to whole tiles). Within a tile of 8 words, element ``j*16 + 2*w + h`` goes to
     word ``w``, slot ``j + h*S/2`` (S = 32/cb slots per word): one shift of a word then
@@ -133,7 +152,6 @@ def _permute_codes(codes_u8: torch.Tensor, cb: int) -> torch.Tensor:
     n, k = codes_u8.shape
     s = 32 // cb
     tk = _tile_k(cb)
-    kp = -(-k // tk) * tk
     c = torch.nn.functional.pad(codes_u8, (0, kp - k)) if kp != k else codes_u8
     c = c.reshape(n, kp // tk, s // 2, 8, 2).permute(0, 1, 3, 4, 2).reshape(n, kp)
     return pack_codes(c.contiguous(), cb)
@@ -175,19 +193,15 @@ def prepare(q: QTensor) -> PackedLinearWeight:
     cb = 4 if bits <= 4 else 8
     codes_u8 = unpack_codes(q.data.contiguous(), bits, k)
     specials = _has_specials(codes_u8, fmt)
-    codes = _permute_codes(codes_u8, cb).view(torch.int32)
-    kp = codes.shape[1] * (32 // cb)
-    groups = -(-kp // fmt.block_size)
+    kp = -(-k // _k_align(fmt)) * _k_align(fmt)
+    codes = _permute_codes(codes_u8, cb, kp).view(torch.int32)
+    groups = kp // fmt.block_size
     scales = q.scales.contiguous()
     if scales.dtype == torch.float8_e4m3fn:
         scales = scales.view(torch.uint8)
-    if fmt.block_rows == 1 and scales.shape[1] < groups:
-        scales = torch.nn.functional.pad(scales.view(torch.uint8) if scales.dtype == torch.uint8 else scales,
-                                         (0, groups - scales.shape[1]))
+    scales = _pad_words(scales, groups)
     gs = None if q.global_scale is None else q.global_scale.reshape(1).to(torch.float32).contiguous()
-    zp = None if q.zero_points is None else q.zero_points.contiguous()
-    if zp is not None and zp.shape[1] < groups:
-        zp = torch.nn.functional.pad(zp, (0, groups - zp.shape[1]))
+    zp = None if q.zero_points is None else _pad_words(q.zero_points, groups)
     return PackedLinearWeight(fmt, n, k, cb, codes, scales, zp, gs, specials)
 
 
@@ -212,28 +226,21 @@ def _cached_prepare(q: QTensor | PackedLinearWeight) -> PackedLinearWeight:
 # configs
 # ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class SplitKConfig:
-    """Decode-path (split-K) kernel config."""
+class LinearConfig:
+    """Kernel config: an out^T tile of ``block_n`` weight rows x ``block_m`` tokens (the MMA's
+    N side, padded to 16), ``block_kw`` int32 words of codes per row per step, K split
+    ``split_k`` ways across programs."""
 
     block_n: int = 128
     block_m: int = 16
-    block_kw: int = 32  # int32 words of codes per row per step
+    block_kw: int = 32
     split_k: int = 1
     pair: bool = False  # two-elements-per-operation decode (4-bit containers, bf16 x)
     num_warps: int = 4
     num_stages: int = 4
 
 
-@dataclass(frozen=True)
-class TileConfig:
-    """Prefill-path (tiled GEMM) kernel config."""
-
-    block_m: int = 128
-    block_n: int = 128
-    block_k: int = 64
-    group_m: int = 8
-    num_warps: int = 8
-    num_stages: int = 3
+SplitKConfig = LinearConfig  # older name
 
 
 def _interpreting() -> bool:
@@ -246,30 +253,26 @@ def _num_sms(device: torch.device) -> int:
     return 8
 
 
-def choose_config(m: int, pw: PackedLinearWeight, x_dtype: torch.dtype, device: torch.device,
-                  max_splitk_m: int = 64) -> SplitKConfig | TileConfig:
-    """The heuristic: split-K for m <= ``max_splitk_m`` (tokens padded to 16 on the N side),
-    the tiled GEMM above, with tile sizes per M bucket."""
-    n, k = pw.n, pw.k
+def choose_config(m: int, pw: PackedLinearWeight, x_dtype: torch.dtype, device: torch.device) -> LinearConfig:
+    """The heuristic, per M bucket. Decode (m <= 64): 16..64 tokens on the N side, K split
+    so about four programs per SM stream the weight. Prefill: 128 or 256 tokens per tile,
+    each weight tile decoded once per K-strip for all of them, no split."""
+    n = pw.n
     cb = pw.container_bits
-    s = 32 // cb
-    if m <= max_splitk_m:
+    kw = pw.codes.shape[1]
+    pair = cb == 4 and x_dtype == torch.bfloat16
+    bn = 128 if n >= 128 else 64
+    if m <= 64:
         bm = max(16, triton_next_pow2(m))
-        bn = 128 if n >= 128 else max(16, triton_next_pow2(n))
-        kw = k // s
         bkw = 32 if cb == 4 else 64
-        bkw = min(bkw, max(16, triton_next_pow2(kw)))
         tiles = math.ceil(n / bn) * math.ceil(m / bm)
         want = 4 * _num_sms(device)
-        split = max(1, min(math.ceil(want / tiles), math.ceil(kw / bkw)))
-        pair = cb == 4 and x_dtype == torch.bfloat16
-        return SplitKConfig(block_n=bn, block_m=bm, block_kw=bkw, split_k=split, pair=pair,
-                            num_warps=4, num_stages=4)
-    if m <= 128:
-        return TileConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4)
-    if m <= 1024:
-        return TileConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
-    return TileConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=3)
+        split = max(1, min(math.ceil(want / tiles), kw // bkw))
+        return LinearConfig(block_n=bn, block_m=bm, block_kw=bkw, split_k=split, pair=pair, num_warps=4,
+                            num_stages=4)
+    bm = 128 if m <= 256 else 256
+    return LinearConfig(block_n=bn, block_m=bm, block_kw=16 if cb == 4 else 32, split_k=1, pair=pair,
+                        num_warps=8, num_stages=3)
 
 
 def triton_next_pow2(v: int) -> int:
@@ -310,8 +313,8 @@ def _check(x: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None) -
 
 
 def _launch(x2: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None,
-            config: SplitKConfig | TileConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Run a kernel on 2-D x ``[M, K]`` (contiguous last dim). ``out`` may be passed (tests poison it)."""
+            config: LinearConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Run the kernel on 2-D x ``[M, K]`` (contiguous last dim). ``out`` may be passed (tests poison it)."""
     import triton
 
     from .kernels import _linear_kernels as kern
@@ -322,35 +325,30 @@ def _launch(x2: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None,
         out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     if m == 0:
         return out
-    if config is None:
-        config = choose_config(m, pw, x2.dtype, x2.device)
+    c = config if config is not None else choose_config(m, pw, x2.dtype, x2.device)
+    if c.pair and pw.container_bits != 4:
+        raise ValueError(f"{_OP}: pair decode needs 4-bit containers, not {pw.container_bits}")
+    kw = pw.codes.shape[1]
+    if kw % c.block_kw or c.block_kw % 8:
+        raise ValueError(f"{_OP}: block_kw={c.block_kw} must be a multiple of 8 dividing {kw} words per row")
     ce = pw.constexprs()
     dummy = pw.scales
     zp = pw.zero_points if pw.zero_points is not None else dummy
     gs = pw.global_scale if pw.global_scale is not None else dummy
     b = bias if bias is not None else dummy
     stride_z = zp.stride(0) if pw.zero_points is not None else 0
-    common = (m, n, k, x2.stride(0), out.stride(0), pw.codes.stride(0), pw.scales.stride(0), stride_z)
-    if isinstance(config, SplitKConfig):
-        c = config
-        if c.pair and pw.container_bits != 4:
-            raise ValueError(f"{_OP}: pair decode needs 4-bit containers, not {pw.container_bits}")
-        grid_n, grid_m = triton.cdiv(n, c.block_n), triton.cdiv(m, c.block_m)
-        if c.split_k > 1:
-            ws, cnt = _workspace(x2.device, grid_n * grid_m * c.block_n * c.block_m, grid_n * grid_m)
-        else:
-            ws, cnt = dummy, dummy
-        kern._linear_splitk_kernel[(grid_n, c.split_k, grid_m)](
-            x2, pw.codes, pw.scales, zp, gs, b, out, ws, cnt, m, n, k, pw.codes.shape[1], *common[3:], **ce, HAS_BIAS=bias is not None,
-            BLOCK_N=c.block_n, BLOCK_M=c.block_m, BLOCK_KW=c.block_kw, SPLIT_K=c.split_k, PAIR=c.pair,
-            INTERP=_interpreting(), ITERS=triton.cdiv(triton.cdiv(pw.codes.shape[1], c.split_k), c.block_kw), num_warps=c.num_warps, num_stages=c.num_stages)
+    grid_n, grid_m = triton.cdiv(n, c.block_n), triton.cdiv(m, c.block_m)
+    if c.split_k > 1:
+        ws, cnt = _workspace(x2.device, grid_n * grid_m * c.block_n * c.block_m, grid_n * grid_m)
     else:
-        c = config
-        grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)
-        kern._linear_tc_kernel[grid](
-            x2, pw.codes, pw.scales, zp, gs, b, out, *common, **ce, HAS_BIAS=bias is not None,
-            BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
-            INTERP=_interpreting(), ITERS=triton.cdiv(k, c.block_k), num_warps=c.num_warps, num_stages=c.num_stages)
+        ws, cnt = dummy, dummy
+    s = 32 // pw.container_bits
+    kern._linear_splitk_kernel[(grid_n, c.split_k, grid_m)](
+        x2, pw.codes, pw.scales, zp, gs, b, out, ws, cnt, m, n, k, kw, x2.stride(0), out.stride(0),
+        pw.codes.stride(0), pw.scales.stride(0), stride_z, **ce, HAS_BIAS=bias is not None,
+        BLOCK_N=c.block_n, BLOCK_M=c.block_m, BLOCK_KW=c.block_kw, SPLIT_K=c.split_k, PAIR=c.pair,
+        INTERP=_interpreting(), ITERS=triton.cdiv(triton.cdiv(kw, c.split_k), c.block_kw),
+        EVEN_K=k == kw * s, num_warps=c.num_warps, num_stages=c.num_stages)
     return out
 
 

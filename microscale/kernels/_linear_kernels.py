@@ -1,23 +1,27 @@
-"""Triton kernels for the fused weight-only linear ``out = x @ dequant(W)^T`` (private).
+"""Triton kernel for the fused weight-only linear ``out = x @ dequant(W)^T`` (private).
 
-Two kernels, each parametric over the format through ``tl.constexpr`` parameters
-(never one copy per format):
+One kernel, :func:`_linear_splitk_kernel`, parametric over the format through
+``tl.constexpr`` parameters (never one copy per format), serves both paths with
+different configs (``microscale.linear.choose_config``):
 
-* :func:`_linear_splitk_kernel` — the decode path (few tokens). Split-K over all SMs;
-  the weight tile is the MMA's M side and the (zero-padded) tokens its N side, so the
-  multiply-adds run on tensor cores while the CUDA cores only decode. Partial sums go
-  to an fp32 workspace with atomics; the last program of each output tile (a counter
-  per tile) applies global scale and bias, writes the output and zeroes the
-  workspace and counter again for the next call.
-* :func:`_linear_tc_kernel` — the prefill path: a tiled GEMM that dequantizes each
-  weight tile once per K-strip into x's dtype and feeds ``tl.dot``; software
-  pipelined, configs chosen per M bucket.
+* decode (few tokens): the weight tile is the MMA's M side and the tokens, zero-padded
+  to 16, its N side, so the multiply-adds run on tensor cores while the CUDA cores only
+  decode; K is split across programs so all SMs stream the weight. Partial sums go to
+  an fp32 workspace with atomics; the last program of each output tile (a counter per
+  tile) applies global scale and bias, writes the output and zeroes the workspace and
+  counter again for the next call.
+* prefill: the same structure with 128 or 256 tokens per tile and no split, so each
+  weight tile is decoded once per K-strip for all of them; loads software-pipelined
+  (``num_stages``).
 
-Weight layout read by both (built by :func:`microscale.linear.prepare`): codes in
-*containers* of ``CB`` = 4 or 8 bits (4 for codes of <= 4 bits, else 8), packed
-little-endian into int32 words ``[N, K*CB/32]``: container ``i`` of word ``w`` is
-element ``w*(32/CB) + i``, bits ``[i*CB, i*CB + BITS)``. For 4- and 8-bit formats this
-is the canonical QTensor byte layout viewed as int32 (no copy).
+Weight layout (built by :func:`microscale.linear.prepare`): codes in *containers* of
+``CB`` = 4 or 8 bits (4 for codes of <= 4 bits, else 8), ``S = 32/CB`` per int32 word,
+rows ``[N, KP*CB/32]`` with K zero-padded to ``KP`` (a multiple of 256). Layout tiles of
+8 words (``TK = 8*S`` elements): element ``j*16 + 2*w + h`` of a tile sits in word
+``w``, slot ``j + h*S/2`` (bits ``[slot*CB, slot*CB + BITS)``). So one shift of a word
+puts the K-adjacent pair ``(2w, 2w+1)`` of chunk ``j`` in the two halves of a bf16x2,
+and chunk ``j`` of every tile is 16 contiguous activations. Scales and zero points are
+rows of raw bytes padded to whole int32 words and read as words.
 
 Element decode by bit placement (DESIGN.md): a minifloat code ``s|e|m`` becomes the
 float32 ``(s << 31) | (e|m) << (23 - MBITS)`` times ``2^(127 - bias)`` (subnormals
@@ -25,12 +29,15 @@ come out right); integers go through the magic number ``0x4B000000 | u`` minus
 ``2^23 + offset``. E8M0 scales are the byte shifted into the exponent field; UE4M3
 scales are placed like any minifloat. NaN/Inf codes are honoured only when the
 weight holds some (``SPECIALS``, decided at repack time), which keeps the common
-path free of selects.
+path free of selects. ``PAIR=True`` (4-bit containers, bf16 activations) decodes two
+elements per 32-bit operation straight into bf16x2 and scales them with bf16x2
+multiplies.
 
-The decode path's fast route for 4-bit containers (``PAIR=True``, bf16 activations,
-scales exact in bf16) decodes two elements per 32-bit operation: shifting the word
-by one amount places container ``j`` in the low half and container ``j + 4`` in the
-high half of a bf16x2 pattern at once.
+Measured on the H200 (benchmarks/run_gpu_linear.py): correct, but far from the
+bandwidth ceiling; the SASS (cuobjdump of a Triton 3.6 sm_90 build) shows about 8
+instructions per weight element in the decode loop (pair decode + two HMUL2 + mask and
+layout work) where the budget at full HBM bandwidth is about 2.5, and the activations
+reach shared memory through 2-byte stores.
 """
 from __future__ import annotations
 
@@ -42,20 +49,36 @@ import triton.language as tl
 # decode helpers (shared by both kernels)
 # ----------------------------------------------------------------------------------
 @triton.jit
+def _load_entries(ptr, rows, stride_rw, gidx, mask, SB: tl.constexpr):
+    """Entries ``gidx`` [NT] of each row of a byte array (rows padded to whole int32 words,
+    viewed as int32): the raw bits, SB bytes each, in the low bits of an int32 [rows, NT].
+    Whole-word loads keep them eligible for async copies and vector loads."""
+    byte = gidx * SB
+    w = tl.load(ptr + rows[:, None] * stride_rw + (byte // 4)[None, :], mask=mask, other=0)
+    if SB < 4:
+        w = (w >> ((byte % 4) * 8)[None, :]) & ((1 << (SB * 8)) - 1)
+    return w
+
+
+@triton.jit
 def _decode_scale(raw, SCALE_KIND: tl.constexpr):
-    """Raw scale (loaded tensor) -> float32. 0: a float dtype; 1: E8M0 byte; 2: E4M3 byte."""
+    """Raw scale bits (int32) -> float32. 1: E8M0; 2: E4M3 (UE4M3); 3: fp16; 4: bf16; 5: fp32."""
     if SCALE_KIND == 1:
-        b = raw.to(tl.int32)
+        b = raw
         bits = tl.where(b == 0, 0x400000, tl.where(b == 255, 0x7FC00000, b << 23))
         s = bits.to(tl.float32, bitcast=True)
     elif SCALE_KIND == 2:
-        b = raw.to(tl.int32)
+        b = raw
         mag = b & 0x7F
         bits = ((b & 0x80) << 24) | (mag << 20)
         s = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2^120
         s = tl.where(mag == 0x7F, float("nan"), s)
+    elif SCALE_KIND == 3:
+        s = raw.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    elif SCALE_KIND == 4:
+        s = (raw << 16).to(tl.float32, bitcast=True)
     else:
-        s = raw.to(tl.float32)
+        s = raw.to(tl.float32, bitcast=True)
     return s
 
 
@@ -145,7 +168,7 @@ def _linear_splitk_kernel(
     SCALE_KIND: tl.constexpr, GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HAS_ZP: tl.constexpr,
     HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
-    PAIR: tl.constexpr, INTERP: tl.constexpr, ITERS: tl.constexpr,
+    PAIR: tl.constexpr, INTERP: tl.constexpr, ITERS: tl.constexpr, SB: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     """out^T tile [BLOCK_N, BLOCK_M] over a K range; see the module docstring for the layout.
 
@@ -179,20 +202,19 @@ def _linear_splitk_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for it in range(ITERS):  # constant trip count (host: cdiv(chunk, BLOCK_KW))
         kw0 = kw_start + it * BLOCK_KW
+        step_ok = kw0 < kw_end  # steps are whole: KW and chunk are multiples of BLOCK_KW
         kw = kw0 + offs_w
-        kw_ok = kw < kw_end
-        wmask = n_ok[:, None] & kw_ok[None, :]
+        wmask = n_ok[:, None] & step_ok
         words = tl.load(w_ptr + offs_n[:, None] * stride_wn + kw[None, :], mask=wmask, other=0)
         k_base = kw0 * S
         for j in tl.static_range(HS):
-            # element index of slot j of word w: tile(w)*TK + j*16 + 2*(w%8); slot j+HS is +1
-            # one scale per (row, layout tile) for this pair: load [BLOCK_N, NT], broadcast over 8 words
+            # one scale per (row, layout tile) for this pair: [BLOCK_N, NT], broadcast over 8 words
             gt = ((kw0 // 8 + offs_t) * TK + j * 16) // GROUP
-            tmask = n_ok[:, None] & (kw0 + offs_t * 8 < kw_end)[None, :]
-            s_raw = tl.load(s_ptr + srow[:, None] * stride_sn + gt[None, :], mask=tmask, other=0)
+            tmask = n_ok[:, None] & step_ok
+            s_raw = _load_entries(s_ptr, srow, stride_sn, gt, tmask, SB)
             scale = _bcast_words(_decode_scale(s_raw, SCALE_KIND), BLOCK_N, NT)
             if HAS_ZP:
-                zp = tl.load(zp_ptr + offs_n[:, None] * stride_zn + gt[None, :], mask=tmask, other=0)
+                zp = _load_entries(zp_ptr, offs_n, stride_zn, gt, tmask, 1)
                 zp = _bcast_words(zp.to(tl.float32), BLOCK_N, NT)
             else:
                 zp = scale
@@ -236,9 +258,11 @@ def _linear_splitk_kernel(
             a = tl.reshape(tl.join(lo.to(x_ptr.dtype.element_ty), hi.to(x_ptr.dtype.element_ty)),
                            [BLOCK_N, 2 * BLOCK_KW])
             xk = k_base + j * 16 + xq  # [NT, 16]
-            xk_ok = (xk < K) & (xk < kw_end * S)
-            xt = tl.load(x_ptr + offs_m[:, None, None] * stride_xm + xk[None, :, :],
-                         mask=m_ok[:, None, None] & xk_ok[None, :, :], other=0.0)
+            if EVEN_K:
+                xmask = m_ok[:, None, None] & step_ok
+            else:
+                xmask = m_ok[:, None, None] & step_ok & (xk < K)[None, :, :]
+            xt = tl.load(x_ptr + offs_m[:, None, None] * stride_xm + xk[None, :, :], mask=xmask, other=0.0)
             xt = tl.trans(tl.reshape(xt, [BLOCK_M, 2 * BLOCK_KW]))
             acc = _mma(a, xt, acc, INTERP)
 
@@ -270,64 +294,3 @@ def _epilogue(acc, offs_n, offs_m, n_ok, mask, gs_ptr, b_ptr, out_ptr, stride_om
     tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# ----------------------------------------------------------------------------------
-# prefill path: tiled GEMM, weight tile dequantized once per K-strip
-# ----------------------------------------------------------------------------------
-@triton.jit
-def _linear_tc_kernel(
-    x_ptr, w_ptr, s_ptr, zp_ptr, gs_ptr, b_ptr, out_ptr,
-    M, N, K, stride_xm, stride_om, stride_wn, stride_sn, stride_zn,
-    BITS: tl.constexpr, CB: tl.constexpr, IS_FLOAT: tl.constexpr, MBITS: tl.constexpr, SIGNED: tl.constexpr,
-    ELEM_C: tl.constexpr, SPECIALS: tl.constexpr, INF_MAG: tl.constexpr, NAN_MAG: tl.constexpr,
-    SCALE_KIND: tl.constexpr, GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HAS_ZP: tl.constexpr,
-    HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    INTERP: tl.constexpr, ITERS: tl.constexpr,
-):
-    S: tl.constexpr = 32 // CB
-    TK: tl.constexpr = 8 * S
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    width = GROUP_M * num_n
-    group_id = pid // width
-    first_m = group_id * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % gsize
-    pid_n = (pid % width) // gsize
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
-    srow = offs_n // GROUP_ROWS
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for it in range(ITERS):  # constant trip count: cdiv(K, BLOCK_K)
-        k0 = it * BLOCK_K
-        kk = k0 + offs_k
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :],
-                    other=0.0)
-        # natural k -> (layout tile t, pair j, word w, half h) -> word t*8+w, slot j + h*S/2
-        r = kk % TK
-        word = (kk // TK) * 8 + (r % 16) // 2
-        shift = ((r // 16) + (r % 2) * (S // 2)) * CB
-        wmask = n_ok[:, None] & (kk < K)[None, :]
-        words = tl.load(w_ptr + offs_n[:, None] * stride_wn + word[None, :], mask=wmask, other=0)
-        c = (words >> shift[None, :]) & ((1 << BITS) - 1)
-        g = kk // GROUP
-        s_raw = tl.load(s_ptr + srow[:, None] * stride_sn + g[None, :], mask=wmask, other=0)
-        scale = _decode_scale(s_raw, SCALE_KIND)
-        if HAS_ZP:
-            zp = tl.load(zp_ptr + offs_n[:, None] * stride_zn + g[None, :], mask=wmask, other=0).to(tl.float32)
-        else:
-            zp = scale
-        w = _decode_elem(c, scale, zp, BITS, IS_FLOAT, MBITS, SIGNED, ELEM_C, SPECIALS, INF_MAG, NAN_MAG, HAS_ZP)
-        acc = _mma(x, tl.trans(w.to(x_ptr.dtype.element_ty)), acc, INTERP)
-
-    if HAS_GS:
-        acc = acc * tl.load(gs_ptr)
-    if HAS_BIAS:
-        acc = acc + tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])

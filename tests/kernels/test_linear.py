@@ -47,10 +47,10 @@ def test_kernels_every_format(name):
     n, k = q.shape
     x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
     bias = torch.randn(n, generator=gen)
-    cfgs = [L.SplitKConfig(block_n=16, block_m=16, block_kw=8, split_k=2, pair=False),
-            L.TileConfig(block_m=16, block_n=16, block_k=32, num_warps=4)]
+    cfgs = [L.LinearConfig(block_n=16, block_m=16, block_kw=8, split_k=2, pair=False),  # decode shape
+            L.LinearConfig(block_n=32, block_m=32, block_kw=16, split_k=1, pair=False)]  # prefill shape
     if pw.container_bits == 4:
-        cfgs.append(L.SplitKConfig(block_n=16, block_m=16, block_kw=8, split_k=3, pair=True))
+        cfgs.append(L.LinearConfig(block_n=16, block_m=16, block_kw=8, split_k=3, pair=True))
     ref = _ref(x, q, bias)
     for cfg in cfgs:
         out = torch.full((3, n), float("nan"), dtype=x.dtype)
