@@ -398,7 +398,7 @@ def _quantize_kernel(
             x = (x * rstd[:, None]) * w[None, :]
         elif PROLOGUE == 2:
             y = _to_f32(tl.load(y_ptr + rows64[:, None] * stride_y + cols[None, :], mask=m2, other=0.0))
-            x = (x * tl.sigmoid(x)) * y
+            x = (x * tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + tl.exp(-x))) * y
         if NONFIN == 1:
             x = tl.where(_isfinite(x), x, 0.0)
         if NONFIN == 2:
