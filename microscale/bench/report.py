@@ -397,7 +397,10 @@ def render_markdown(doc: dict, source: Optional[str] = None) -> str:
                   "reads q.nbytes and writes numel×2; linear reads the weight's bytes + M×K×2 and writes M×N×2; "
                   "flops 2×M×N×K.",
                   "- % roofline: max(bytes / copy bandwidth, flops / bf16 ceiling) / time. "
-                  "Peer columns: peer time / microscale time (above 1: microscale is faster).", ""]
+                  "Peer columns: peer time / microscale time (above 1: microscale is faster).",
+                  "- timing column: method (events, graph or perf_counter), half the 20–80th percentile spread "
+                  "relative to the median, rotated input sets, and the host time to launch one call (what an "
+                  "eager caller pays when it exceeds the device time; a CUDA graph hides it).", ""]
 
     results = doc["results"]
     for op in _OP_ORDER + tuple(sorted({r["op"] for r in results} - set(_OP_ORDER))):
@@ -450,7 +453,10 @@ def render_markdown(doc: dict, source: Optional[str] = None) -> str:
             if t.get("p20_ms") is not None and t.get("median_ms"):
                 spread = f" ±{50 * (t['p80_ms'] - t['p20_ms']) / t['median_ms']:.0f}%"
             n_sets = t.get("n_sets", 1)
-            row.append(f"{t.get('method', '')}{spread}, {n_sets} input set{'s' if n_sets != 1 else ''}")
+            cell = f"{t.get('method', '')}{spread}, {n_sets} input set{'s' if n_sets != 1 else ''}"
+            if t.get("host_us") is not None:
+                cell += f", host {t['host_us']:.0f} µs/call"
+            row.append(cell)
             body.append(row)
         lines += _table(head, body) + [""]
         if notes:
