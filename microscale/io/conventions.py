@@ -1,0 +1,399 @@
+"""Checkpoint conventions: how a quantized tensor is spelled in a checkpoint.
+
+A convention maps one logical weight (``base``, the name its float tensor has, e.g.
+``model.layers.0.mlp.up_proj.weight``) to the tensors and metadata that store it, and
+back. Conventions register in :data:`CONVENTIONS`; code looks them up by name and never
+branches on a convention elsewhere.
+
+=====================  ===================================================================
+``native``             ``<base>.data``, ``<base>.scales`` [, ``.global_scale``,
+                       ``.zero_points``]; JSON under metadata key ``<base>.microscale``.
+                       Every format.
+``modelopt``           NVIDIA ModelOpt HF export, NVFP4: ``<m>.weight`` u8 [N,K/2],
+                       ``<m>.weight_scale`` e4m3fn [N,K/16], ``<m>.weight_scale_2`` fp32
+                       (decode multiplier), ``<m>.input_scale`` fp32 when calibrated;
+                       ``hf_quant_config.json``.
+``compressed-tensors`` ``nvfp4-pack-quantized``: ``<m>.weight_packed``, ``<m>.weight_scale``
+                       e4m3fn, ``<m>.weight_global_scale`` fp32[1] = 1/decode multiplier;
+                       ``mxfp4-pack-quantized``: E8M0 u8 ``weight_scale``, no global.
+``gpt-oss``            MXFP4 ``<x>_blocks`` u8 [..., rows, K/32, 16], ``<x>_scales`` u8
+                       [..., rows, K/32] (E8M0, bias 127).
+``gguf``               a single ``.gguf`` file (see :mod:`microscale.io.gguf_io`).
+=====================  ===================================================================
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+from ..formats import Format, get_format
+from ..qtensor import QTensor
+
+__all__ = ["Convention", "Group", "CONVENTIONS", "get_convention", "register_convention"]
+
+
+@dataclass
+class Group:
+    """The checkpoint keys that store one quantized logical tensor."""
+
+    base: str
+    members: dict[str, str]  # role -> checkpoint key
+    optional: tuple[str, ...] = ()
+
+
+@dataclass
+class Convention:
+    """Base class; subclasses implement ``groups``, ``decode`` and ``encode``."""
+
+    name: str = ""
+    description: str = ""
+    formats: tuple[str, ...] = ()  # accepted preset families (empty: every format)
+    config: dict = field(default_factory=dict)
+
+    # ---- detection and grouping --------------------------------------------------
+    def detect(self, names: list[str], metadata: dict[str, str], files: dict[str, dict]) -> bool:
+        """True if a checkpoint with these tensor names / metadata / json files uses this convention."""
+        return bool(self.groups(names, metadata))
+
+    def groups(self, names: list[str], metadata: dict[str, str]) -> list[Group]:
+        raise NotImplementedError
+
+    # ---- tensors <-> QTensor -----------------------------------------------------
+    def decode(self, g: Group, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> QTensor:
+        raise NotImplementedError
+
+    def encode(self, base: str, q: QTensor) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        raise NotImplementedError
+
+    def check_format(self, fmt: Format) -> Format:
+        """The format this convention stores for a requested ``fmt`` (raise if unsupported)."""
+        return fmt
+
+    # ---- float tensors <-> the orientation the convention quantizes -------------------
+    def quantizable(self, name: str, shape: tuple[int, ...]) -> bool:
+        """Whether a float tensor of this name/shape is one this convention quantizes."""
+        return True
+
+    def prepare(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """A float tensor as it is quantized (e.g. transposed); identity by default."""
+        return t
+
+    def restore(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """Inverse of :meth:`prepare`, applied to a dequantized tensor."""
+        return t
+
+    # ---- files beside the tensors -------------------------------------------------
+    def config_files(self, fmt: Format, quantized: list[str], skipped: list[str],
+                     config: dict | None) -> dict[str, dict]:
+        """JSON files to write in the output directory (name -> content), given the
+        source ``config.json`` (or None)."""
+        return {}
+
+
+CONVENTIONS: dict[str, Convention] = {}
+
+
+def register_convention(c: Convention) -> Convention:
+    if c.name in CONVENTIONS:
+        raise ValueError(f"convention {c.name!r} is already registered")
+    CONVENTIONS[c.name] = c
+    return c
+
+
+def get_convention(name: str | Convention) -> Convention:
+    if isinstance(name, Convention):
+        return name
+    key = str(name).lower().replace("_", "-")
+    if key not in CONVENTIONS:
+        raise KeyError(f"unknown convention {name!r}; known: {', '.join(CONVENTIONS)}")
+    return CONVENTIONS[key]
+
+
+def _stem(base: str) -> str:
+    return base[: -len(".weight")] if base.endswith(".weight") else base
+
+
+def _scalar_meta(t: torch.Tensor) -> dict:
+    """A float32 tensor as exact JSON (shape + values; fp32 -> python float is exact)."""
+    return {"shape": list(t.shape), "values": [float(v) for v in t.reshape(-1).to(torch.float32)]}
+
+
+def _scalar_from_meta(m: dict) -> torch.Tensor:
+    return torch.tensor(m["values"], dtype=torch.float32).reshape(m["shape"])
+
+
+def _need(tensors: dict[str, torch.Tensor], role: str, dtype: torch.dtype, g: Group, conv: str) -> torch.Tensor:
+    t = tensors[role]
+    if t.dtype != dtype:
+        raise ValueError(f"{conv}: {g.members[role]!r} has dtype {t.dtype}; expected {dtype}")
+    return t
+
+
+# ---------------------------------------------------------------------------------
+# native
+# ---------------------------------------------------------------------------------
+class Native(Convention):
+    def groups(self, names, metadata):
+        have = set(names)
+        out = []
+        for k in metadata:
+            if k.endswith(".microscale"):
+                base = k[: -len(".microscale")]
+                mem = {r: f"{base}.{r}" for r in ("data", "scales", "global_scale", "zero_points")
+                       if f"{base}.{r}" in have}
+                out.append(Group(base, mem))
+        return out
+
+    def decode(self, g, tensors, metadata):
+        return QTensor.from_state_dict({f"{g.base}.{r}": t for r, t in tensors.items()}, metadata, prefix=g.base + ".")
+
+    def encode(self, base, q):
+        return q.state_dict(prefix=base + ".")
+
+
+# ---------------------------------------------------------------------------------
+# ModelOpt NVFP4
+# ---------------------------------------------------------------------------------
+class ModelOpt(Convention):
+    def detect(self, names, metadata, files):
+        hq = files.get("hf_quant_config.json") or {}
+        if (hq.get("producer") or {}).get("name") == "modelopt":
+            return True
+        return bool(self.groups(names, metadata))
+
+    def groups(self, names, metadata):
+        have = set(names)
+        out = []
+        for k in names:
+            if k.endswith(".weight_scale_2"):
+                m = k[: -len(".weight_scale_2")]
+                mem = {"weight": m + ".weight", "weight_scale": m + ".weight_scale", "weight_scale_2": k}
+                if m + ".input_scale" in have:
+                    mem["input_scale"] = m + ".input_scale"
+                missing = [v for v in mem.values() if v not in have]
+                if missing:
+                    raise ValueError(f"modelopt: {k!r} has no sibling {missing[0]!r}")
+                out.append(Group(m + ".weight", mem))
+        return out
+
+    def check_format(self, fmt):
+        if not (fmt.global_scale and fmt.element.name == "e2m1" and fmt.block_size == 16):
+            raise ValueError(f"convention 'modelopt' stores NVFP4 only, not {fmt.name!r}")
+        return fmt
+
+    def decode(self, g, tensors, metadata):
+        w = _need(tensors, "weight", torch.uint8, g, self.name)
+        s = _need(tensors, "weight_scale", torch.float8_e4m3fn, g, self.name)
+        s2 = _need(tensors, "weight_scale_2", torch.float32, g, self.name)
+        if s2.numel() != 1:
+            raise ValueError(f"modelopt: {g.members['weight_scale_2']!r} must hold one value, shape {tuple(s2.shape)}")
+        meta = {"two_level": "modelopt", "weight_scale_2_shape": list(s2.shape)}
+        if "input_scale" in tensors:
+            meta["input_scale"] = _scalar_meta(_need(tensors, "input_scale", torch.float32, g, self.name))
+        fmt = get_format("nvfp4")
+        shape = torch.Size((*w.shape[:-1], w.shape[-1] * 2))
+        q = QTensor(w, s, fmt, shape, torch.bfloat16, s2.reshape(()).clone(), None, meta)
+        q.validate()
+        return q
+
+    def encode(self, base, q):
+        self.check_format(q.fmt)
+        m = _stem(base)
+        out = {m + ".weight": q.data, m + ".weight_scale": q.scales,
+               m + ".weight_scale_2": q.global_scale.reshape(q.meta.get("weight_scale_2_shape", []))}
+        if "input_scale" in q.meta:
+            out[m + ".input_scale"] = _scalar_from_meta(q.meta["input_scale"])
+        return out, {}
+
+    def config_files(self, fmt, quantized, skipped, config):
+        excl = sorted({_stem(s) for s in skipped})
+        hq = {"producer": {"name": "modelopt", "version": "microscale"},
+              "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+                               "exclude_modules": excl}}
+        out = {"hf_quant_config.json": hq}
+        if config is not None:
+            c = dict(config)
+            c["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                                        "exclude_modules": excl}
+            out["config.json"] = c
+        return out
+
+
+# ---------------------------------------------------------------------------------
+# compressed-tensors nvfp4-pack-quantized / mxfp4-pack-quantized
+# ---------------------------------------------------------------------------------
+class CompressedTensors(Convention):
+    def detect(self, names, metadata, files):
+        qc = (files.get("config.json") or {}).get("quantization_config") or {}
+        if qc.get("quant_method") == "compressed-tensors" and qc.get("format") in (
+                "nvfp4-pack-quantized", "mxfp4-pack-quantized"):
+            return True
+        return bool(self.groups(names, metadata))
+
+    def groups(self, names, metadata):
+        have = set(names)
+        out = []
+        for k in names:
+            if k.endswith(".weight_packed"):
+                m = k[: -len(".weight_packed")]
+                mem = {"weight_packed": k, "weight_scale": m + ".weight_scale"}
+                for opt in ("weight_global_scale", "input_global_scale"):
+                    if f"{m}.{opt}" in have:
+                        mem[opt] = f"{m}.{opt}"
+                if mem["weight_scale"] not in have:
+                    raise ValueError(f"compressed-tensors: {k!r} has no sibling {mem['weight_scale']!r}")
+                if m + ".weight_shape" in have or m + ".weight_zero_point" in have:
+                    continue  # int pack-quantized: not an fp4 layout
+                out.append(Group(m + ".weight", mem))
+        return out
+
+    def check_format(self, fmt):
+        if fmt.element.name != "e2m1" or not ((fmt.global_scale and fmt.block_size == 16) or
+                                              (fmt.scale.name == "e8m0" and fmt.block_size == 32)):
+            raise ValueError(f"convention 'compressed-tensors' stores nvfp4 and mxfp4 only, not {fmt.name!r}")
+        if fmt.global_scale:
+            return fmt.replace(two_level="compressed-tensors")
+        return fmt.replace(scale_rule="even")  # compressed-tensors' MXFP4 scale rule
+
+    def decode(self, g, tensors, metadata):
+        w = _need(tensors, "weight_packed", torch.uint8, g, self.name)
+        shape = torch.Size((*w.shape[:-1], w.shape[-1] * 2))
+        meta = {}
+        if "input_global_scale" in tensors:
+            meta["input_global_scale"] = _scalar_meta(tensors["input_global_scale"])
+        if "weight_global_scale" in tensors:
+            s = _need(tensors, "weight_scale", torch.float8_e4m3fn, g, self.name)
+            gs = _need(tensors, "weight_global_scale", torch.float32, g, self.name)
+            if gs.numel() != 1:
+                raise ValueError(f"compressed-tensors: {g.members['weight_global_scale']!r} must hold one value")
+            fmt = get_format("nvfp4").replace(two_level="compressed-tensors")
+            meta.update({"two_level": "compressed-tensors", "global_scale_inv": float(gs.reshape(())),
+                         "weight_global_scale_shape": list(gs.shape)})
+            gscale = (1.0 / gs.reshape(())).to(torch.float32)
+        else:
+            s = _need(tensors, "weight_scale", torch.uint8, g, self.name)
+            fmt = get_format("mxfp4").replace(scale_rule="even")
+            gscale = None
+        q = QTensor(w, s, fmt, shape, torch.bfloat16, gscale, None, meta)
+        q.validate()
+        return q
+
+    def encode(self, base, q):
+        self.check_format(q.fmt)
+        m = _stem(base)
+        out = {m + ".weight_packed": q.data, m + ".weight_scale": q.scales}
+        if q.fmt.global_scale:
+            gs = q.meta.get("global_scale_inv")
+            gs = torch.tensor(gs, dtype=torch.float32) if gs is not None else (1.0 / q.global_scale.float())
+            out[m + ".weight_global_scale"] = gs.reshape(q.meta.get("weight_global_scale_shape", [1]))
+        if "input_global_scale" in q.meta:
+            out[m + ".input_global_scale"] = _scalar_from_meta(q.meta["input_global_scale"])
+        return out, {}
+
+    def config_files(self, fmt, quantized, skipped, config):
+        nv = fmt.global_scale
+        w = {"num_bits": 4, "type": "float", "symmetric": True, "dynamic": False,
+             "strategy": "tensor_group" if nv else "group", "group_size": 16 if nv else 32}
+        w["scale_dtype"] = "torch.float8_e4m3fn" if nv else "torch.uint8"
+        qc = {"quant_method": "compressed-tensors",
+              "format": "nvfp4-pack-quantized" if nv else "mxfp4-pack-quantized",
+              "quantization_status": "compressed",
+              "config_groups": {"group_0": {"targets": sorted({_stem(q) for q in quantized}) or ["Linear"],
+                                            "weights": w, "input_activations": None,
+                                            "format": "nvfp4-pack-quantized" if nv else "mxfp4-pack-quantized"}},
+              "ignore": sorted({_stem(s) for s in skipped})}
+        c = dict(config or {})
+        c["quantization_config"] = qc
+        return {"config.json": c}
+
+
+# ---------------------------------------------------------------------------------
+# gpt-oss MXFP4
+# ---------------------------------------------------------------------------------
+class GptOss(Convention):
+    def detect(self, names, metadata, files):
+        qc = (files.get("config.json") or {}).get("quantization_config") or {}
+        return qc.get("quant_method") == "mxfp4" or bool(self.groups(names, metadata))
+
+    def groups(self, names, metadata):
+        have = set(names)
+        out = []
+        for k in names:
+            if k.endswith("_blocks") and k[: -len("_blocks")] + "_scales" in have:
+                b = k[: -len("_blocks")]
+                out.append(Group(b, {"blocks": k, "scales": b + "_scales"}))
+        return out
+
+    def check_format(self, fmt):
+        if not (fmt.element.name == "e2m1" and fmt.scale.name == "e8m0" and fmt.block_size == 32):
+            raise ValueError(f"convention 'gpt-oss' stores mxfp4 only, not {fmt.name!r}")
+        return fmt
+
+    # gpt-oss quantizes only the MoE expert matrices. HF keeps them as [E, in, out]
+    # (``gate_up_proj`` [E, H, 2I], ``down_proj`` [E, I, H]); the MXFP4 blocks run along
+    # ``in``: [E, out, in/32, 16] (transformers transposes after dequantizing).
+    @staticmethod
+    def _expert(name: str, ndim: int) -> bool:
+        return ndim == 3 and ".experts." in name and name.endswith("_proj")
+
+    def quantizable(self, name, shape):
+        return self._expert(name, len(shape))
+
+    def prepare(self, name, t):
+        return t.transpose(-1, -2).contiguous() if self._expert(name, t.dim()) else t
+
+    def restore(self, name, t):
+        return t.transpose(-1, -2).contiguous() if self._expert(name, t.dim()) else t
+
+    def decode(self, g, tensors, metadata):
+        b = _need(tensors, "blocks", torch.uint8, g, self.name)
+        s = _need(tensors, "scales", torch.uint8, g, self.name)
+        if b.dim() < 3 or b.shape[-1] != 16 or tuple(b.shape[:-1]) != tuple(s.shape):
+            raise ValueError(f"gpt-oss: {g.members['blocks']!r} {tuple(b.shape)} and {g.members['scales']!r} "
+                             f"{tuple(s.shape)} do not form [..., rows, K/32, 16] and [..., rows, K/32]")
+        data = b.reshape(*b.shape[:-2], b.shape[-2] * 16)
+        shape = torch.Size((*data.shape[:-1], data.shape[-1] * 2))
+        q = QTensor(data, s, get_format("mxfp4"), shape, torch.bfloat16, None, None, {})
+        q.validate()
+        return q
+
+    def encode(self, base, q):
+        self.check_format(q.fmt)
+        blocks = q.data.reshape(*q.data.shape[:-1], q.data.shape[-1] // 16, 16)
+        return {base + "_blocks": blocks, base + "_scales": q.scales}, {}
+
+    def config_files(self, fmt, quantized, skipped, config):
+        c = dict(config or {})
+        c["quantization_config"] = {"quant_method": "mxfp4",
+                                    "modules_to_not_convert": sorted({_stem(s) for s in skipped})}
+        return {"config.json": c}
+
+
+class Gguf(Convention):
+    """Placeholder entry so ``get_convention('gguf')`` works; files go through gguf_io."""
+
+    def groups(self, names, metadata):
+        return []
+
+    def check_format(self, fmt):
+        from .gguf_io import gguf_type
+
+        gguf_type(fmt)
+        return fmt
+
+
+register_convention(Native("native", "microscale safetensors: QTensor fields + JSON metadata, every format"))
+register_convention(ModelOpt("modelopt", "NVIDIA ModelOpt HF export (NVFP4)", ("nvfp4",)))
+register_convention(CompressedTensors("compressed-tensors", "compressed-tensors nvfp4/mxfp4-pack-quantized",
+                                      ("nvfp4", "mxfp4")))
+register_convention(GptOss("gpt-oss", "gpt-oss MXFP4 *_blocks / *_scales", ("mxfp4",)))
+register_convention(Gguf("gguf", "GGUF file, MXFP4 (type 39) and NVFP4 (type 40) tensors", ("nvfp4", "mxfp4")))
+
+# Detection order: the most specific first.
+DETECT_ORDER = ("native", "modelopt", "compressed-tensors", "gpt-oss")
+
+
+def json_dumps(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False) + "\n"

@@ -1,0 +1,14 @@
+"""Modules: :class:`QuantLinear` and :func:`quantize_model`.
+
+Use::
+
+    import microscale as ms
+    from microscale.nn import quantize_model
+    model = quantize_model(model, "nvfp4", skip=["lm_head"])   # any nn.Module, HF included
+    sd = model.state_dict()                                      # plain tensors + format extra state
+    msio.save(quantized_state(model), "ckpt", convention="modelopt")   # any convention
+    load_quantized_state(fresh_float_model, msio.load("ckpt"))         # Linear -> QuantLinear
+"""
+from .quant_linear import QuantLinear, load_quantized_state, quantize_model, quantized_state
+
+__all__ = ["QuantLinear", "quantize_model", "quantized_state", "load_quantized_state"]

@@ -1,0 +1,244 @@
+"""``QuantLinear``: a Linear whose weight is a :class:`~microscale.QTensor`."""
+from __future__ import annotations
+
+import fnmatch
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..formats import Format, get_format, packed_len
+from ..qtensor import QTensor
+
+__all__ = ["QuantLinear", "quantize_model"]
+
+_ROLES = ("data", "scales", "global_scale", "zero_points")
+_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
+
+
+def _kernel_linear():
+    """``microscale.linear.linear`` if that module imports, else None (checked once)."""
+    global _LINEAR
+    if _LINEAR is _UNSET:
+        try:
+            from ..linear import linear as fn
+        except Exception:  # not landed yet, or its import failed: use the dequantize path
+            fn = None
+        _LINEAR = fn
+    return _LINEAR
+
+
+_UNSET = object()
+_LINEAR = _UNSET
+
+
+class QuantLinear(nn.Module):
+    """``y = x @ dequant(W)^T + b`` with ``W`` stored as a QTensor ``[out, in]``.
+
+    The QTensor's fields are buffers (``weight_data``, ``weight_scales`` and, when the
+    format has them, ``weight_global_scale`` / ``weight_zero_points``), so ``.to()``,
+    ``state_dict`` and ``load_state_dict`` work as for any module; the format, shape,
+    dtype and QTensor meta travel as the module's extra state (a JSON-able dict).
+
+    ``forward`` calls :func:`microscale.linear.linear` (the fused kernel on CUDA, its
+    reference elsewhere) for bf16/fp16 inputs and weights it accepts; otherwise (float32
+    input, padded K, or linear.py unavailable) ``F.linear(x, W.dequantize(x.dtype), b)``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, fmt: str | Format = "nvfp4",
+                 device=None, dtype: torch.dtype = torch.float32, meta: dict | None = None):
+        super().__init__()
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.fmt = get_format(fmt)
+        self.weight_dtype = dtype
+        self.meta = dict(meta or {})
+        f = self.fmt
+        kp = -(-self.in_features // f.block_size) * f.block_size
+        npad = -(-self.out_features // f.block_rows) * f.block_rows
+        self.register_buffer("weight_data", torch.zeros((npad, packed_len(kp, f.element.bits)), dtype=torch.uint8,
+                                                        device=device))
+        self.register_buffer("weight_scales", torch.zeros((npad // f.block_rows, kp // f.block_size),
+                                                          dtype=f.scale.storage, device=device))
+        self.register_buffer("weight_global_scale", torch.ones((), dtype=torch.float32, device=device)
+                             if f.global_scale else None)
+        self.register_buffer("weight_zero_points", torch.zeros((npad, kp // f.block_size), dtype=torch.uint8,
+                                                               device=device) if f.zero_point else None)
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
+        self._q = None
+
+    # ---- construction ----------------------------------------------------------------
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, fmt: str | Format = "nvfp4", **quantize_kwargs) -> "QuantLinear":
+        """Quantize ``linear.weight`` (K padded to a whole block when needed)."""
+        from ..ops import quantize
+
+        w = linear.weight.detach()
+        q = quantize(w, fmt, pad=True, **quantize_kwargs)
+        return cls.from_qtensor(q, None if linear.bias is None else linear.bias.detach())
+
+    @classmethod
+    def from_qtensor(cls, q: QTensor, bias: torch.Tensor | None = None) -> "QuantLinear":
+        if len(q.shape) != 2:
+            raise ValueError(f"QuantLinear: weight must be 2-D [out, in], got shape {tuple(q.shape)}")
+        m = cls(q.shape[1], q.shape[0], bias is not None, q.fmt, device="meta", dtype=q.dtype, meta=q.meta)
+        m.weight_data = q.data
+        m.weight_scales = q.scales
+        m.weight_global_scale = q.global_scale
+        m.weight_zero_points = q.zero_points
+        m.bias = None if bias is None else nn.Parameter(bias.clone(), requires_grad=False)
+        m._q = q
+        return m
+
+    # ---- the weight ------------------------------------------------------------------
+    @property
+    def qweight(self) -> QTensor:
+        """The weight as a QTensor (the same object while the buffers are unchanged, so
+        per-QTensor caches such as linear's kernel repack survive across calls)."""
+        key = (self.weight_data.data_ptr(), self.weight_scales.data_ptr(), self.weight_data.device,
+               None if self.weight_global_scale is None else self.weight_global_scale.data_ptr())
+        if self._q is None or getattr(self, "_qkey", None) != key:
+            self._q = QTensor(self.weight_data, self.weight_scales, self.fmt,
+                              torch.Size((self.out_features, self.in_features)), self.weight_dtype,
+                              self.weight_global_scale, self.weight_zero_points, dict(self.meta))
+            self._qkey = key
+        return self._q
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.qweight
+        fn = _kernel_linear()
+        if (fn is not None and x.dtype in (torch.bfloat16, torch.float16)
+                and tuple(q.padded_shape) == tuple(q.shape)):
+            return fn(x, q, self.bias)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, q.dequantize(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"fmt={self.fmt.name}")
+
+    # ---- state dict --------------------------------------------------------------------
+    def get_extra_state(self) -> dict:
+        return {"format": self.fmt.to_dict(), "in_features": self.in_features, "out_features": self.out_features,
+                "dtype": str(self.weight_dtype).removeprefix("torch."), "meta": dict(self.meta)}
+
+    def set_extra_state(self, state: dict) -> None:
+        fmt = Format.from_dict(state["format"])
+        if fmt != self.fmt or (state["in_features"], state["out_features"]) != (self.in_features, self.out_features):
+            raise ValueError(f"QuantLinear: state is {fmt.name} [{state['out_features']}, {state['in_features']}] but "
+                             f"this module is {self.fmt.name} [{self.out_features}, {self.in_features}]; build the "
+                             "module with the same format (quantize_model) before load_state_dict")
+        self.weight_dtype = _DTYPES[state["dtype"]]
+        self.meta = dict(state.get("meta", {}))
+        self._q = None
+
+    def _apply(self, fn, recurse=True):
+        """``.to(device)`` moves the quantized buffers; ``.to(dtype)``/``.half()`` casts only
+        the bias — codes, scales and the global scale keep their storage dtypes."""
+        saved = {}
+        for r in _ROLES:
+            t = getattr(self, "weight_" + r)
+            if t is not None:
+                moved = fn(t)
+                saved[r] = moved if moved.dtype == t.dtype else t.to(moved.device)
+                self._buffers["weight_" + r] = None
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for r, t in saved.items():
+                self._buffers["weight_" + r] = t
+        self._q = None
+        return self
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        self._q = None
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    for p in patterns:
+        if fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, "*." + p) or name == p:
+            return True
+    return False
+
+
+def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Iterable[str] = (),
+                   inplace: bool = True, **quantize_kwargs) -> nn.Module:
+    """Replace every ``nn.Linear`` in ``model`` by a :class:`QuantLinear` in ``fmt``.
+
+    Args:
+        model: any module (HF transformers models included).
+        fmt: preset name or Format.
+        skip: fnmatch patterns on the module's qualified name; ``"lm_head"`` matches
+            ``lm_head`` and ``*.lm_head``, ``"*attention*"`` any attention Linear.
+        inplace: modify ``model`` (default) or a deep copy.
+        **quantize_kwargs: passed to :func:`microscale.quantize` (``scale_rule``,
+            ``block_size``, ``convention``, ...).
+
+    Returns:
+        The model, its Linear layers replaced (on their original device).
+    """
+    import copy
+
+    fmt = get_format(fmt)
+    skip = list(skip)
+    if not inplace:
+        model = copy.deepcopy(model)
+    targets = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and n and not _matches(n, skip)]
+    if type(model) is nn.Linear and not _matches("", skip):
+        return QuantLinear.from_linear(model, fmt, **quantize_kwargs)
+    for name, lin in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, QuantLinear.from_linear(lin, fmt, **quantize_kwargs))
+    return model
+
+
+def quantized_state(model: nn.Module) -> dict:
+    """The model's tensors for a checkpoint: ``<module>.weight`` is the QTensor of each
+    QuantLinear, everything else as in ``state_dict`` (pass to ``microscale.io.save``)."""
+    out: dict = {}
+    qnames = {n for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    for n, m in model.named_modules():
+        if isinstance(m, QuantLinear):
+            out[(n + "." if n else "") + "weight"] = m.qweight
+    for k, v in model.state_dict().items():
+        mod, _, leaf = k.rpartition(".")
+        if mod in qnames and leaf != "bias":
+            continue
+        if isinstance(v, torch.Tensor):
+            out[k] = v
+    return out
+
+
+def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -> nn.Module:
+    """Load ``tensors`` (e.g. ``microscale.io.load(path)``) into ``model``: every
+    ``nn.Linear``/``QuantLinear`` whose ``<name>.weight`` is a QTensor becomes a
+    QuantLinear holding it; the remaining tensors go through ``load_state_dict``."""
+    rest = dict(tensors)
+    done = set()
+    for name, m in list(model.named_modules()):
+        key = (name + "." if name else "") + "weight"
+        q = rest.get(key)
+        if not isinstance(q, QTensor) or not isinstance(m, (nn.Linear, QuantLinear)):
+            continue
+        if tuple(q.shape) != (m.out_features, m.in_features):
+            raise ValueError(f"load_quantized_state: {key!r} has shape {tuple(q.shape)}, the module expects "
+                             f"{(m.out_features, m.in_features)}")
+        del rest[key]
+        bias = rest.pop((name + "." if name else "") + "bias", None)
+        if bias is None and m.bias is not None:
+            bias = m.bias.detach()
+        new = QuantLinear.from_qtensor(q.to(m.weight_data.device if isinstance(m, QuantLinear) else m.weight.device),
+                                       bias)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+        done.add(name + ".")
+    bad = [k for k, v in rest.items() if isinstance(v, QTensor)]
+    if bad:
+        raise ValueError(f"load_quantized_state: no Linear module for quantized tensors {bad[:3]}")
+    missing, unexpected = model.load_state_dict(rest, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state") and not any(k.startswith(d) for d in done)]
+    if strict and (unexpected or missing):
+        raise ValueError(f"load_quantized_state: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return model
