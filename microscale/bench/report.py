@@ -234,72 +234,83 @@ def write_csv(doc: dict, path: str | os.PathLike) -> Path:
 
 # ---- plot -----------------------------------------------------------------------------
 
+def _plot_bandwidth(ax: Any, mem: list[dict], bw: Optional[float]) -> None:
+    labels = [f"{r['op']} {r['format']} {'x'.join(map(str, r['shape']))}" for r in mem]
+    ax.barh(range(len(mem)), [r["throughput"]["gbps"] for r in mem], color="tab:blue")
+    ax.set_yticks(range(len(mem)), labels, fontsize=7)
+    ax.invert_yaxis()
+    if bw:
+        ax.axvline(bw, color="k", ls="--", lw=1, label=f"copy ceiling {bw:.0f} GB/s")
+        ax.legend(fontsize=8, loc="best")
+    ax.set_xlabel("achieved GB/s (bytes model / median time)")
+    ax.set_title("memory-bound ops")
+
+
+def _plot_roofline(ax: Any, mm: list[dict], ceil: dict, ticker: Any) -> None:
+    bw, peak, fp8 = ceil.get("copy_gbps"), ceil.get("bf16_tflops"), ceil.get("fp8_tflops")
+    pts = []
+    for r in mm:
+        pts.append(("microscale", r["format"], r["flops"] / r["nbytes"], r["throughput"]["tflops"]))
+        for p in r.get("peers") or []:
+            if p["status"] == "ok" and p.get("tflops") and p.get("nbytes"):
+                pts.append((p["name"], r["format"], r["flops"] / p["nbytes"], p["tflops"]))
+    xs = [p[2] for p in pts]
+    lo, hi = min(xs) / 2, max(xs) * 2
+    if bw:
+        if peak:
+            ridge = peak * 1e3 / bw  # FLOP/byte where the bf16 roof meets the copy slope
+            lo, hi = min(lo, ridge / 100), max(hi, ridge * 4)
+        grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+        roof = [min(bw * x / 1e3, peak) if peak else bw * x / 1e3 for x in grid]
+        label = f"roofline: {bw:.0f} GB/s" + (f", {peak:.0f} TFLOP/s bf16" if peak else "")
+        ax.plot(grid, roof, "k--", lw=1, label=label)
+    if fp8:
+        ax.axhline(fp8, color="grey", ls=":", lw=1, label=f"fp8 _scaled_mm {fp8:.0f} TFLOP/s")
+    colors: dict[str, int] = {}
+    for who, fmt_name, x, y in pts:
+        key = who if who != "microscale" else f"microscale {fmt_name}"
+        first = key not in colors
+        colors.setdefault(key, len(colors))
+        ax.scatter([x], [y], s=28, marker="o" if who == "microscale" else "x",
+                   color=f"C{colors[key] % 10}", label=key if first else None)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    plain = ticker.FuncFormatter(lambda v, _: f"{v:.0f}" if v >= 1 else f"{v:.3g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(ticker.NullFormatter())
+    ax.legend(fontsize=7, loc="best")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title("linear (weight-only) and peers")
+
+
 def plot_roofline(doc: dict, path: str | os.PathLike) -> bool:
-    """Roofline plot (PNG): left, the memory-bound ops' achieved GB/s against the copy
-    ceiling; right, the linear cases and their peers on TFLOP/s vs FLOP/byte under
-    min(copy bandwidth x intensity, bf16 ceiling). Returns False (and writes nothing)
-    when matplotlib is not importable or nothing ran."""
+    """Roofline plot (PNG): the memory-bound ops' achieved GB/s against the copy
+    ceiling, and the linear cases and their peers on TFLOP/s vs FLOP/byte under
+    min(copy bandwidth x intensity, bf16 ceiling) (one panel for each group that ran).
+    Returns False (and writes nothing) when matplotlib is not importable or nothing ran."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        import matplotlib.ticker
+        import matplotlib.ticker as ticker
     except Exception:
         return False
-    ok = [r for r in doc["results"] if r["status"] == "ok"]
+    ok = [r for r in doc["results"] if r["status"] == "ok" and (r.get("throughput") or {}).get("gbps")]
     if not ok:
         return False
     ceil = doc.get("ceilings") or {}
-    bw, peak = ceil.get("copy_gbps"), ceil.get("bf16_tflops")
     mem = [r for r in ok if not r.get("flops")]
     mm = [r for r in ok if r.get("flops")]
-    fig, axes = plt.subplots(1, 2, figsize=(15, max(4.5, 0.28 * len(mem) + 1.5)))
-    ax = axes[0]
-    if mem:
-        labels = [f"{r['op']} {r['format']} {'x'.join(map(str, r['shape']))}" for r in mem]
-        ax.barh(range(len(mem)), [r["throughput"]["gbps"] for r in mem], color="tab:blue")
-        ax.set_yticks(range(len(mem)), labels, fontsize=7)
-        ax.invert_yaxis()
-        if bw:
-            ax.axvline(bw, color="k", ls="--", lw=1, label=f"copy ceiling {bw:.0f} GB/s")
-            ax.legend(fontsize=8, loc="lower right")
-    ax.set_xlabel("achieved GB/s (bytes model / median time)")
-    ax.set_title("memory-bound ops")
-    ax = axes[1]
-    if mm:
-        pts = []
-        for r in mm:
-            pts.append(("microscale", r["format"], r["flops"] / r["nbytes"], r["throughput"]["tflops"]))
-            for p in r.get("peers") or []:
-                if p["status"] == "ok" and p.get("tflops") and p.get("nbytes"):
-                    pts.append((p["name"], r["format"], r["flops"] / p["nbytes"], p["tflops"]))
-        xs = [p[2] for p in pts]
-        lo, hi = min(xs) / 2, max(xs) * 2
-        if bw and peak:
-            ridge = peak * 1e3 / bw  # FLOP/byte where the bf16 roof meets the copy slope
-            lo, hi = min(lo, ridge / 100), max(hi, ridge * 4)
-            grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-            ax.plot(grid, [min(bw * x / 1e3, peak) for x in grid], "k--", lw=1,
-                    label=f"roofline: {bw:.0f} GB/s, {peak:.0f} TFLOP/s bf16")
-            fp8 = ceil.get("fp8_tflops")
-            if fp8:
-                ax.axhline(fp8, color="grey", ls=":", lw=1, label=f"fp8 _scaled_mm {fp8:.0f} TFLOP/s")
-        markers = {}
-        for who, fmt_name, x, y in pts:
-            key = who if who != "microscale" else f"microscale {fmt_name}"
-            first = key not in markers
-            markers.setdefault(key, len(markers))
-            ax.scatter([x], [y], s=28, marker="o" if who == "microscale" else "x",
-                       color=f"C{markers[key] % 10}", label=key if first else None)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-        ax.xaxis.set_major_formatter(plain)
-        ax.yaxis.set_major_formatter(plain)
-        ax.legend(fontsize=7, loc="lower right")
-    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title("linear (weight-only) and peers")
+    panels = [p for p in (("mem", mem), ("mm", mm)) if p[1]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), max(4.5, 0.28 * len(mem) + 1.5)),
+                             squeeze=False)
+    for ax, (kind, rows) in zip(axes[0], panels):
+        if kind == "mem":
+            _plot_bandwidth(ax, rows, ceil.get("copy_gbps"))
+        else:
+            _plot_roofline(ax, rows, ceil, ticker)
     env = doc.get("env") or {}
     fig.suptitle(f"microscale.bench — {env.get('device', '?')} — {env.get('date', '')}", fontsize=10)
     fig.tight_layout()
