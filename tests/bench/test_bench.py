@@ -417,10 +417,16 @@ def test_json_replaces_non_finite_floats(tmp_path):
     report.render_markdown(report.load_json(j))
 
 
-def test_roofline_plot(tmp_path):
+@pytest.mark.parametrize("ops", [("quantize", "linear"), ("quantize",), ("linear",)])
+def test_roofline_plot(tmp_path, ops):
     pytest.importorskip("matplotlib")
-    assert report.plot_roofline(_doc(), tmp_path / "roofline.png")
+    d = _doc()
+    d["results"] = [r for r in d["results"] if r["op"] in ops]
+    d["ceilings"]["bf16_tflops"] = None if ops == ("linear",) else 700.0  # the CPU has no bf16 ceiling
+    assert report.plot_roofline(d, tmp_path / "roofline.png")
     assert (tmp_path / "roofline.png").read_bytes()[:4] == b"\x89PNG"
+    d["results"] = [r for r in d["results"] if r["status"] != "ok"]
+    assert not report.plot_roofline(d, tmp_path / "none.png") and not (tmp_path / "none.png").exists()
 
 
 def test_roofline_plot_is_optional(tmp_path, monkeypatch):
