@@ -205,6 +205,8 @@ class ModelOpt(Convention):
                m + ".weight_scale_2": q.global_scale.reshape(q.meta.get("weight_scale_2_shape", []))}
         if "input_scale" in q.meta:
             out[m + ".input_scale"] = _scalar_from_meta(q.meta["input_scale"])
+        elif "input_global_scale" in q.meta:  # from compressed-tensors: its reciprocal (not ulp exact)
+            out[m + ".input_scale"] = 1.0 / _scalar_from_meta(q.meta["input_global_scale"]).reshape(())
         return out, {}
 
     def config_files(self, fmt, quantized, skipped, config):
@@ -290,6 +292,8 @@ class CompressedTensors(Convention):
             out[m + ".weight_global_scale"] = gs.reshape(q.meta.get("weight_global_scale_shape", [1]))
         if "input_global_scale" in q.meta:
             out[m + ".input_global_scale"] = _scalar_from_meta(q.meta["input_global_scale"])
+        elif "input_scale" in q.meta:  # from ModelOpt: its reciprocal (not ulp exact)
+            out[m + ".input_global_scale"] = (1.0 / _scalar_from_meta(q.meta["input_scale"])).reshape(1)
         return out, {}
 
     def config_files(self, fmt, quantized, skipped, config):

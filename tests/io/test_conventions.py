@@ -250,3 +250,32 @@ def test_index_mismatch(tmp_path, toy_checkpoint):
     json.dump(j, open(idx, "w"))
     with pytest.raises(ValueError, match="lm_head.weight"):
         msio.open_checkpoint(toy_checkpoint)
+
+
+def test_activation_scale_carried_across_conventions(tmp_path):
+    q = ms.quantize(torch.randn(32, 64), "nvfp4")
+    q.meta["input_scale"] = {"shape": [], "values": [0.5]}
+    msio.save({"m.weight": q}, tmp_path / "mo", convention="modelopt")
+    msio.convert(tmp_path / "mo", tmp_path / "ct", convention="compressed-tensors", progress=False)
+    ck = msio.open_checkpoint(tmp_path / "ct")
+    assert float(ck.get("m.input_global_scale")) == 2.0  # compressed-tensors stores the reciprocal
+    msio.convert(tmp_path / "ct", tmp_path / "mo2", convention="modelopt", progress=False)
+    assert float(msio.open_checkpoint(tmp_path / "mo2").get("m.input_scale")) == 0.5
+
+
+def test_gguf_package_quantizer_output_loads(tmp_path):
+    """Blocks made by gguf's own MXFP4 quantizer (llama.cpp's reference in Python) decode to
+    the values of our OCP FLOOR quantization; the bytes differ only in the sign of zero
+    (ggml writes +0 where we keep -0)."""
+    pytest.importorskip("gguf")
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import quantize
+
+    from microscale.io.gguf_io import gguf_bytes_to_qtensor
+
+    x = torch.randn(64, 512, generator=torch.Generator().manual_seed(9))
+    raw = torch.from_numpy(quantize(x.numpy(), T.MXFP4))
+    theirs = gguf_bytes_to_qtensor(raw, "MXFP4", (64, 512))
+    ours = ms.quantize(x, "mxfp4")
+    assert torch.equal(theirs.scales, ours.scales)
+    assert torch.equal(theirs.dequantize(), ours.dequantize())
