@@ -42,7 +42,7 @@ from ..formats.elements import _enum
 from ..qtensor import QTensor
 from . import _quantize_kernels as _k
 
-__all__ = ["QuantizeConfig", "choose_config", "GemmQuantized", "quantize", "quantize_for_gemm", "dequantize",
+__all__ = ["QuantizeConfig", "choose_config", "choose_dequantize_config", "GemmQuantized", "quantize", "quantize_for_gemm", "dequantize",
            "unsupported_reason"]
 
 
@@ -193,6 +193,16 @@ def choose_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
     b, br = fmt.block_size, fmt.block_rows
     tk = max(b, min(256, triton.next_power_of_2(k)))
     tr = max(br, min(triton.next_power_of_2(max(rows, 1)), 4096 // tk))
+    warps = 8 if tr * tk >= 8192 else 4
+    return QuantizeConfig(tr, tk, warps)
+
+
+def choose_dequantize_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
+    """Dequantize tiling: 8K elements per program on 8 warps, 512 columns (the setting
+    measured on the H200: 0.67-0.81 of copy bandwidth for NVFP4/MXFP4/MXFP8 -> bf16)."""
+    b, br = fmt.block_size, fmt.block_rows
+    tk = max(b, min(512, triton.next_power_of_2(k)))
+    tr = max(br, min(triton.next_power_of_2(max(rows, 1)), 8192 // tk))
     warps = 8 if tr * tk >= 8192 else 4
     return QuantizeConfig(tr, tk, warps)
 
@@ -408,7 +418,7 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
     pshape = q.padded_shape
     K = pshape[-1]
     R = q.data.numel() // max(q.data.shape[-1], 1)
-    cfg = config or choose_config(fmt, R, K)
+    cfg = config or choose_dequantize_config(fmt, R, K)
     _check_config(cfg, fmt)
     out = _empty(pshape, dtype, q.device)
     skind = _scale_kind(fmt)
