@@ -160,9 +160,9 @@ class ElementCodec:
         return torch.tensor(vals, dtype=torch.float32)
 
     def lut(self, device: torch.device | str | None = None) -> torch.Tensor:
-        """float32 value of every code, indexed by code (``2**bits`` entries)."""
-        t = self._lut_cpu
-        return t if device is None or torch.device(device) == t.device else t.to(device)
+        """float32 value of every code, indexed by code (``2**bits`` entries); one cached
+        copy per device."""
+        return _on_device(self._lut_cpu, device)
 
     # ---- conversion -----------------------------------------------------------------
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
@@ -275,6 +275,20 @@ class ElementCodec:
             if self.has_nan:
                 return self.nan_codes[0]
         return self.max_code
+
+
+_DEVICE_COPIES: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _on_device(t: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
+    """A cached copy of the (CPU) table ``t`` on ``device``."""
+    if device is None or torch.device(device).type == "cpu":
+        return t
+    key = (id(t), str(torch.device(device)))
+    c = _DEVICE_COPIES.get(key)
+    if c is None:
+        c = _DEVICE_COPIES[key] = t.to(device)
+    return c
 
 
 @functools.lru_cache(maxsize=None)

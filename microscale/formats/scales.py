@@ -13,7 +13,7 @@ from functools import cached_property
 
 import torch
 
-from .elements import ELEMENTS, ElementCodec, Overflow, Rounding
+from .elements import ELEMENTS, ElementCodec, Overflow, Rounding, _on_device
 
 __all__ = ["ScaleCodec", "ScaleRule", "SCALES", "get_scale_codec", "e8m0_from_amax", "TwoLevel"]
 
@@ -93,7 +93,7 @@ class ScaleCodec:
     def decode(self, raw: torch.Tensor) -> torch.Tensor:
         """Stored scales -> float32 values (E8M0 0xFF -> NaN, 0x00 -> 2^-127)."""
         if self.name == "e8m0":
-            return self._e8m0_lut.to(raw.device)[raw.to(torch.int64)]
+            return _on_device(self._e8m0_lut, raw.device)[raw.to(torch.int64)]
         return raw.to(torch.float32)
 
     def encode(self, s: torch.Tensor, overflow: Overflow | str = Overflow.SATURATE) -> torch.Tensor:
