@@ -277,7 +277,8 @@ class ElementCodec:
         return self.max_code
 
 
-_DEVICE_COPIES: dict[tuple[int, str], torch.Tensor] = {}
+# (id of the CPU table, device) -> (the CPU table, kept alive so its id stays unique; copy)
+_DEVICE_COPIES: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _on_device(t: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
@@ -285,10 +286,10 @@ def _on_device(t: torch.Tensor, device: torch.device | str | None) -> torch.Tens
     if device is None or torch.device(device).type == "cpu":
         return t
     key = (id(t), str(torch.device(device)))
-    c = _DEVICE_COPIES.get(key)
-    if c is None:
-        c = _DEVICE_COPIES[key] = t.to(device)
-    return c
+    hit = _DEVICE_COPIES.get(key)
+    if hit is None:
+        hit = _DEVICE_COPIES[key] = (t, t.to(device))
+    return hit[1]
 
 
 @functools.lru_cache(maxsize=None)
