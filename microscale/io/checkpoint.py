@@ -386,7 +386,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
             return
         ti = ck.info(x)
         t = ck.get(x)
-        if (qfmt is not None and out_conv.quantizable(x, ti.shape)
+        if (qfmt is not None and out_conv.quantizable(x, ti.shape, qfmt)
                 and should_quantize(x, ti.shape, ti.dtype, qfmt, patterns)):
             summary["quantized"].append(x)
             yield x, ms_quantize(out_conv.prepare(x, t), qfmt, pad=True, **qkw)

@@ -72,9 +72,13 @@ class Convention:
         return fmt
 
     # ---- float tensors <-> the orientation the convention quantizes -------------------
-    def quantizable(self, name: str, shape: tuple[int, ...]) -> bool:
-        """Whether a float tensor of this name/shape is one this convention quantizes."""
-        return True
+    def quantizable(self, name: str, shape: tuple[int, ...], fmt: Format | None = None) -> bool:
+        """Whether a float tensor of this name/shape is one this convention quantizes.
+        Only ``native`` records the original shape, so the others need K (and rows of
+        2-D blocks) to be whole blocks."""
+        if fmt is None or self.name == "native":
+            return True
+        return shape[-1] % fmt.block_size == 0 and (fmt.block_rows == 1 or shape[-2] % fmt.block_rows == 0)
 
     def prepare(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """A float tensor as it is quantized (e.g. transposed); identity by default."""
@@ -122,6 +126,12 @@ def _scalar_meta(t: torch.Tensor) -> dict:
 
 def _scalar_from_meta(m: dict) -> torch.Tensor:
     return torch.tensor(m["values"], dtype=torch.float32).reshape(m["shape"])
+
+
+def _unpadded(q: QTensor, conv: str, base: str) -> None:
+    if tuple(q.padded_shape) != tuple(q.shape):
+        raise ValueError(f"{conv}: {base!r} of shape {tuple(q.shape)} was padded to {tuple(q.padded_shape)}; only the "
+                         "native convention records the original shape")
 
 
 def _need(tensors: dict[str, torch.Tensor], role: str, dtype: torch.dtype, g: Group, conv: str) -> torch.Tensor:
@@ -200,6 +210,7 @@ class ModelOpt(Convention):
 
     def encode(self, base, q):
         self.check_format(q.fmt)
+        _unpadded(q, self.name, base)
         m = _stem(base)
         out = {m + ".weight": q.data, m + ".weight_scale": q.scales,
                m + ".weight_scale_2": q.global_scale.reshape(q.meta.get("weight_scale_2_shape", []))}
@@ -284,6 +295,7 @@ class CompressedTensors(Convention):
 
     def encode(self, base, q):
         self.check_format(q.fmt)
+        _unpadded(q, self.name, base)
         m = _stem(base)
         out = {m + ".weight_packed": q.data, m + ".weight_scale": q.scales}
         if q.fmt.global_scale:
@@ -342,8 +354,8 @@ class GptOss(Convention):
     def _expert(name: str, ndim: int) -> bool:
         return ndim == 3 and ".experts." in name and name.endswith("_proj")
 
-    def quantizable(self, name, shape):
-        return self._expert(name, len(shape))
+    def quantizable(self, name, shape, fmt=None):
+        return self._expert(name, len(shape)) and super().quantizable(name, shape, fmt)
 
     def prepare(self, name, t):
         return t.transpose(-1, -2).contiguous() if self._expert(name, t.dim()) else t
@@ -365,6 +377,7 @@ class GptOss(Convention):
 
     def encode(self, base, q):
         self.check_format(q.fmt)
+        _unpadded(q, self.name, base)
         blocks = q.data.reshape(*q.data.shape[:-1], q.data.shape[-1] // 16, 16)
         return {base + "_blocks": blocks, base + "_scales": q.scales}, {}
 
@@ -386,6 +399,9 @@ class Gguf(Convention):
 
         gguf_type(fmt)
         return fmt
+
+    def quantizable(self, name, shape, fmt=None):  # NVFP4 super-blocks hold 64 elements
+        return super().quantizable(name, shape, fmt) and (fmt is None or not fmt.global_scale or shape[-1] % 64 == 0)
 
 
 register_convention(Native("native", "microscale safetensors: QTensor fields + JSON metadata, every format"))

@@ -53,6 +53,9 @@ def gguf_type(fmt: Format):
 def qtensor_to_gguf_bytes(q: QTensor) -> torch.Tensor:
     """uint8 ``[..., K/32*17]`` (MXFP4) or ``[..., K/64*36]`` (NVFP4) in llama.cpp's layout."""
     t = gguf_type(q.fmt)
+    if tuple(q.padded_shape) != tuple(q.shape):
+        raise ValueError(f"gguf: a tensor of shape {tuple(q.shape)} padded to {tuple(q.padded_shape)} cannot be "
+                         "stored (GGUF records no original shape); use the native convention")
     k = q.padded_shape[-1]
     lead = q.data.shape[:-1]
     codes = unpack_codes(q.data, 4, k)

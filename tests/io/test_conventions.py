@@ -279,3 +279,11 @@ def test_gguf_package_quantizer_output_loads(tmp_path):
     ours = ms.quantize(x, "mxfp4")
     assert torch.equal(theirs.scales, ours.scales)
     assert torch.equal(theirs.dequantize(), ours.dequantize())
+
+
+@pytest.mark.parametrize("conv", ["modelopt", "compressed-tensors", "gguf"])
+def test_padded_tensor_rejected_outside_native(tmp_path, conv):
+    q = ms.quantize(torch.randn(8, 100), "nvfp4", pad=True)
+    with pytest.raises(ValueError, match="padded"):
+        msio.save({"w.weight": q}, tmp_path / ("x.gguf" if conv == "gguf" else "x"), convention=conv)
+    assert not os.path.exists(tmp_path / "x") and not os.path.exists(tmp_path / "x.gguf")

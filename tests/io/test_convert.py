@@ -165,3 +165,22 @@ def test_peak_rss_small(tmp_path):
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert r["within_bound"] and r["input_unchanged"]
     assert r["peak_minus_baseline"] <= 2 * r["largest_tensor"] + 64 * 2**20, r
+
+
+def test_group_split_across_shards_and_unaligned_k(tmp_path, make_checkpoint):
+    """A ModelOpt weight whose scales sit in another shard; a K that is not a whole block
+    is padded in native (shape kept) and left unquantized in conventions that cannot
+    record the original shape."""
+    q = ms.quantize(torch.randn(32, 64, generator=torch.Generator().manual_seed(3)), "nvfp4")
+    shards = {"model-00001-of-00002.safetensors": {"a.weight": q.data, "a.weight_scale_2": q.global_scale},
+              "model-00002-of-00002.safetensors": {"a.weight_scale": q.scales, "b.weight": torch.randn(8, 100)}}
+    src = make_checkpoint(tmp_path / "src", shards)
+    assert msio.open_checkpoint(src).convention == "modelopt"
+    t = msio.load(src)
+    assert torch.equal(t["a.weight"].dequantize(), q.dequantize())
+    s = msio.convert(src, tmp_path / "n", fmt="nvfp4", convention="native", progress=False)
+    assert "b.weight" in s["quantized"]
+    assert msio.load(tmp_path / "n")["b.weight"].shape == (8, 100)
+    s = msio.convert(src, tmp_path / "m", fmt="nvfp4", convention="modelopt", progress=False)
+    assert "b.weight" in s["skipped"] and "a.weight" in s["quantized"]
+    assert torch.equal(msio.load(tmp_path / "m")["b.weight"], t["b.weight"])
