@@ -156,12 +156,13 @@ def _encode(x, BITS: tl.constexpr, IS_INT: tl.constexpr, SIGNED: tl.constexpr, F
 
 @triton.jit
 def _decode(code, BITS: tl.constexpr, IS_INT: tl.constexpr, SIGNED: tl.constexpr, STEP: tl.constexpr,
-            MBITS: tl.constexpr, BIAS: tl.constexpr, SUB_STEP: tl.constexpr, NAN_MIN: tl.constexpr,
-            INF_CODE: tl.constexpr):
+            MBITS: tl.constexpr, POW: tl.constexpr, NAN_MIN: tl.constexpr, INF_CODE: tl.constexpr):
     """int32 code -> float32 value, exactly as ``ElementCodec.decode``'s table.
 
-    Float codes by bit placement (normal: exponent rebiased in the integer domain;
-    subnormal: ``m * 2^(emin - mbits)``); NaN codes are ``[NAN_MIN, 2^(BITS-1))``."""
+    Float codes by bit placement (DESIGN.md): sign, exponent and mantissa go to their
+    float32 positions and one multiply by ``POW = 2^(127 - bias)`` rebiases (exact;
+    subnormal codes are float32 subnormals before it, and the GPU multiply keeps them:
+    no ``.ftz``). NaN codes are ``[NAN_MIN, 2^(BITS-1))``; signed like the table."""
     if IS_INT:
         if SIGNED:
             v = ((code << (32 - BITS)) >> (32 - BITS)).to(tl.float32)
@@ -170,16 +171,15 @@ def _decode(code, BITS: tl.constexpr, IS_INT: tl.constexpr, SIGNED: tl.constexpr
         v = v * STEP
     else:
         mag = code & ((1 << (BITS - 1)) - 1)
-        e = mag >> MBITS
-        normal = _flt((mag << (23 - MBITS)) + ((127 - BIAS) << 23))
-        sub = (mag & ((1 << MBITS) - 1)).to(tl.float32) * SUB_STEP
-        v = tl.where(e == 0, sub, normal)
-        vb = _bits(v)
-        if NAN_MIN >= 0:
-            vb = tl.where(mag >= NAN_MIN, 0x7FC00000, vb)
-        if INF_CODE >= 0:
-            vb = tl.where(mag == INF_CODE, 0x7F800000, vb)
-        v = _flt(vb | (((code >> (BITS - 1)) & 1) << 31))
+        sbit = (code << (32 - BITS)) & -2147483648
+        v = _flt(sbit | (mag << (23 - MBITS))) * POW
+        if NAN_MIN >= 0 or INF_CODE >= 0:
+            vb = _bits(v)
+            if NAN_MIN >= 0:
+                vb = tl.where(mag >= NAN_MIN, sbit | 0x7FC00000, vb)
+            if INF_CODE >= 0:
+                vb = tl.where(mag == INF_CODE, sbit | 0x7F800000, vb)
+            v = _flt(vb)
     return v
 
 
@@ -191,7 +191,7 @@ def _e4m3_encode(v):
 
 @triton.jit
 def _e4m3_decode(code):
-    return _decode(code, 8, False, True, 1.0, 3, 7, 0.001953125, 127, -1)
+    return _decode(code, 8, False, True, 1.0, 3, 1.329227995784916e36, 127, -1)
 
 
 # ----------------------------------------------------------------------------------
@@ -561,7 +561,7 @@ def _dequantize_kernel(
     data_ptr, scale_ptr, zp_ptr, gscale_ptr, out_ptr, R, K, SC,
     TR: tl.constexpr, TK: tl.constexpr, B: tl.constexpr, BR: tl.constexpr,
     BITS: tl.constexpr, IS_INT: tl.constexpr, SIGNED: tl.constexpr, STEP: tl.constexpr,
-    MBITS: tl.constexpr, BIAS: tl.constexpr, SUB_STEP: tl.constexpr, NAN_MIN: tl.constexpr, INF_CODE: tl.constexpr,
+    MBITS: tl.constexpr, POW: tl.constexpr, NAN_MIN: tl.constexpr, INF_CODE: tl.constexpr,
     SCALE_KIND: tl.constexpr, HAS_ZP: tl.constexpr, HAS_GLOBAL: tl.constexpr, MANUAL_BF16: tl.constexpr,
     PACK32: tl.constexpr,
 ):
@@ -600,7 +600,7 @@ def _dequantize_kernel(
             codes = byts
         else:
             codes = (byts[:, :, None] >> (tl.arange(0, G) * BITS)[None, None, :]) & MASK
-    v = _decode(tl.reshape(codes, [TR, TK]), BITS, IS_INT, SIGNED, STEP, MBITS, BIAS, SUB_STEP, NAN_MIN, INF_CODE)
+    v = _decode(tl.reshape(codes, [TR, TK]), BITS, IS_INT, SIGNED, STEP, MBITS, POW, NAN_MIN, INF_CODE)
     vb = tl.reshape(v, [RB, BR, NB, B])
 
     srow = pid_r * RB + tl.arange(0, RB)

@@ -436,7 +436,7 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
         out, R, K, K // fmt.block_size,
         TR=cfg.tile_rows, TK=cfg.tile_cols, B=fmt.block_size, BR=fmt.block_rows,
         BITS=e.bits, IS_INT=e.kind == "int", SIGNED=e.signed, STEP=float(2.0 ** -e.frac_bits), MBITS=e.mbits,
-        BIAS=e.bias, SUB_STEP=float(2.0 ** (e.emin - e.mbits)), NAN_MIN=nan[0] if nan else -1,
+        POW=float(2.0 ** (127 - e.bias)), NAN_MIN=nan[0] if nan else -1,
         INF_CODE=e.inf_code if e.has_inf else -1,
         SCALE_KIND=skind, HAS_ZP=fmt.zero_point, HAS_GLOBAL=fmt.global_scale, MANUAL_BF16=_MANUAL_BF16,
         PACK32=p32,

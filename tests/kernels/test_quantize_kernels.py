@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from microscale import reference, reference_fused
-from microscale.formats import SCALE_LAYOUTS, get_format, get_scale_layout, registry, unpack_codes
+from microscale.formats import SCALE_LAYOUTS, get_format, get_scale_layout, pack_codes, registry, unpack_codes
 from microscale.kernels import quantize as kq
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -109,6 +109,34 @@ def test_registry_quantize_dequantize(name, gen):
     assert_same(got, want)
     for dtype in (torch.float32, torch.bfloat16):
         assert_same_values(kq.dequantize(want.to(DEV), dtype), reference.dequantize(want, dtype))
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8",
+                                  "int3_fp16", "int8_affine_g32", "fp8_e5m2_fp32"])
+def test_dequantize_every_code(name, gen):
+    """Every element code (NaN and Inf codes included) under every kind of scale value:
+    E8M0 bytes 0 (2^-127, a float32 subnormal), 254 and 255 (NaN), UE4M3 subnormals and NaN."""
+    fmt = registry[name]
+    bits = fmt.element.bits
+    q = reference.quantize(torch.randn(8, 8 * fmt.block_size, generator=gen), name)
+    n = q.padded_shape.numel()
+    codes = torch.arange(n, dtype=torch.int64).remainder(1 << bits)
+    codes = codes[torch.randperm(n, generator=gen)].to(torch.uint8).reshape(q.padded_shape)
+    q.data = pack_codes(codes, bits)
+    m = q.scales.numel()
+    if fmt.scale.name == "e8m0":
+        raw = torch.cat([torch.tensor([0, 1, 254, 255, 127], dtype=torch.uint8),
+                         torch.randint(0, 256, (m,), generator=gen, dtype=torch.uint8)])[:m]
+        q.scales = raw.reshape(q.scales.shape)
+    elif fmt.scale.name == "ue4m3":
+        raw = torch.cat([torch.tensor([0, 1, 7, 0x7E, 0x7F], dtype=torch.uint8),
+                         torch.randint(0, 128, (m,), generator=gen, dtype=torch.uint8)])[:m]
+        q.scales = raw.view(torch.float8_e4m3fn).reshape(q.scales.shape)
+    else:
+        q.scales = (torch.randn(m, generator=gen) * 2.0 ** torch.randint(-20, 20, (m,), generator=gen)).to(
+            q.scales.dtype).reshape(q.scales.shape)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert_same_values(kq.dequantize(q.to(DEV), dtype), reference.dequantize(q, dtype))
 
 
 @pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "int4_affine_g32", "fp8_e4m3_block128x128"])
