@@ -259,8 +259,10 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
     """Run the quantize kernel on a 2-D ``[R, K]`` input (whole blocks).
     Returns (data, scales, zero_points, global scale or None, flags or None)."""
     dev = x2.device
-    if x2.stride(-1) != 1:
+    if not x2.is_contiguous():  # the global-amax pass reads x flat
         x2 = x2.contiguous()
+    if y2 is not None and not y2.is_contiguous():
+        y2 = y2.contiguous()
     R, K = x2.shape
     elem, B, BR = fmt.element, fmt.block_size, fmt.block_rows
     cfg = config or choose_config(fmt, R, K)

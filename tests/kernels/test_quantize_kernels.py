@@ -151,6 +151,14 @@ def test_ragged_shapes_and_padding(name, gen):
     assert_same_values(out, reference.dequantize(want, torch.float32))
 
 
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+def test_strided_input(name, gen):
+    base = adversarial(gen, (6, 192), registry[name])
+    x = base[:, 32:160]  # rows strided, last dim contiguous
+    assert not x.is_contiguous()
+    assert_same(*run_both(x, name))
+
+
 # ---- scale rules ---------------------------------------------------------------------
 @pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
 @pytest.mark.parametrize("name", MX)
