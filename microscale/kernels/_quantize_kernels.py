@@ -15,9 +15,24 @@ produced by a division/multiply follows the host CPU's rule (a NaN operand
 propagates, first operand first; an invalid operation gives ``DEFAULT_NAN``, the host's
 default NaN: negative on x86) because the sign decides the E4M3/E5M2/E2M1 code.
 
+Two paths per tile, chosen at run time from the block amaxes (no host sync): a *clean*
+tile (all inputs finite; when dividing, |x| < 2^60 and every divisor in [2^-60, 2^60])
+cannot produce a NaN, so it skips the NaN bookkeeping, divides by Markstein's correctly
+rounded sequence (``r = RN(1/d); q = RN(x*r); e = fma(-q, d, x); RN(q + e*r) = RN(x/d)``)
+and, for E4M3/E5M2 elements with RNE + saturation, uses the hardware
+``cvt.rn.satfinite`` conversion; any other tile takes the general path (``div.rn``,
+NaN sign rules, full encoder). Both are bit-identical to the reference. Under the
+interpreter the fast path divides with ``div_rn`` (its ``fma`` rounds twice) and encodes
+FP8 in software; float32 -> bf16 casts are rounded on the bits there too.
+
+Stored float scales that are NaN get the host's NaN bit pattern (GPU casts produce
+canonical NaNs with other payloads); NaN *outputs* of dequantize are NaN but their
+payload/sign is the GPU's.
+
 Layout of one quantize program: ``TR`` rows x ``TK`` columns of the (2-D, padded)
 input, viewed as ``[TR/BR, BR, TK/B, B]`` blocks; the program loops over its column
 range in ``TK`` steps (one step unless a row-wise prologue needs the whole row).
+Codes of 1/2/4/8 bits are packed into int32 words and stored 4 bytes at a time.
 """
 from __future__ import annotations
 
