@@ -50,7 +50,8 @@ from . import reference
 from .formats import Format, pack_codes, unpack_codes
 from .qtensor import QTensor
 
-__all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_config"]
+__all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_config", "gemv", "gemv_supported",
+           "GemvConfig", "choose_gemv_config", "GEMV_MAX_M"]
 
 _OP = "linear"
 _SCALE_KIND = {"e8m0": 1, "ue4m3": 2, "fp16": 3, "bf16": 4, "fp32": 5}
@@ -402,6 +403,9 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     Returns:
         ``[..., N]`` in x's dtype.
     """
+    if isinstance(qweight, QTensor) and gemv_supported(qweight, x):
+        lead = x.shape[:-1]
+        return gemv(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
     pw = qweight if isinstance(qweight, PackedLinearWeight) else _cached_prepare(qweight)
     _check(x, pw, bias)
     return torch.ops.microscale.linear(x, pw.codes, pw.scales, pw.zero_points, pw.global_scale, bias,
@@ -416,3 +420,88 @@ def _fmt_json(fmt: Format) -> str:
     if s is None:
         s = _FMT_JSON[fmt] = json.dumps(fmt.to_dict(), sort_keys=True)
     return s
+
+
+# ----------------------------------------------------------------------------------
+# decode-path GEMV on the canonical layout (4-bit minifloat weights, few tokens)
+# ----------------------------------------------------------------------------------
+#: Largest token count routed to :func:`gemv` (it re-decodes the weight per token).
+GEMV_MAX_M = 2
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Tiles of the GEMV: ``block_n`` weight rows x ``block_kw`` int32 words (8 codes each)
+    per step, K split ``split_k`` ways (fp32 atomics when > 1)."""
+
+    block_n: int = 32
+    block_kw: int = 64
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def gemv_supported(q: QTensor, x: torch.Tensor) -> bool:
+    """Whether :func:`gemv` serves ``x @ dequant(q)^T``: a CUDA weight of 4-bit minifloats
+    with 1-D blocks of whole words, no zero point, unpadded, at most ``GEMV_MAX_M`` tokens."""
+    f = q.fmt
+    el = f.element
+    return (x.is_cuda and q.data.is_cuda and len(q.shape) == 2 and x.dim() >= 1
+            and x.shape[-1] == q.shape[-1] and x.numel() // max(x.shape[-1], 1) <= GEMV_MAX_M
+            and x.dtype in (torch.bfloat16, torch.float16) and el.kind == "float" and el.bits == 4
+            and not el.has_nan and not el.has_inf and f.block_rows == 1 and not f.zero_point
+            and f.block_size % 8 == 0 and tuple(q.padded_shape) == tuple(q.shape))
+
+
+def choose_gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
+    """About 4 programs per SM: rows first, then split K for short N."""
+    bn, bkw = 32, 64
+    kw = k // 8
+    while bkw > 8 and kw % bkw:
+        bkw //= 2
+    tiles = -(-n // bn)
+    want = 4 * _num_sms(device)
+    split = 1
+    while tiles * split < want and kw // (bkw * split * 2) >= 4:
+        split *= 2
+    return GemvConfig(block_n=bn, block_kw=bkw, split_k=split)
+
+
+def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config: GemvConfig | None = None,
+         use_asm: bool | None = None) -> torch.Tensor:
+    """``x2 [M, K] @ dequant(q)^T (+ bias)`` for few tokens, reading q's canonical layout
+    (see :mod:`microscale.kernels._gemv_kernels`). ``use_asm=False`` runs the plain-Triton
+    twin of the PTX decode (what the interpreter runs)."""
+    from .kernels import _gemv_kernels as kern
+
+    m, k = x2.shape
+    n = q.shape[0]
+    if k != q.shape[1]:
+        raise ValueError(f"{_OP}: x has K={k} but the weight has K={q.shape[1]}")
+    f = q.fmt
+    c = config or choose_gemv_config(n, k, x2.device)
+    if (k // 8) % c.block_kw or c.block_kw % (f.block_size // 8):
+        raise ValueError(f"{_OP}: block_kw={c.block_kw} must divide {k // 8} words and hold whole blocks")
+    asm = (not _interpreting()) if use_asm is None else use_asm
+    x2 = x2.contiguous()
+    xp = torch.empty((m, k), dtype=torch.float16, device=x2.device)
+    xs = torch.empty((m,), dtype=torch.float32, device=x2.device)
+    kern._prep_x_kernel[(m,)](x2, xp, xs, x2.stride(0), K=k, BLOCK=min(4096, triton_next_pow2(k)))
+    scales = q.scales.contiguous()
+    scales = scales.view(_INT_VIEW[scales.element_size()])
+    split = c.split_k
+    out = (torch.zeros if split > 1 else torch.empty)((m, n), dtype=torch.float32 if split > 1 else x2.dtype,
+                                                      device=x2.device)
+    gs = q.global_scale if q.global_scale is not None else xs
+    b = bias if bias is not None else xs
+    kw_per = -(-(k // 8) // split)
+    kw_per = -(-kw_per // c.block_kw) * c.block_kw
+    kern._gemv_e2m1_kernel[(-(-n // c.block_n), split)](
+        xp.view(torch.int32), xs, q.data.contiguous().view(torch.int32), scales, gs, b, out,
+        n, k // 8, scales.stride(0), out.stride(0), M=m, K=k,
+        MBITS=f.element.mbits, BIAS=f.element.bias, SCALE_KIND=_SCALE_KIND[f.scale.name], GROUP=f.block_size,
+        HAS_GS=f.global_scale, HAS_BIAS=bias is not None, BLOCK_N=c.block_n, BLOCK_KW=c.block_kw,
+        KW_PER_SPLIT=kw_per, SPLIT_K=split, USE_ASM=asm, ASM=kern.word_asm(f.element.mbits) if asm else "",
+        num_warps=c.num_warps, num_stages=c.num_stages)
+    return out.to(x2.dtype) if split > 1 else out
