@@ -6,14 +6,16 @@ Quick use::
     import microscale as ms
     q = ms.quantize(x, "nvfp4")          # QTensor
     y = q.dequantize(torch.bfloat16)
+    out = ms.linear(x, q)                # x @ dequant(q)^T, fused kernels on CUDA
     print(ms.formats.registry.keys())
 """
 from . import formats
 from .formats import Format, get_format, registry
+from .linear import linear
 from .ops import decode, dequantize, encode, quantize
 from .qtensor import QTensor
 
 __version__ = "0.1.0"
 
 __all__ = ["formats", "Format", "get_format", "registry", "QTensor", "quantize", "dequantize", "encode", "decode",
-           "__version__"]
+           "linear", "__version__"]

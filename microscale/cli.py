@@ -152,11 +152,26 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--dtype", choices=sorted(_DT), default=None,
                    help="compute dtype of the models (default fp32 on CPU, fp16 on CUDA)")
     m.set_defaults(func=_demo)
+
+    b = sub.add_parser("bench", help="benchmark every op against the machine's ceilings and peers "
+                       "(arguments as `python -m microscale.bench --help`)", add_help=False)
+    b.add_argument("bench_args", nargs=argparse.REMAINDER)
+    b.set_defaults(func=_bench)
     return p
+
+
+def _bench(args: argparse.Namespace) -> int:
+    """Delegate to the benchmark harness's own command line."""
+    from .bench import main as bench_main
+
+    return int(bench_main(args.bench_args) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``microscale`` command."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # the harness parses its own options (argparse REMAINDER drops leading ones)
+        return _bench(argparse.Namespace(bench_args=argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -61,3 +61,9 @@ def test_errors(tmp_path, ckpt, capsys):
     assert "not valid JSON" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["quantize", ckpt, str(tmp_path / "y"), "-f", "nope"])
+
+
+def test_bench_subcommand_delegates_to_the_harness(capsys):
+    assert main(["bench", "--list", "--ops", "quantize", "--formats", "mxfp4"]) == 0
+    out = capsys.readouterr().out
+    assert "quantize/mxfp4/" in out and "linear/" not in out
