@@ -1,4 +1,4 @@
-"""H200 check + benchmark of the decode-path GEMV (``microscale.linear.gemv``).
+"""H200 check + benchmark of the decode-path GEMV (``microscale.qlinear.gemv``).
 
 One call: copy bandwidth; correctness of the PTX decode on real shapes for every
 4-bit minifloat format against float64 ``x @ dequant(W)^T`` (and the plain-Triton twin);
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import triton
 
 import microscale as ms
-from microscale import linear as L
+from microscale import qlinear as L
 
 OUT = os.environ.get("OUT", "/tmp")
 dev = torch.device("cuda")

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import triton
 
 import microscale as ms
-from microscale import linear as L
+from microscale import qlinear as L
 
 OUT = os.environ.get("OUT", "/tmp")
 dev = torch.device("cuda")

@@ -11,7 +11,7 @@ Quick use::
 """
 from . import formats
 from .formats import Format, get_format, registry
-from .linear import linear
+from .qlinear import linear
 from .ops import decode, dequantize, encode, quantize
 from .qtensor import QTensor
 

@@ -6,7 +6,7 @@ bfloat16 or float16 ``[..., K]``; the output has x's dtype and shape ``[..., N]`
 Use::
 
     import microscale as ms
-    from microscale.linear import linear, prepare
+    from microscale.qlinear import linear, prepare
     pw = prepare(q)              # once, at load time; the holder of the weight keeps it
     y = linear(x, pw, bias)      # or linear(x, q): prepares (and caches on q) itself
 

@@ -335,7 +335,7 @@ def _lookup(what: str) -> Any:
             except Exception as exc:
                 raise Skip(f"{path} not available ({type(exc).__name__}: {exc})") from None
     if inspect.ismodule(obj) and callable(getattr(obj, part, None)):
-        obj = getattr(obj, part)  # microscale.linear the module -> microscale.linear.linear
+        obj = getattr(obj, part)  # a module named like its op -> the op
     return obj
 
 

@@ -2,7 +2,7 @@
 
 One kernel, :func:`_linear_splitk_kernel`, parametric over the format through
 ``tl.constexpr`` parameters (never one copy per format), serves both paths with
-different configs (``microscale.linear.choose_config``):
+different configs (``microscale.qlinear.choose_config``):
 
 * decode (few tokens): the weight tile is the MMA's M side and the tokens, zero-padded
   to 16, its N side, so the multiply-adds run on tensor cores while the CUDA cores only
@@ -14,7 +14,7 @@ different configs (``microscale.linear.choose_config``):
   weight tile is decoded once per K-strip for all of them; loads software-pipelined
   (``num_stages``).
 
-Weight layout (built by :func:`microscale.linear.prepare`): codes in *containers* of
+Weight layout (built by :func:`microscale.qlinear.prepare`): codes in *containers* of
 ``CB`` = 4 or 8 bits (4 for codes of <= 4 bits, else 8), ``S = 32/CB`` per int32 word,
 rows ``[N, KP*CB/32]`` with K zero-padded to ``KP`` (a multiple of 256). Layout tiles of
 8 words (``TK = 8*S`` elements): element ``j*16 + 2*w + h`` of a tile sits in word

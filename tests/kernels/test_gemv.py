@@ -9,7 +9,7 @@ import torch
 import microscale as ms
 from microscale.formats import registry
 from microscale.kernels._gemv_kernels import word_asm
-from microscale.linear import GemvConfig, gemv
+from microscale.qlinear import GemvConfig, gemv
 
 FP4 = [n for n, f in registry.items() if f.element.bits == 4 and f.element.kind == "float" and not f.zero_point]
 

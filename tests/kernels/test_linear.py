@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import microscale as ms
-from microscale import linear as L
+from microscale import qlinear as L
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") == "1"
 needs_interp = pytest.mark.skipif(not INTERP, reason="kernels run on CPU only under TRITON_INTERPRET=1")

@@ -46,3 +46,9 @@ def test_unknown_names_and_bad_options():
         ms.quantize([1.0, 2.0], "mxfp4")
     with pytest.raises(TypeError, match="expected a QTensor"):
         ms.dequantize(torch.zeros(3))
+
+
+@pytest.mark.parametrize("shape", [(0, 64), (4, 0), (2, 0, 32)])
+def test_empty_tensors(shape):
+    q = ms.quantize(torch.randn(shape), "mxfp4")
+    assert q.shape == shape and q.dequantize().shape == shape and q.dequantize().numel() == 0

@@ -94,3 +94,10 @@ def test_zero_and_nonfinite_blocks(name):
     assert torch.isfinite(dz).all() and dz[1, 0] == 0 and dz[2, f.block_size] == 0
     with pytest.raises(ValueError):
         ms.quantize(x, name, nonfinite="error")
+
+
+def test_affine_nan_block_has_zero_zero_point():
+    x = torch.randn(2, 64)
+    x[0, 5] = float("nan")
+    q = ms.quantize(x, "int4_affine_g32")
+    assert q.zero_points[0, 0] == 0 and torch.isfinite(q.dequantize()[1]).all()
