@@ -6,12 +6,15 @@ then M=1/2/4 timings of config variants, the split-K tensor-core kernel
 (``linear`` on a prepared weight) and cuBLAS bf16 ``F.linear``, weights rotated past the
 60 MB L2, each timed as a CUDA-graph replay. Short table last; JSON to $OUT/gemv.json.
 
-    PYTHONPATH=. python benchmarks/run_gpu_gemv.py
+    PYTHONPATH=. python benchmarks/run_gpu_gemv.py [--sweep]
+
+``--sweep`` skips the checks and times a wider set of tile configs on nvfp4 only.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import torch
@@ -56,7 +59,8 @@ def main() -> None:
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
     g = torch.Generator(device=dev).manual_seed(7)
     ok = True
-    for name in ("nvfp4", "mxfp4", "fp4_fp16"):
+    sweep = "--sweep" in sys.argv
+    for name in () if sweep else ("nvfp4", "mxfp4", "fp4_fp16"):
         for (m, n, k) in [(1, 4096, 4096), (2, 1000, 2048), (4, 8192, 8192)]:
             w = torch.randn(n, k, device=dev, generator=g)
             q = ms.quantize(w, name)
@@ -74,22 +78,26 @@ def main() -> None:
     if not ok:
         print("GEMV CHECK FAILED", flush=True)
     rows = []
-    for (n, k) in [(28672, 8192), (8192, 8192), (8192, 28672)]:
+    for (n, k) in [(28672, 8192), (8192, 8192)] if sweep else [(28672, 8192), (8192, 8192), (8192, 28672)]:
         nrot = max(2, int(3 * 60e6 // (n * k // 2)) + 1)
         ws = [torch.randn(n, k, device=dev, generator=g) for _ in range(1)]
         qs = [ms.quantize(ws[0], "nvfp4") for _ in range(nrot)]
-        qm = [ms.quantize(ws[0], "mxfp4") for _ in range(nrot)]
+        qm = [] if sweep else [ms.quantize(ws[0], "mxfp4") for _ in range(nrot)]
         wb = [ws[0].to(torch.bfloat16) for _ in range(max(2, int(3 * 60e6 // (n * k * 2)) + 1))]
         del ws
         for m in (1, 2, 4):
             x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
             t_cub = bench([lambda w=w: F.linear(x, w) for w in wb])
-            for fname, ql in (("nvfp4", qs), ("mxfp4", qm)):
+            for fname, ql in (("nvfp4", qs),) if sweep else (("nvfp4", qs), ("mxfp4", qm)):
                 qbytes = ql[0].nbytes
                 pws = [L.prepare(q) for q in ql]
-                t_tc = bench([lambda p=p: L.linear(x, p) for p in pws])
+                t_tc = float("nan") if sweep else bench([lambda p=p: L.linear(x, p) for p in pws])
                 variants = {"auto": None}
-                for bn, bkw, st, nw in [(64, 32, 4, 4), (32, 128, 3, 4)]:
+                grid = [(64, 32, 4, 4), (32, 128, 3, 4)]
+                if sweep:
+                    grid = [(8, 512, 4, 2), (8, 512, 3, 4), (4, 256, 4, 1), (4, 512, 4, 2), (8, 256, 6, 2),
+                            (16, 256, 4, 2), (8, 128, 4, 1), (16, 512, 3, 4)]
+                for bn, bkw, st, nw in grid:
                     if (k // 8) % bkw == 0:
                         base = L.choose_gemv_config(n, k, dev)
                         variants[f"{bn}x{bkw}s{st}w{nw}"] = L.GemvConfig(bn, bkw, base.split_k, nw, st)
@@ -117,7 +125,7 @@ def main() -> None:
         if key not in best or r["ms"] < best[key]["ms"]:
             best[key] = r
     for r in rows:
-        if r["variant"] == "auto" or best[(r["fmt"], r["m"], r["n"], r["k"])] is r:
+        if sweep or r["variant"] == "auto" or best[(r["fmt"], r["m"], r["n"], r["k"])] is r:
             print(f"{r['fmt']:6s} {r['m']:2d} {r['n']:6d} {r['k']:6d} {r['variant']:>12s} {r['ms']:8.4f} "
                   f"{r['cublas_ms']:8.4f} {r['tc_ms']:8.4f} {r['speedup']:8.2f} {r['GBps']:6.0f} {100 * r['pct_copy']:5.1f}%")
 

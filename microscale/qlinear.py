@@ -426,7 +426,7 @@ def _fmt_json(fmt: Format) -> str:
 # decode-path GEMV on the canonical layout (4-bit minifloat weights, few tokens)
 # ----------------------------------------------------------------------------------
 #: Largest token count routed to :func:`gemv` (it re-decodes the weight per token).
-GEMV_MAX_M = 2
+GEMV_MAX_M = 4
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
@@ -435,10 +435,10 @@ class GemvConfig:
     """Tiles of the GEMV: ``block_n`` weight rows x ``block_kw`` int32 words (8 codes each)
     per step, K split ``split_k`` ways (fp32 atomics when > 1)."""
 
-    block_n: int = 32
-    block_kw: int = 64
+    block_n: int = 8
+    block_kw: int = 256
     split_k: int = 1
-    num_warps: int = 4
+    num_warps: int = 2
     num_stages: int = 4
 
 
@@ -454,9 +454,12 @@ def gemv_supported(q: QTensor, x: torch.Tensor) -> bool:
             and f.block_size % 8 == 0 and tuple(q.padded_shape) == tuple(q.shape))
 
 
-def choose_gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
-    """About 4 programs per SM: rows first, then split K for short N."""
-    bn, bkw = 32, 64
+def choose_gemv_config(n: int, k: int, device: torch.device, m: int = 1) -> GemvConfig:
+    """Few rows and long K strips per program (best of the H200 sweep in
+    benchmarks/h200_2026-11-29/gemv_sweep*.log); K split only when rows give fewer than
+    about 4 programs per SM."""
+    d = GemvConfig() if m == 1 else GemvConfig(block_kw=512, num_warps=4, num_stages=3)
+    bn, bkw = d.block_n, d.block_kw
     kw = k // 8
     while bkw > 8 and kw % bkw:
         bkw //= 2
@@ -465,7 +468,7 @@ def choose_gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
     split = 1
     while tiles * split < want and kw // (bkw * split * 2) >= 4:
         split *= 2
-    return GemvConfig(block_n=bn, block_kw=bkw, split_k=split)
+    return GemvConfig(block_n=bn, block_kw=bkw, split_k=split, num_warps=d.num_warps, num_stages=d.num_stages)
 
 
 def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config: GemvConfig | None = None,
@@ -480,7 +483,7 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
     if k != q.shape[1]:
         raise ValueError(f"{_OP}: x has K={k} but the weight has K={q.shape[1]}")
     f = q.fmt
-    c = config or choose_gemv_config(n, k, x2.device)
+    c = config or choose_gemv_config(n, k, x2.device, m)
     if (k // 8) % c.block_kw or c.block_kw % (f.block_size // 8):
         raise ValueError(f"{_OP}: block_kw={c.block_kw} must divide {k // 8} words and hold whole blocks")
     asm = (not _interpreting()) if use_asm is None else use_asm
