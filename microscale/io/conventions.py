@@ -100,6 +100,7 @@ CONVENTIONS: dict[str, Convention] = {}
 
 
 def register_convention(c: Convention) -> Convention:
+    """Add a checkpoint convention to the registry (its name must be new)."""
     if c.name in CONVENTIONS:
         raise ValueError(f"convention {c.name!r} is already registered")
     CONVENTIONS[c.name] = c
@@ -107,6 +108,8 @@ def register_convention(c: Convention) -> Convention:
 
 
 def get_convention(name: str | Convention) -> Convention:
+    """Look up a convention by name (``native``, ``modelopt``, ``compressed-tensors``,
+    ``gpt-oss``, ``gguf``; ``_`` may stand for ``-``) or pass one through."""
     if isinstance(name, Convention):
         return name
     key = str(name).lower().replace("_", "-")
