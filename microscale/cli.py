@@ -6,20 +6,29 @@ import sys
 
 from .formats import registry
 
-__all__ = ["main"]
+__all__ = ["main", "format_table", "build_parser"]
 
 
-def _formats(args: argparse.Namespace) -> int:
-    """Print the registry: element, block, scale, rule and bits per element (scales included)."""
+def format_table(markdown: bool = False) -> str:
+    """The registry as a table (name, element, block, scale, rule, bits per element with
+    scales, description): aligned text, or Markdown (docs/formats.md is generated from it)."""
     rows = [("name", "element", "block", "scale", "rule", "bits/elem", "description")]
     for f in registry.values():
         block = f"{f.block_rows}x{f.block_size}" if f.block_rows > 1 else str(f.block_size)
         scale = f.scale.name + ("+fp32 tensor" if f.global_scale else "") + ("+zero" if f.zero_point else "")
         rows.append((f.name, f.element.name, block, scale, f.scale_rule.value, f"{f.bits_per_element:.3f}",
                      f.description))
+    if markdown:
+        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+        lines += ["| " + " | ".join(f"`{r[0]}`" if i == 0 else c for i, c in enumerate(r)) + " |" for r in rows[1:]]
+        return "\n".join(lines) + "\n"
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows) + "\n"
+
+
+def _formats(args: argparse.Namespace) -> int:
+    """Print the registry: element, block, scale, rule and bits per element (scales included)."""
+    print(format_table(markdown=args.markdown), end="")
     return 0
 
 
@@ -104,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="microscale", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("formats", help="list the format registry with bits per element")
+    f.add_argument("--markdown", action="store_true", help="as a Markdown table (docs/formats.md)")
     f.set_defaults(func=_formats)
 
     from .io.conventions import CONVENTIONS

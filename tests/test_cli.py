@@ -67,3 +67,13 @@ def test_bench_subcommand_delegates_to_the_harness(capsys):
     assert main(["bench", "--list", "--ops", "quantize", "--formats", "mxfp4"]) == 0
     out = capsys.readouterr().out
     assert "quantize/mxfp4/" in out and "linear/" not in out
+
+
+def test_docs_format_table_is_current(capsys):
+    from pathlib import Path
+
+    assert main(["formats", "--markdown"]) == 0
+    table = capsys.readouterr().out
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
+    assert table in doc, "docs/formats.md is stale: regenerate it with `microscale formats --markdown`"
+    assert "| `nvfp4` | e2m1 | 16 | ue4m3+fp32 tensor | amax | 4.500 |" in table
