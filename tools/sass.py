@@ -1,0 +1,75 @@
+"""Compile a Triton kernel for sm_90 without a GPU and look at its SASS.
+
+    from tools.sass import sass, loop_counts
+    text = sass(kernel, {"x_ptr": "*fp16", "n": "i32"}, {"BLOCK": 256}, num_warps=4)
+    print(loop_counts(text))   # instruction count of each backward-branch loop body
+
+Used to predict ALU cost per element before spending device time (see the NOTES_*.md
+files in benchmarks/). Needs only the triton wheel (its bundled ptxas / cuobjdump).
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+def sass(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3,
+         arch: int = 90, divisible: tuple[str, ...] | None = None) -> str:
+    """SASS text of ``fn`` (a ``@triton.jit`` function) specialised to the given types.
+    ``divisible``: arguments known to be multiples of 16, as Triton's launcher specialises
+    them at run time (default: every pointer and every argument named ``stride*``)."""
+    sig = dict(signature)
+    for k in constexprs:
+        sig[k] = "constexpr"
+    if divisible is None:
+        divisible = tuple(k for k, v in signature.items() if v.startswith("*") or k.startswith("stride"))
+    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in divisible}
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": num_warps, "num_stages": num_stages})
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def instructions(text: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, line) of every instruction."""
+    out = []
+    for line in text.splitlines():
+        m = _INSTR.search(line)
+        if m:
+            out.append((int(m.group(1), 16), m.group(3), line.strip()))
+    return out
+
+
+def loop_counts(text: str) -> list[dict]:
+    """Each backward branch (a loop): its body's instruction count and opcode histogram."""
+    ins = instructions(text)
+    addr = {a: i for i, (a, _, _) in enumerate(ins)}
+    loops = []
+    for i, (a, op, line) in enumerate(ins):
+        if op.startswith("BRA"):
+            m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|)\s*0x([0-9a-f]+)", line)
+            t = re.search(r"0x([0-9a-f]+)", line.split("BRA", 1)[1])
+            if t:
+                tgt = int(t.group(1), 16)
+                if tgt < a and tgt in addr:
+                    body = ins[addr[tgt]:i + 1]
+                    hist: dict[str, int] = {}
+                    for _, o, _ in body:
+                        base = o.split(".")[0]
+                        hist[base] = hist.get(base, 0) + 1
+                    loops.append({"start": tgt, "end": a, "count": len(body),
+                                  "hist": dict(sorted(hist.items(), key=lambda kv: -kv[1]))})
+    return loops
