@@ -59,7 +59,7 @@ def same_vals(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(na, nb) and torch.equal(bits_of(a)[~na], bits_of(b)[~nb]))
 
 
-def make_input(shape, seed, dtype=torch.bfloat16, nonfinite=False, realistic=False):
+def make_input(shape, seed, dtype=torch.bfloat16, nonfinite=False, realistic=False, ties=False):
     """Adversarial check input; ``realistic``: activation-like (per-row magnitudes
     2^-4..2^4, no planted extremes) for timing."""
     g = torch.Generator(device=DEV)
@@ -68,6 +68,14 @@ def make_input(shape, seed, dtype=torch.bfloat16, nonfinite=False, realistic=Fal
     x = x * torch.exp2(torch.randint(-4 if realistic else -10, 4 if realistic else 10, shape[:-1] + (1,), device=DEV,
                                      generator=g).float())
     if realistic:
+        if ties:  # exact E2M1/E4M3 grid points and midpoints (x a power of two) in some rows: RNE ties on the fast path
+            t = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -2.5, -5.0, 5.5, 7.0, 0.375, 13.0,
+                              15.0, 112.0, 240.0, 448.0, 0.0625, 0.1875, 1.0, -6.0, 0.0, -0.0, 3.0, 4.0, 0.5, 1.5, 2.0,
+                              0.125], device=DEV)
+            k = shape[-1]
+            for r in range(0, shape[0], 7):
+                x[r] = t.repeat(k // 32 + 1)[:k] * 2.0 ** (r % 9 - 4)
+            x[-1] *= 2.0 ** 90  # its tiles take the general path
         return x.to(dtype)
     x[0, :64] = 0.0
     x[1, :32] *= 2.0 ** -120
@@ -113,14 +121,25 @@ def check_correctness() -> list[dict]:
             ("nvfp4", {"global_scale": "static"}), ("nvfp8", {}), ("fp4_fp16", {}), ("int4_fp32", {}),
             ("mxfp8_e4m3", {}), ("mxfp8_e5m2", {}), ("mxfp4", {}), ("fp8_e4m3_block128x128", {})]
     cases += [(n, dict(kw, realistic=True), (2048, 4096)) for n, kw in real]
+    # the fast path's encoders (one-add RNE for E2M1/E2M3/E3M2, hardware FP8, direct byte stores) on grid
+    # ties, other scale rules, conventions and input dtypes
+    tied = [("nvfp4", {}), ("nvfp4", {"convention": "compressed-tensors"}), ("nvfp4", {"convention": "torchao"}),
+            ("nvfp4", {"global_scale": "static"}), ("mxfp4", {}), ("mxfp4", {"scale_rule": "rceil"}),
+            ("mxfp4", {"scale_rule": "even"}), ("mxfp4", {"scale_rule": "ceil"}), ("mxfp6_e2m3", {}),
+            ("mxfp6_e3m2", {}), ("mxfp8_e4m3", {}), ("mxfp8_e5m2", {}), ("mxint8", {}), ("nvfp8", {}),
+            ("mxfp8_e4m3", {"overflow": "native"}), ("mxfp4", {"dtype": "float32"}), ("nvfp4", {"dtype": "float16"}),
+            ("mxfp8_e4m3", {"dtype": "float32"})]
+    cases += [(n, dict(kw, realistic=True, ties=True), (1024, 4096)) for n, kw in tied]
     for i, (name, kw, shape) in enumerate(cases):
         for nonfinite in ((False,) if shape[0] > 512 else (False, True)):
             if DRY:
                 shape = (128, 256)
             kw2 = dict(kw)
-            x = make_input(shape, 100 + i, nonfinite=nonfinite, realistic=kw2.pop("realistic", False))
+            dt = getattr(torch, kw2.pop("dtype", "bfloat16"))
+            x = make_input(shape, 100 + i, dtype=dt, nonfinite=nonfinite, realistic=kw2.pop("realistic", False),
+                           ties=kw2.pop("ties", False))
             if kw2.get("global_scale") == "static":
-                xf = x.float().abs()
+                xf = x[:-1].float().abs() if kw.get("ties") else x.float().abs()
                 kw2["global_scale"] = float(torch.where(torch.isfinite(xf), xf, 0).amax()) / 2688.0 * 0.5
             t0 = time.time()
             got = kq.quantize(x, name, **kw2)

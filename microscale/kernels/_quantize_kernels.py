@@ -170,6 +170,29 @@ def _encode(x, BITS: tl.constexpr, IS_INT: tl.constexpr, SIGNED: tl.constexpr, F
 
 
 @triton.jit
+def _encode_mag_rne(a, MBITS: tl.constexpr, BIAS: tl.constexpr, MAX_CODE: tl.constexpr):
+    """Magnitude code of a float32 ``a`` (>= 0, < 2^100) for a float codec with RNE and
+    saturation, equal to ``_encode``'s: one float add does the rounding.
+
+    With e' = max(exponent(a), emin) and M = 2^(e' + 23 - MBITS), the float32 sum a + M
+    lies in M's binade (a < 2^(e'+1)), whose ulp is 2^(e' - MBITS): the element's
+    quantum at a (normal, or the subnormal step at emin), so the hardware rounds a to
+    the element grid, ties to even, and bits(a + M) - bits(M) = q = round(a / quantum).
+    The code is q + ((e' - emin) << MBITS) (q = 2^MBITS + mantissa for normals; q alone
+    for subnormals; a carry into the next binade gives the next code by itself). M is
+    built from the exponent bits (``mb``, a power of two, times 2^(23-MBITS) inside the
+    fma: the product is exact, so the fma is a single IEEE add, also under the
+    interpreter) and (mb >> (23 - MBITS)) is (e' + 127) << MBITS."""
+    SH: tl.constexpr = 23 - MBITS
+    EMINB: tl.constexpr = (128 - BIAS) << 23  # bits of 2^emin
+    P2SH: tl.constexpr = 2.0 ** SH
+    mb = tl.maximum(_bits(a) & 0x7F800000, EMINB)
+    s = _bits(tl.math.fma(_flt(mb), P2SH, a))
+    code = s - mb + ((mb >> SH) - ((SH << 23) + ((128 - BIAS) << MBITS)))
+    return tl.minimum(code, MAX_CODE)
+
+
+@triton.jit
 def _decode(code, BITS: tl.constexpr, IS_INT: tl.constexpr, SIGNED: tl.constexpr, STEP: tl.constexpr,
             MBITS: tl.constexpr, POW: tl.constexpr, NAN_MIN: tl.constexpr, INF_CODE: tl.constexpr):
     """int32 code -> float32 value, exactly as ``ElementCodec.decode``'s table.
@@ -447,6 +470,7 @@ def _quantize_kernel(
             q = q + zf[:, None, :, None]
             q = tl.minimum(tl.maximum(q, 0.0), MAX_CODE * 1.0)
             codes = tl.where(qn | znan[:, None, :, None], 0, q.to(tl.int32))
+            clean = False  # (affine blocks have no fast path)
         else:
             # per-block operand: DIV -> xs = x / op (IEEE), else xs = x * op
             if TWO_LEVEL == 1:  # ModelOpt
@@ -481,34 +505,54 @@ def _quantize_kernel(
             DIV: tl.constexpr = (TWO_LEVEL == 1) | (TWO_LEVEL == 3) | ((TWO_LEVEL == 0) & (RULE == 4))
             opb = op[:, None, :, None]
 
-            # Fast path for clean tiles: every x finite (and, when dividing, |x| < 2^60 and
-            # every divisor in [2^-60, 2^60]), so no NaN can arise: no NaN bookkeeping, the
+            # Fast path for clean tiles: every |x| < 2^100 (when dividing or multiplying by a
+            # general scale: |x| < 2^60 and every divisor/multiplier in [2^-40, 2^60] / [2^-60,
+            # 2^40]), so no NaN can arise and |x / op| < 2^100: no NaN bookkeeping, the
             # division by Markstein's correctly rounded sequence (r = RN(1/d), q = RN(x r),
-            # e = x - q d exact by fma, RN(q + e r) = RN(x/d)), hardware FP8 conversion.
-            tile_amax = tl.max(tl.max(_bits(amax), axis=1), axis=0)
+            # e = x - q d exact by fma, RN(q + e r) = RN(x/d)), hardware FP8 conversion or the
+            # one-add RNE encoder of magnitudes (``_encode_mag_rne``). One tile reduction of
+            # a per-block flag decides it.
             if DIV:
-                clean = (tile_amax < 0x5D800000) & (tl.min(tl.min(op, axis=1), axis=0) >= 8.673617379884035e-19) & \
-                    (tl.max(tl.max(op, axis=1), axis=0) <= 1.152921504606847e18)
-            else:
-                clean = tile_amax < 0x7F800000
+                opi = _bits(op)  # op > 0 in clean blocks: its bits order as the values; NaN/negative are out of range
+                bad = (_bits(amax) >= 0x5D800000) | (opi < 0x2B800000) | (opi > 0x5D800000)
+            elif TWO_LEVEL == 2:
+                opi = _bits(op)
+                bad = (_bits(amax) >= 0x5D800000) | (opi < 0x21800000) | (opi > 0x53800000)
+            else:  # power-of-two multipliers: |x op| <= 8
+                bad = _bits(amax) >= 0x71800000
+            clean = tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) == 0
+            FAST_ENC: tl.constexpr = (not IS_INT) & (ROUNDING == 0) & (OVF_CODE == MAX_CODE) & (HW_FP8 == 0)
             if FAST & (NONFIN != 2) & clean:
+                if FAST_ENC:  # magnitudes (op > 0); the sign bit comes from x
+                    xa = _flt(ab)
+                else:
+                    xa = xb
                 if DIV:
                     if MARKSTEIN:
                         r = tl.math.div_rn(tl.full(op.shape, 1.0, tl.float32), op)[:, None, :, None]
-                        q0 = xb * r
-                        e = tl.math.fma(-q0, opb, xb)
+                        q0 = xa * r
+                        e = tl.math.fma(q0, (0.0 - op)[:, None, :, None], xa)  # (-q0 would be an extra 0 - q0)
                         xs = tl.math.fma(e, r, q0)
                     else:  # the interpreter's fma rounds twice: divide
-                        xs = tl.math.div_rn(xb, opb)
+                        xs = tl.math.div_rn(xa, opb)
                 else:
-                    xs = xb * opb
+                    xs = xa * opb
                 if HW_FP8 == 1:
-                    codes = xs.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+                    codes = xs.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
                 elif HW_FP8 == 2:
-                    codes = xs.to(tl.float8e5).to(tl.uint8, bitcast=True).to(tl.int32)
+                    codes = xs.to(tl.float8e5).to(tl.uint8, bitcast=True)
+                elif FAST_ENC:
+                    codes = _encode_mag_rne(xs, MBITS, BIAS, MAX_CODE) | ((_bits(xb) >> (32 - BITS)) & (1 << (BITS - 1)))
                 else:
                     codes = _encode(xs, BITS, IS_INT, SIGNED, FRAC_SCALE, MBITS, BIAS, MAX_CODE, NAN_CODE, OVF_CODE,
                                     MIN_NORMAL, SUB_C, SUB_C_BITS, INV_MIN_SUB, ROUNDING, 3)
+                if BITS == 8:  # bytes straight to memory (no int32 words, no packing)
+                    cols8 = k0 + tl.arange(0, TK)
+                    tl.store(data_ptr.to(tl.pointer_type(tl.uint8)) + rows64[:, None] * K + cols8[None, :],
+                             tl.reshape(codes.to(tl.uint8), [TR, TK]), mask=m2)
+                    codes = ab  # (stored)
+                else:
+                    codes = codes.to(tl.int32)
             else:
                 if DIV:
                     xs = _nan_rule(tl.math.div_rn(xb, opb), xb, opb, DEFAULT_NAN)
@@ -524,12 +568,17 @@ def _quantize_kernel(
                 codes = _encode(xs, BITS, IS_INT, SIGNED, FRAC_SCALE, MBITS, BIAS, MAX_CODE, NAN_CODE, OVF_CODE,
                                 MIN_NORMAL, SUB_C, SUB_C_BITS, INV_MIN_SUB, ROUNDING, NONFIN)
 
-        # ---- pack and store codes
-        if PACK32:  # codes of 1/2/4/8 bits: one int32 word per 32 bits (coalesced 4-byte stores)
+        # ---- pack and store codes (the fast path stored 8-bit codes already)
+        if (BITS == 8) & (RULE != 5) & FAST & (NONFIN != 2) & clean:
+            pass
+        elif PACK32:  # codes of 1/2/4/8 bits: one int32 word per 32 bits (coalesced 4-byte stores)
             W: tl.constexpr = 32 // BITS
             cw = tl.reshape(codes, [TR, TK // W, W])
             words = tl.sum(cw << (tl.arange(0, W) * BITS)[None, None, :], axis=2)  # disjoint bits: sum == or
-            wcols = (k0 // W) + tl.arange(0, TK // W)
+            # a run-time 0 hides the columns' alignment: the words stay in the registers that
+            # packed them (one 4-byte store per row and thread, coalesced per warp) instead of
+            # a shared-memory layout conversion to wider vector stores
+            wcols = (k0 // W) + tl.arange(0, TK // W) + ((K // K - 1) if BITS == 4 else 0)
             tl.store(data_ptr + rows64[:, None] * (K // W) + wcols[None, :], words,
                      mask=rmask[:, None] & (wcols * W < K)[None, :])
         elif PACK_WORD:

@@ -330,3 +330,58 @@ def test_element_encode_all_bf16_patterns(elem, policy):
     bad = (got != want).nonzero()
     assert bad.numel() == 0, f"{bad.numel()} mismatches, first x={x[bad[0]].item()} got {got[bad[0]].item()} " \
                              f"want {want[bad[0]].item()}"
+
+
+# ---- the clean-tile fast path ----------------------------------------------------------
+def activation_like(gen, shape, fmt, dtype=torch.bfloat16):
+    """Finite, moderate inputs (per-row magnitudes 2^-6..2^6) so most tiles take the
+    kernels' clean-tile fast path; plus exact ties of the element grid, a zero block,
+    float32-subnormal and tiny elements next to normal ones, and one huge row (its tiles
+    take the general path)."""
+    k = shape[-1]
+    b = get_format(fmt).block_size
+    x = torch.randn(shape, generator=gen) * torch.exp2(torch.randint(-6, 6, shape[:-1] + (1,), generator=gen).float())
+    x2 = x.reshape(-1, k)
+    n = x2.shape[0]
+    ties = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0,
+                         0.125, 5.5, 7.0, 0.375, -0.0, 13.0, 15.0, 112.0, 448.0, 240.0, 0.0625, 0.1875, 1.0, 2.0, 4.0,
+                         -6.0, 0.5])
+    x2[0, :b] = ties.repeat(b // 32 + 1)[:b] * 2.0 ** int(torch.randint(-3, 3, (1,), generator=gen))
+    if k >= 2 * b:
+        x2[0, b:2 * b] = 0.0
+    if n > 1:
+        x2[1, : b // 2] *= 2.0 ** -40
+        x2[1, b // 2] = 2.0 ** -130
+    if n > 2 and k >= 3 * b:
+        x2[2, 2 * b:3 * b] = ties.repeat(b // 32 + 1)[:b] * 2.0 ** -7  # ties relative to a smaller scale
+    if n > 5:
+        x2[n - 1] *= 2.0 ** 90  # not clean: the general path
+    return x.reshape(shape).to(dtype).to(DEV)
+
+
+FAST_CASES = [("nvfp4", {}), ("nvfp4", {"convention": "torchao"}), ("nvfp4", {"convention": "compressed-tensors"}),
+              ("nvfp4", {"global_scale": "static"}), ("mxfp4", {}), ("mxfp4", {"scale_rule": "rceil"}),
+              ("mxfp4", {"scale_rule": "even"}), ("mxfp4", {"scale_rule": "ceil"}), ("mxfp6_e2m3", {}),
+              ("mxfp6_e3m2", {}), ("mxfp8_e4m3", {}), ("mxfp8_e5m2", {}), ("mxint8", {}), ("nvfp8", {}),
+              ("fp4_fp16", {}), ("int4_fp32", {}), ("mxfp4", {"rounding": "nearest_away"}),
+              ("mxfp8_e4m3", {"overflow": "native"}), ("fp8_e4m3_block128x128", {})]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("case", FAST_CASES, ids=lambda c: c[0] + "-" + "-".join(map(str, c[1].values())))
+def test_fast_path_activation_like(case, dtype, gen):
+    """Activation-like inputs with small tiles: most tiles are clean (fast path), the
+    huge last row's are not; both bit-identical to the reference."""
+    name, kw = case
+    kw = dict(kw)
+    fmt = registry[name]
+    if dtype is torch.float16 and fmt.block_rows > 1:
+        pytest.skip("one dtype is enough for 2-D blocks")
+    rows = 2 * fmt.block_rows if fmt.block_rows > 1 else 12
+    k = 2 * fmt.block_size if fmt.block_rows > 1 else 8 * fmt.block_size
+    x = activation_like(gen, (rows, k), name, dtype)
+    if kw.get("global_scale") == "static":
+        kw["global_scale"] = float(x[:-1].float().abs().amax()) / 2688.0
+    cfg = kq.QuantizeConfig(max(2, fmt.block_rows), max(64, fmt.block_size), 4)
+    for config in (cfg, None):
+        assert_same(kq.quantize(x, name, config=config, **kw), reference.quantize(x.cpu(), name, **kw))
