@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -423,44 +423,77 @@ def _fmt_json(fmt: Format) -> str:
 
 
 # ----------------------------------------------------------------------------------
-# decode-path GEMV on the canonical layout (4-bit minifloat weights, few tokens)
+# decode-path GEMV on the canonical layout (4/8-bit float or int weights, few tokens)
 # ----------------------------------------------------------------------------------
-#: Largest token count routed to :func:`gemv` (it re-decodes the weight per token).
-GEMV_MAX_M = 4
+#: Largest token count routed to :func:`gemv` (tokens share one decode in groups of up to 4;
+#: beyond 8 the tensor-core kernel wins on the H200).
+GEMV_MAX_M = 8
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Tiles of the GEMV: ``block_n`` weight rows x ``block_kw`` int32 words (8 codes each)
-    per step, K split ``split_k`` ways (fp32 atomics when > 1)."""
+    """Tiles of the GEMV: ``block_n`` weight rows x ``block_kw`` int32 words of codes per
+    step, K split ``split_k`` ways (fp32 atomics when > 1); ``chain``: words whose products
+    accumulate in f16 before one conversion to f32 (0: as many as a scale block holds,
+    at most 4); ``tokens``: tokens sharing one decode (0: all, at most 4); ``pdl``: launch
+    the GEMV as a programmatic dependent of the activation prep (Hopper+); ``prefetch``:
+    load the next K step's operands before the current step's arithmetic."""
 
     block_n: int = 8
     block_kw: int = 256
     split_k: int = 1
     num_warps: int = 2
     num_stages: int = 4
+    chain: int = 0
+    tokens: int = 0
+    pdl: bool = False
+    prefetch: bool = False
+
+
+def _gemv_kind(fmt: Format) -> int | None:
+    """The GEMV's element kind for a format, or None when it has no decode for it."""
+    from .kernels import _gemv_kernels as kern
+
+    el = fmt.element
+    if el.kind == "float" and el.bits == 4 and not el.has_nan and not el.has_inf:
+        return kern.F4
+    if el.kind == "float" and el.bits == 8 and (el.ebits, el.mbits, el.bias) == (4, 3, 7) \
+            and list(el.nan_codes) == [0x7F] and not el.has_inf:
+        return kern.E4M3
+    if el.kind == "float" and el.bits == 8 and (el.ebits, el.mbits, el.bias) == (5, 2, 15) and el.has_inf:
+        return kern.E5M2
+    if el.kind == "int" and el.signed and el.bits in (4, 8):
+        return kern.I8 if el.bits == 8 else kern.I4
+    return None
 
 
 def gemv_supported(q: QTensor, x: torch.Tensor) -> bool:
-    """Whether :func:`gemv` serves ``x @ dequant(q)^T``: a CUDA weight of 4-bit minifloats
-    with 1-D blocks of whole words, no zero point, unpadded, at most ``GEMV_MAX_M`` tokens."""
+    """Whether :func:`gemv` serves ``x @ dequant(q)^T``: a CUDA weight of 4/8-bit
+    minifloats (E2M1, E4M3, E5M2) or signed 4/8-bit integers with 1-D blocks of whole
+    words, no zero point, unpadded, at most ``GEMV_MAX_M`` tokens."""
     f = q.fmt
-    el = f.element
     return (x.is_cuda and q.data.is_cuda and len(q.shape) == 2 and x.dim() >= 1
             and x.shape[-1] == q.shape[-1] and x.numel() // max(x.shape[-1], 1) <= GEMV_MAX_M
-            and x.dtype in (torch.bfloat16, torch.float16) and el.kind == "float" and el.bits == 4
-            and not el.has_nan and not el.has_inf and f.block_rows == 1 and not f.zero_point
-            and f.block_size % 8 == 0 and tuple(q.padded_shape) == tuple(q.shape))
+            and x.dtype in (torch.bfloat16, torch.float16) and _gemv_kind(f) is not None
+            and f.block_rows == 1 and not f.zero_point and (f.block_size * f.element.bits) % 32 == 0
+            and tuple(q.padded_shape) == tuple(q.shape))
 
 
-def choose_gemv_config(n: int, k: int, device: torch.device, m: int = 1) -> GemvConfig:
-    """Few rows and long K strips per program (best of the H200 sweep in
-    benchmarks/h200_2026-11-29/gemv_sweep*.log); K split only when rows give fewer than
-    about 4 programs per SM."""
-    d = GemvConfig() if m == 1 else GemvConfig(block_kw=512, num_warps=4, num_stages=3)
+def choose_gemv_config(n: int, k: int, device: torch.device, m: int = 1, bits: int = 4) -> GemvConfig:
+    """Few rows and long K strips per program, the next step's loads issued early for
+    4-bit weights, and a programmatic dependent launch on Hopper (best of the H200 sweeps,
+    benchmarks/NOTES_linear.md); K split only when rows give fewer than about 4 programs
+    per SM."""
+    pdl = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+    if m == 1:
+        d = GemvConfig(block_n=4, block_kw=256, num_warps=2, num_stages=4, pdl=pdl, prefetch=bits == 4)
+    elif m == 2:
+        d = GemvConfig(block_n=4, block_kw=256, num_warps=2, num_stages=4, pdl=pdl)
+    else:
+        d = GemvConfig(block_n=4, block_kw=128, num_warps=1, num_stages=4, pdl=pdl, prefetch=True)
     bn, bkw = d.block_n, d.block_kw
-    kw = k // 8
+    kw = k * bits // 32
     while bkw > 8 and kw % bkw:
         bkw //= 2
     tiles = -(-n // bn)
@@ -468,7 +501,7 @@ def choose_gemv_config(n: int, k: int, device: torch.device, m: int = 1) -> Gemv
     split = 1
     while tiles * split < want and kw // (bkw * split * 2) >= 4:
         split *= 2
-    return GemvConfig(block_n=bn, block_kw=bkw, split_k=split, num_warps=d.num_warps, num_stages=d.num_stages)
+    return replace(d, block_kw=bkw, split_k=split)
 
 
 def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config: GemvConfig | None = None,
@@ -482,15 +515,36 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
     n = q.shape[0]
     if k != q.shape[1]:
         raise ValueError(f"{_OP}: x has K={k} but the weight has K={q.shape[1]}")
+    kind = _gemv_kind(q.fmt)
+    if kind is None:
+        raise ValueError(f"{_OP}: the GEMV has no decode for element {q.fmt.element.name}")
     f = q.fmt
-    c = config or choose_gemv_config(n, k, x2.device, m)
-    if (k // 8) % c.block_kw or c.block_kw % (f.block_size // 8):
-        raise ValueError(f"{_OP}: block_kw={c.block_kw} must divide {k // 8} words and hold whole blocks")
+    bits = f.element.bits
+    kw = k * bits // 32
+    wpg = f.block_size * bits // 32
+    if k % (32 // bits) or f.block_size * bits % 32:
+        raise ValueError(f"{_OP}: K={k} and block {f.block_size} must be whole int32 words of codes")
+    c = config or choose_gemv_config(n, k, x2.device, m, bits)
+    chain = c.chain or min(wpg, 4)
+    tokens = min(c.tokens or m, 4, m)
+    if kw % c.block_kw or c.block_kw % wpg or wpg % chain or c.block_kw % chain:
+        raise ValueError(f"{_OP}: block_kw={c.block_kw} must divide {kw} words and hold whole blocks "
+                         f"({wpg} words) of whole chains ({chain})")
     asm = (not _interpreting()) if use_asm is None else use_asm
+    # UE4M3 block scales (<= 448) are applied in f16 inside the PTX when a chain is a block
+    s_in = f.scale.name == "ue4m3" and chain == wpg
+    xe = kern.x_exponent(kind, chain, 448.0 if s_in else 1.0)
     x2 = x2.contiguous()
-    xp = torch.empty((m, k), dtype=torch.float16, device=x2.device)
-    xs = torch.empty((m,), dtype=torch.float32, device=x2.device)
-    kern._prep_x_kernel[(m,)](x2, xp, xs, x2.stride(0), K=k, BLOCK=min(4096, triton_next_pow2(k)))
+    mp = -(-m // tokens) * tokens
+    nch = kw // c.block_kw  # activation chunks, one power of two each
+    xp = torch.empty((mp, k), dtype=torch.float16, device=x2.device)
+    xs = torch.empty((mp, nch), dtype=torch.float32, device=x2.device)
+    if mp > m:
+        xp[m:].zero_()
+        xs[m:].zero_()
+    pdl = asm and c.pdl
+    kern._prep_x_kernel[(m, nch)](x2, xp, xs, x2.stride(0), K=k, XE=xe, KIND=kind, CW=c.block_kw, USE_PDL=pdl,
+                                  num_warps=4)
     scales = q.scales.contiguous()
     scales = scales.view(_INT_VIEW[scales.element_size()])
     split = c.split_k
@@ -498,13 +552,17 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
                                                       device=x2.device)
     gs = q.global_scale if q.global_scale is not None else xs
     b = bias if bias is not None else xs
-    kw_per = -(-(k // 8) // split)
+    kw_per = -(-kw // split)
     kw_per = -(-kw_per // c.block_kw) * c.block_kw
-    kern._gemv_e2m1_kernel[(-(-n // c.block_n), split)](
+    el = f.element
+    elem_c = 2.0 ** (15 - el.bias) if kind == kern.F4 else 2.0 ** (-el.frac_bits) if el.kind == "int" else 1.0
+    kern._gemv_kernel[(-(-n // c.block_n), split)](
         xp.view(torch.int32), xs, q.data.contiguous().view(torch.int32), scales, gs, b, out,
-        n, k // 8, scales.stride(0), out.stride(0), M=m, K=k,
-        MBITS=f.element.mbits, BIAS=f.element.bias, SCALE_KIND=_SCALE_KIND[f.scale.name], GROUP=f.block_size,
-        HAS_GS=f.global_scale, HAS_BIAS=bias is not None, BLOCK_N=c.block_n, BLOCK_KW=c.block_kw,
-        KW_PER_SPLIT=kw_per, SPLIT_K=split, USE_ASM=asm, ASM=kern.word_asm(f.element.mbits) if asm else "",
-        num_warps=c.num_warps, num_stages=c.num_stages)
+        n, kw, scales.stride(0), out.stride(0), M=m, KW=kw, KIND=kind, MBITS=el.mbits, ELEM_C=elem_c,
+        SCALE_KIND=_SCALE_KIND[f.scale.name], WPG=wpg, HAS_GS=f.global_scale, HAS_BIAS=bias is not None,
+        BLOCK_N=c.block_n, BLOCK_KW=c.block_kw, KW_PER_SPLIT=kw_per, SPLIT_K=split, CHAIN=chain, T=tokens,
+        USE_ASM=asm, ASM=kern.word_asm(kind, el.mbits, tokens) if asm else "",
+        CONS=kern.word_constraints(kind, tokens), SCALE_IN_ASM=s_in,
+        USE_PDL=pdl, PREFETCH=c.prefetch, **({"launch_pdl": True} if pdl else {}),
+        EVEN_N=n % c.block_n == 0, EVEN_K=kw_per * split == kw, num_warps=c.num_warps, num_stages=c.num_stages)
     return out.to(x2.dtype) if split > 1 else out

@@ -73,3 +73,23 @@ def loop_counts(text: str) -> list[dict]:
                     loops.append({"start": tgt, "end": a, "count": len(body),
                                   "hist": dict(sorted(hist.items(), key=lambda kv: -kv[1]))})
     return loops
+
+
+def registers(text_or_cubin_fn=None, **kw) -> int:  # pragma: no cover - helper for notes
+    """Registers per thread of a kernel compiled like :func:`sass` (same arguments)."""
+    fn, signature, constexprs = text_or_cubin_fn, kw.pop("signature"), kw.pop("constexprs")
+    sig = dict(signature)
+    for k in constexprs:
+        sig[k] = "constexpr"
+    divisible = tuple(k for k, v in signature.items() if v.startswith("*") or k.startswith("stride"))
+    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in divisible}
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", kw.get("arch", 90), 32),
+                       options={"num_warps": kw.get("num_warps", 4), "num_stages": kw.get("num_stages", 3)})
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"REG:(\d+)", out)
+    return int(m.group(1)) if m else -1

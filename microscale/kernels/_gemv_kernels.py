@@ -1,160 +1,365 @@
-"""Decode-path GEMV for 4-bit minifloat weights (E2M1: nvfp4, mxfp4, fp4_*), private.
+"""Decode-path GEMV for few tokens on the canonical weight layout (private).
 
-Reads the QTensor's canonical layout directly (no repack): each row of packed codes is
-viewed as int32 words of 8 nibbles, element ``i`` of the word in bits ``[4i, 4i+4)``.
-One shift of the word puts nibbles ``j`` and ``j+4`` in the low nibble of each 16-bit
-half, so one shift + two masks build an f16x2 pair of weights by bit placement
-(sign -> bit 15, exponent|mantissa -> bits ``10-MBITS ..``; the value is the element
-times ``2^(1 - BIAS - 14)``, subnormals included). The activations are prepared per
-call (:func:`_prep_x_kernel`): scaled by a power of two per row so their amax lies in
-``[2^13, 2^14)``, converted to f16 and permuted within groups of 8 to
-``x0,x4,x1,x5,x2,x6,x3,x7`` so pair ``j`` of a word meets the f16x2 ``(x_j, x_{j+4})``.
-Four ``fma.rn.f16x2`` accumulate a word's 8 products (|sum| <= 48 by construction), one
-conversion pair + add gives its float32 partial; block scales, the global scale and the
-row's power of two are applied in float32. About 3 instructions per weight element
-(2 of them integer), within the H200's budget at full HBM bandwidth.
+One parametric kernel (:func:`_gemv_kernel`) for weights of 4-bit minifloats (E2M1),
+8-bit minifloats (E4M3, E5M2) and 4/8-bit two's-complement integers, with any 1-D block
+scale (E8M0, UE4M3, fp16/bf16/fp32) and an optional global scale. It reads the QTensor's
+packed codes directly (no repack) as int32 words: 8 nibbles (element ``i`` in bits
+``[4i, 4i+4)``) or 4 bytes.
+
+Per word, the codes become f16x2 pairs in PTX (``KIND``):
+
+* ``F4``: one shift + masks per pair, by bit placement (sign -> bit 15, exponent|mantissa
+  -> bits ``10-MBITS ..``): the f16 reads as the element times ``2^(BIAS-15)``,
+  subnormals included. Pair ``j`` holds elements ``j`` and ``j+4``.
+* ``E4M3`` / ``E5M2``: the hardware ``cvt.rn.f16x2.e4m3x2`` / ``e5m2x2`` (exact), two
+  bytes per conversion. Pairs hold elements ``(0,1)`` and ``(2,3)``.
+* ``I8``: ``prmt`` puts each (sign-flipped) byte under the f16 exponent of 1024, one
+  exact ``sub.f16x2`` of 1152 leaves the integer.
+* ``I4``: the same with nibbles (``and``/``or`` with 0x6400, subtract 1032).
+
+Each pair meets an f16x2 of activations in ``fma.rn.f16x2``; the products of ``CHAIN``
+consecutive words accumulate in f16 (one chain never straddles a scale block), then one
+f16 -> f32 conversion pair and an add give the chain's float32 partial. Block scales,
+the global scale, the element constant and the activations' power of two are applied
+in float32. ``T`` tokens share one decode (one more ``fma.rn.f16x2`` per pair and token).
+
+f16 cannot overflow: :func:`_prep_x_kernel` scales each token's row by a power of two
+so that its amax lies in ``[2^(XE-1), 2^XE)``, with ``XE`` chosen per format so that a
+chain's worst-case sum (``XMAX * max|pair value| * products per lane``) stays below
+65504, and stores the row as ``XREGS`` planes of f16 pairs in the order the pairs use.
 
 Without a GPU (``TRITON_INTERPRET=1``) the same arithmetic runs in plain Triton ops
-(``USE_ASM=False``): decode each nibble to float32 and accumulate in float32.
+(``USE_ASM=False``): each code decoded to float32, products accumulated in float32.
 """
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._linear_kernels import _decode_scale
 
-# f16x2 decode of pair j of a word + HFMA2 accumulation over the word's 4 pairs,
-# then the two halves summed in float32.  $0: f32 out; $1: word; $2..$5: x pairs.
-_ASM_WORD = """
-{
-.reg .b32 m, s, p, acc;
-.reg .b16 lo, hi;
-.reg .f32 flo, fhi;
-shl.b32 m, $1, MS0; and.b32 m, m, MMASK; shl.b32 s, $1, SS0; and.b32 s, s, 0x80008000; or.b32 p, m, s;
-mul.rn.f16x2 acc, p, $2;
-shl.b32 m, $1, MS1; and.b32 m, m, MMASK; shl.b32 s, $1, SS1; and.b32 s, s, 0x80008000; or.b32 p, m, s;
-fma.rn.f16x2 acc, p, $3, acc;
-SH2 m, $1, MS2; and.b32 m, m, MMASK; shl.b32 s, $1, SS2; and.b32 s, s, 0x80008000; or.b32 p, m, s;
-fma.rn.f16x2 acc, p, $4, acc;
-SH3 m, $1, MS3; and.b32 m, m, MMASK; and.b32 s, $1, 0x80008000; or.b32 p, m, s;
-fma.rn.f16x2 acc, p, $5, acc;
-mov.b32 {lo, hi}, acc;
-cvt.f32.f16 flo, lo;
-cvt.f32.f16 fhi, hi;
-add.f32 $0, flo, fhi;
-}
-"""
+# element kinds (the KIND constexpr)
+F4, E4M3, E5M2, I8, I4 = 0, 1, 2, 3, 4
+#: activation f16 pairs per int32 word of codes
+XREGS = {F4: 4, E4M3: 2, E5M2: 2, I8: 2, I4: 4}
+#: largest |pair value| in f16 after decode (F4: 6 * 2^(BIAS-15) with BIAS 1)
+_WMAX = {F4: 6.0 * 2.0**-14, E4M3: 448.0, E5M2: 57344.0, I8: 128.0, I4: 8.0}
 
 
-def word_asm(mbits: int) -> str:
-    """The PTX for a 4-bit minifloat with ``mbits`` mantissa bits (E2M1: 1)."""
-    pos = 10 - mbits  # bit where the 3 magnitude bits start in an f16
-    shifts = [pos - 4 * j for j in range(4)]
-    mask = ((0b111 << pos) | (0b111 << (pos + 16)))
-    out = _ASM_WORD.replace("MMASK", hex(mask))
-    for j, sh in enumerate(shifts):
-        op = "shl.b32" if sh >= 0 else "shr.u32"
-        out = out.replace(f"MS{j}", str(abs(sh)))
-        if j >= 2:
-            out = out.replace(f"SH{j}", op)
-    for j in range(3):
-        out = out.replace(f"SS{j}", str(12 - 4 * j))
-    return out
+def x_exponent(kind: int, chain: int, scale_max: float = 1.0) -> int:
+    """``XE``: activations are scaled into ``[2^(XE-1), 2^XE)`` so that a chain of
+    ``chain`` words (``8 * chain / XREGS`` products per f16 lane), times a block scale of
+    at most ``scale_max`` when the scale is applied in f16, cannot reach 65504."""
+    per_lane = chain * (8 if XREGS[kind] == 4 else 4) // 2
+    return min(15, math.floor(math.log2(65504.0 / (_WMAX[kind] * per_lane * scale_max))))
+
+
+def _decode_word_ptx(kind: int, mbits: int, w: str, out: list[str]) -> list[str]:
+    """PTX lines decoding int32 register ``w`` into f16x2 registers ``out``."""
+    if kind == F4:
+        pos = 10 - mbits  # bit where the 3 magnitude bits start in an f16
+        mask = hex((0b111 << pos) | (0b111 << (pos + 16)))
+        lines = []
+        for j, p in enumerate(out):
+            sh = pos - 4 * j
+            op = "shl.b32" if sh >= 0 else "shr.u32"
+            lines.append(f"{op} m, {w}, {abs(sh)}; and.b32 m, m, {mask};")
+            ss = 12 - 4 * j
+            lines.append(f"shl.b32 s, {w}, {ss}; and.b32 s, s, 0x80008000;" if ss else "and.b32 s, " + w + ", 0x80008000;")
+            lines.append(f"or.b32 {p}, m, s;")
+        return lines
+    if kind in (E4M3, E5M2):
+        t = "e4m3x2" if kind == E4M3 else "e5m2x2"
+        return [f"mov.b32 {{lo, hi}}, {w};", f"cvt.rn.f16x2.{t} {out[0]}, lo;", f"cvt.rn.f16x2.{t} {out[1]}, hi;"]
+    if kind == I8:
+        return [f"xor.b32 u, {w}, 0x80808080;",
+                f"prmt.b32 {out[0]}, u, 0x64646464, 0x4140; sub.rn.f16x2 {out[0]}, {out[0]}, k;",
+                f"prmt.b32 {out[1]}, u, 0x64646464, 0x4342; sub.rn.f16x2 {out[1]}, {out[1]}, k;"]
+    if kind == I4:
+        lines = [f"xor.b32 u, {w}, 0x88888888;"]
+        for j, p in enumerate(out):
+            src = f"shr.u32 m, u, {4 * j}; " if j else "mov.b32 m, u; "
+            lines.append(src + f"and.b32 m, m, 0x000F000F; or.b32 m, m, 0x64006400; sub.rn.f16x2 {p}, m, k;")
+        return lines
+    raise ValueError(f"unknown element kind {kind}")
+
+
+def word_asm(kind: int, mbits: int, tokens: int) -> str:
+    """PTX for one int32 word of codes and ``tokens`` tokens: the f16x2 sum of the word's
+    products with each token's activation pairs, packed in an int32 per token.
+
+    Operands: ``$0..$(T-1)`` the packed outputs, ``$T`` the word, then token ``t``'s pair
+    ``j`` at ``$(T + 1 + t * XREGS + j)``."""
+    xr = XREGS[kind]
+    regs = ", ".join(["m", "s", "u", "k"] + [f"p{i}" for i in range(xr)] + [f"a{t}" for t in range(tokens)])
+    body = [f".reg .b32 {regs};", ".reg .b16 lo, hi;"]
+    if kind == I8:
+        body.append("mov.b32 k, 0x64806480;")  # 1152 = 1024 + 128 in each f16 half
+    elif kind == I4:
+        body.append("mov.b32 k, 0x64086408;")  # 1032 = 1024 + 8
+    body += _decode_word_ptx(kind, mbits, f"${tokens}", [f"p{i}" for i in range(xr)])
+    for t in range(tokens):
+        for j in range(xr):
+            xo = f"${tokens + 1 + t * xr + j}"
+            body.append(f"mul.rn.f16x2 a{t}, p{j}, {xo};" if j == 0 else f"fma.rn.f16x2 a{t}, p{j}, {xo}, a{t};")
+    body += [f"mov.b32 ${t}, a{t};" for t in range(tokens)]  # outputs written after every input is read
+    return "{\n" + "\n".join(body) + "\n}"
+
+
+def word_constraints(kind: int, tokens: int) -> str:
+    """The inline-asm constraint string matching :func:`word_asm`."""
+    return ",".join(["=r"] * tokens + ["r"] * (1 + tokens * XREGS[kind]))
+
+
+#: f16x2 sum of a chain's packed words -> float32 (both halves added)
+FINISH_ASM = tl.constexpr("{ .reg .b16 lo, hi; .reg .f32 a, b; mov.b32 {lo, hi}, $1; "
+                          "cvt.f32.f16 a, lo; cvt.f32.f16 b, hi; add.f32 $0, a, b; }")
+#: the same, multiplied first by an E4M3 block scale byte ($2) in f16 (exact decode by
+#: ``cvt.rn.f16x2.e4m3x2``, duplicated into both halves)
+FINISH_E4M3_ASM = tl.constexpr("{ .reg .b16 lo, hi; .reg .b32 sc, v; .reg .f32 a, b; mov.b32 {lo, hi}, $2; "
+                               "cvt.rn.f16x2.e4m3x2 sc, lo; prmt.b32 sc, sc, 0, 0x1010; mul.rn.f16x2 v, $1, sc; "
+                               "mov.b32 {lo, hi}, v; cvt.f32.f16 a, lo; cvt.f32.f16 b, hi; add.f32 $0, a, b; }")
 
 
 @triton.jit
-def _prep_x_kernel(x_ptr, xp_ptr, xs_ptr, stride_x, K: tl.constexpr, BLOCK: tl.constexpr):
-    """Row ``m`` of x -> f16 pairs (int32) permuted within groups of 8, scaled by 2^(13 - E)
-    with E the exponent of the row amax; writes the float32 undo factor 2^(E - 13)."""
+def _prep_x_kernel(x_ptr, xp_ptr, xs_ptr, stride_x, K: tl.constexpr, XE: tl.constexpr, KIND: tl.constexpr,
+                   CW: tl.constexpr, USE_PDL: tl.constexpr = False):
+    """Chunk ``c`` (``CW`` words' elements) of row ``m`` of x -> f16 scaled by
+    ``2^(XE - 1 - E)`` (``E``: exponent of the chunk's amax), stored as planes of f16
+    pairs: for 4-bit codes plane ``j`` holds ``(x[8w+j], x[8w+j+4])`` of word ``w``, for
+    8-bit codes plane ``j`` holds ``(x[4w+2j], x[4w+2j+1])``. Writes the chunk's float32
+    undo factor ``2^(E + 1 - XE)`` to ``xs[m, c]``. One contiguous load; the permutation
+    is a register reshape."""
     m = tl.program_id(0)
-    amax = tl.zeros([BLOCK], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK):
-        offs = k0 + tl.arange(0, BLOCK)
-        v = tl.load(x_ptr + m * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(v))
-    a = tl.max(amax, 0)
+    c = tl.program_id(1)
+    if USE_PDL:  # let the GEMV's programs launch now; they wait for this grid before reading x
+        gdc_launch_dependents()
+    if KIND == 0 or KIND == 4:
+        EPW: tl.constexpr = 8
+        XR: tl.constexpr = 4
+    else:
+        EPW: tl.constexpr = 4
+        XR: tl.constexpr = 2
+    KW: tl.constexpr = K // EPW
+    BLOCK: tl.constexpr = CW * EPW
+    offs = c * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + m * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
+    a = tl.max(tl.abs(v), 0)
     e = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     e = tl.minimum(tl.maximum(e, -100), 100)
-    up = ((127 + 13 - e) << 23).to(tl.float32, bitcast=True)
-    tl.store(xs_ptr + m, ((127 - 13 + e) << 23).to(tl.float32, bitcast=True))
-    for k0 in range(0, K, BLOCK):
-        p = k0 + tl.arange(0, BLOCK)  # output position
-        src = (p // 8) * 8 + (p % 8) // 2 + 4 * (p % 2)
-        v = tl.load(x_ptr + m * stride_x + src, mask=p < K, other=0.0).to(tl.float32)
-        tl.store(xp_ptr + m * K + p, (v * up).to(tl.float16), mask=p < K)
+    up = ((127 + XE - 1 - e) << 23).to(tl.float32, bitcast=True)
+    tl.store(xs_ptr + m * ((KW + CW - 1) // CW) + c, ((127 + e + 1 - XE) << 23).to(tl.float32, bitcast=True))
+    v = (v * up).to(tl.float16)
+    if EPW == 8:  # element 8w + j + 4h: (w, h, j) -> (j, w, h)
+        t = tl.permute(tl.reshape(v, [CW, 2, 4]), (2, 0, 1))
+    else:  # element 4w + 2j + h: (w, j, h) -> (j, w, h)
+        t = tl.permute(tl.reshape(v, [CW, 2, 2]), (1, 0, 2))
+    w = c * CW + tl.arange(0, CW)
+    dst = (xp_ptr + m * K + tl.arange(0, XR)[:, None, None] * (2 * KW) + w[None, :, None] * 2
+           + tl.arange(0, 2)[None, None, :])
+    tl.store(dst, t, mask=(w < KW)[None, :, None])
 
 
 @triton.jit
-def _word_dot_ref(w, x0, x1, x2, x3, MBITS: tl.constexpr):
-    """Plain-Triton twin of the PTX (interpreter): the f32 sum of a word's 8 products,
-    weights as element * 2^(1 - BIAS - 14) like the f16 bit placement."""
+def _code_value(w, i, KIND: tl.constexpr, MBITS: tl.constexpr):
+    """Element ``i`` of int32 words ``w`` as float32, valued like the PTX decode (F4: times
+    ``2^(BIAS-15)``; the rest: the element's code value)."""
+    if KIND == 0:
+        nib = (w >> (4 * i)) & 0xF
+        bits = ((nib >> 3) << 31) | ((nib & 7) << (23 - MBITS))
+        v = bits.to(tl.float32, bitcast=True) * 5.192296858534828e33  # f32 placement 2^-127 -> f16's 2^-15
+    elif KIND == 1 or KIND == 2:
+        b = (w >> (8 * i)) & 0xFF
+        if KIND == 1:
+            bits = ((b >> 7) << 31) | ((b & 0x7F) << 20)
+            v = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2^(127-7)
+            v = tl.where((b & 0x7F) == 0x7F, float("nan"), v)
+        else:
+            bits = ((b >> 7) << 31) | ((b & 0x7F) << 21)
+            v = bits.to(tl.float32, bitcast=True) * 5.192296858534828e33  # 2^(127-15)
+            v = tl.where((b & 0x7F) > 0x7C, float("nan"), tl.where((b & 0x7F) == 0x7C, float("inf") * v, v))
+    elif KIND == 3:
+        v = ((w << (24 - 8 * i)) >> 24).to(tl.float32)
+    else:
+        v = ((w << (28 - 4 * i)) >> 28).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _word_dot_ref(w, xs, c: tl.constexpr, KIND: tl.constexpr, MBITS: tl.constexpr, XR: tl.constexpr):
+    """Plain-Triton twin of one word of the PTX: the float32 sum of its products with the
+    activation pairs ``xs`` (a tuple of XR int32 tensors)."""
     acc = tl.zeros(w.shape, dtype=tl.float32)
-    for j in tl.static_range(4):
+    for j in tl.static_range(XR):
         for h in tl.static_range(2):
-            nib = (w >> (4 * j + 16 * h)) & 0xF
-            bits = ((nib >> 3) << 31) | ((nib & 7) << (23 - MBITS))
-            # float32 bits with exponent field e -> 2^(e-127); f16 placement gives 2^(e-15):
-            v = bits.to(tl.float32, bitcast=True) * 5.192296858534828e33  # 2^112
-            xv = tl.where(j == 0, x0, tl.where(j == 1, x1, tl.where(j == 2, x2, x3)))
-            xh = ((xv >> (16 * h)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            acc += v * xh
+            if XR == 4:
+                i = j + 4 * h
+            else:
+                i = 2 * j + h
+            xh = ((xs[j] >> (16 * h)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            acc += _code_value(w, i, KIND, MBITS) * xh
     return acc
 
 
 @triton.jit
-def _gemv_e2m1_kernel(
+def _hadd2(a, b):
+    """f16x2 add of packed int32 (a reduction combiner)."""
+    return tl.inline_asm_elementwise("add.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
+def _load_step(w_ptr, s_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, k0, KW: tl.constexpr, XR: tl.constexpr,
+               T: tl.constexpr, WPG: tl.constexpr, CHAIN: tl.constexpr, BLOCK_KW: tl.constexpr,
+               EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    """One K step's operands from word ``k0``: codes ``[BLOCK_N, BLOCK_KW]``, raw block
+    scales ``[BLOCK_N, BLOCK_KW // CHAIN]`` (one per chain) and each token's activation
+    planes (a tuple of ``T * XR`` tensors ``[1, BLOCK_KW]``)."""
+    NC: tl.constexpr = BLOCK_KW // CHAIN
+    kw = k0 + tl.arange(0, BLOCK_KW)
+    kw_ok = kw < KW
+    kc = k0 + CHAIN * tl.arange(0, NC)  # first word of each chain
+    w_ptrs = w_ptr + offs_n[:, None] * stride_w + kw[None, :]
+    s_ptrs = s_ptr + offs_n[:, None] * stride_s + (kc // WPG)[None, :]
+    if EVEN_N and EVEN_K:  # no masks: unpredicated 16-byte loads
+        w = tl.load(w_ptrs)
+        raw = tl.load(s_ptrs).to(tl.int32)
+    else:
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & kw_ok[None, :], other=0)
+        raw = tl.load(s_ptrs, mask=n_ok[:, None] & (kc < KW)[None, :], other=0).to(tl.int32)
+    xs = ()
+    for t in tl.static_range(T):
+        for j in tl.static_range(XR):
+            if EVEN_K:
+                xv = tl.load(x_ptr + (t * XR + j) * KW + kw[None, :])
+            else:
+                xv = tl.load(x_ptr + (t * XR + j) * KW + kw[None, :], mask=kw_ok[None, :], other=0)
+            xs = xs + (xv,)
+    return w, raw, xs
+
+
+@triton.jit
+def _word_parts(w, xs, XR: tl.constexpr, T: tl.constexpr, KIND: tl.constexpr, MBITS: tl.constexpr,
+                USE_ASM: tl.constexpr, ASM: tl.constexpr, CONS: tl.constexpr):
+    """Per word of ``w`` and per token (a tuple): the sum of the word's products with the
+    activation planes ``xs``, as packed f16x2 int32 (PTX) or float32 (the plain-Triton twin)."""
+    if USE_ASM:
+        if T == 1:
+            parts = (tl.inline_asm_elementwise(ASM, CONS, (w,) + xs, dtype=tl.int32, is_pure=True, pack=1),)
+        else:
+            parts = tl.inline_asm_elementwise(ASM, CONS, (w,) + xs, dtype=(tl.int32,) * T, is_pure=True, pack=1)
+    else:
+        parts = ()
+        for t in tl.static_range(T):
+            x4 = ()
+            for j in tl.static_range(XR):
+                x4 = x4 + (xs[t * XR + j],)
+            parts = parts + (_word_dot_ref(w, x4, 0, KIND, MBITS, XR),)
+    return parts
+
+
+@triton.jit
+def _chain_finish(p, raw, CHAIN: tl.constexpr, USE_ASM: tl.constexpr, SCALE_IN_ASM: tl.constexpr):
+    """``[R, C]`` word parts -> ``[R, C // CHAIN]`` float32 chain sums (f16 adds in the PTX
+    path), times the E4M3 block scale ``raw`` when ``SCALE_IN_ASM``."""
+    R: tl.constexpr = p.shape[0]
+    NC: tl.constexpr = p.shape[1] // CHAIN
+    if USE_ASM:
+        if CHAIN > 1:
+            h = tl.reduce(tl.reshape(p, [R, NC, CHAIN]), 2, _hadd2)
+        else:
+            h = p
+        if SCALE_IN_ASM:
+            out = tl.inline_asm_elementwise(FINISH_E4M3_ASM, "=f,r,r", [h, raw], dtype=tl.float32, is_pure=True,
+                                            pack=1)
+        else:
+            out = tl.inline_asm_elementwise(FINISH_ASM, "=f,r", [h], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        out = tl.sum(tl.reshape(p, [R, NC, CHAIN]), 2)
+        if SCALE_IN_ASM:
+            out = out * _decode_scale(raw, 2)
+    return out
+
+
+@triton.jit
+def _gemv_kernel(
     xp_ptr, xs_ptr, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr,
-    N, stride_w, stride_s, stride_o, M: tl.constexpr, K: tl.constexpr,
-    MBITS: tl.constexpr, BIAS: tl.constexpr, SCALE_KIND: tl.constexpr,
-    GROUP: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    N, stride_w, stride_s, stride_o, M: tl.constexpr, KW: tl.constexpr,
+    KIND: tl.constexpr, MBITS: tl.constexpr, ELEM_C: tl.constexpr, SCALE_KIND: tl.constexpr,
+    WPG: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, KW_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
-    USE_ASM: tl.constexpr, ASM: tl.constexpr,
+    CHAIN: tl.constexpr, T: tl.constexpr, USE_ASM: tl.constexpr, ASM: tl.constexpr, CONS: tl.constexpr,
+    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, SCALE_IN_ASM: tl.constexpr, USE_PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
-    """out[m, n] (+)= sum_k x[m, k] * W[n, k] for a slice of K (split-K: fp32 atomics into
-    a zeroed fp32 ``out``; without split the final dtype is written directly)."""
+    """out[m, n] (+)= sum_k x[m, k] * W[n, k] over this program's K slice (split-K: fp32
+    atomics into a zeroed fp32 ``out``; else the final dtype is written directly).
+    ``KW``: int32 words of codes per weight row; ``WPG``: words per scale block; ``CHAIN``:
+    words summed in f16 (divides WPG); ``EVEN_N`` / ``EVEN_K``: the tiles cover N / every
+    split's K range exactly (no masks); ``SCALE_IN_ASM``: E4M3 block scales (one per chain)
+    applied in f16 inside the PTX; ``USE_PDL``: launched as a programmatic dependent of
+    the activation prep (waits for it before reading x); ``PREFETCH``: load step i+1
+    while step i computes (register double buffer). Activations arrive in chunks of
+    ``BLOCK_KW`` words, each with its own power of two (``xs[m, chunk]``)."""
+    XR: tl.constexpr = 4 if (KIND == 0 or KIND == 4) else 2
+    NC: tl.constexpr = BLOCK_KW // CHAIN
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    kw_total = K // 8
-    WPG: tl.constexpr = GROUP // 8  # words per scale block
-    NG: tl.constexpr = BLOCK_KW // WPG
-    # an element's bits placed in an f16 read as its value times 2^(BIAS - 15)
-    ELEM_C: tl.constexpr = 2.0 ** (15 - BIAS)
     k_lo = pid_k * KW_PER_SPLIT
-    for m in range(0, M):
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if USE_PDL:  # launched early (programmatic dependent launch): x is ready only after this
+        gdc_wait()
+    NCH: tl.constexpr = KW // BLOCK_KW  # activation chunks (one undo factor each) per token
+    for m0 in tl.static_range(0, M, T):
+        x_ptr = xp_ptr + m0 * XR * KW
+        accs = ()
+        for t in tl.static_range(T):
+            accs = accs + (tl.zeros([BLOCK_N, NC], dtype=tl.float32),)
+        if PREFETCH:
+            w, raw, xs = _load_step(w_ptr, s_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, k_lo, KW, XR, T, WPG,
+                                    CHAIN, BLOCK_KW, EVEN_N, EVEN_K)
         for i in range(0, KW_PER_SPLIT, BLOCK_KW):
-            kw = k_lo + i + tl.arange(0, BLOCK_KW)
-            kw_ok = kw < kw_total
-            w = tl.load(w_ptr + offs_n[:, None] * stride_w + kw[None, :],
-                        mask=n_ok[:, None] & kw_ok[None, :], other=0)
-            xq = tl.load(xp_ptr + m * (K // 2) + kw[:, None] * 4 + tl.arange(0, 4)[None, :],
-                         mask=kw_ok[:, None], other=0)
-            xa, xb = tl.split(tl.reshape(xq, [BLOCK_KW, 2, 2]))
-            x0, x2 = tl.split(xa)
-            x1, x3 = tl.split(xb)
-            if USE_ASM:
-                part = tl.inline_asm_elementwise(
-                    ASM, "=f,r,r,r,r,r", [w, x0[None, :], x1[None, :], x2[None, :], x3[None, :]],
-                    dtype=tl.float32, is_pure=True, pack=1)
+            if PREFETCH:  # issue the next step's loads before this step's arithmetic
+                nxt = tl.minimum(i + BLOCK_KW, KW_PER_SPLIT - BLOCK_KW)
+                w2, raw2, xs2 = _load_step(w_ptr, s_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, k_lo + nxt, KW,
+                                           XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K)
             else:
-                part = _word_dot_ref(w, x0[None, :], x1[None, :], x2[None, :], x3[None, :], MBITS)
-            part = tl.sum(tl.reshape(part, [BLOCK_N, NG, WPG]), 2)
-            g = (k_lo + i) // WPG + tl.arange(0, NG)
-            raw = tl.load(s_ptr + offs_n[:, None] * stride_s + g[None, :],
-                          mask=n_ok[:, None] & (g < kw_total // WPG)[None, :], other=0).to(tl.int32)
-            acc += tl.sum(part * _decode_scale(raw, SCALE_KIND), 1)
-        acc = acc * (tl.load(xs_ptr + m) * ELEM_C)
-        if HAS_GS:
-            acc = acc * tl.load(gs_ptr)
-        if SPLIT_K == 1:
-            if HAS_BIAS:
-                acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-            tl.store(out_ptr + m * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
-        else:
-            if HAS_BIAS:
-                if pid_k == 0:
-                    acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-            tl.atomic_add(out_ptr + m * stride_o + offs_n, acc, mask=n_ok, sem="relaxed")
+                w, raw, xs = _load_step(w_ptr, s_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, k_lo + i, KW, XR, T,
+                                        WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K)
+            parts = _word_parts(w, xs, XR, T, KIND, MBITS, USE_ASM, ASM, CONS)
+            if SCALE_IN_ASM:
+                scale = 1.0
+            else:
+                scale = _decode_scale(raw, SCALE_KIND)
+            chunk = (k_lo + i) // BLOCK_KW
+            new = ()
+            for t in tl.static_range(T):
+                if EVEN_K:  # the activation chunk's power of two
+                    xf = tl.load(xs_ptr + (m0 + t) * NCH + chunk)
+                else:
+                    xf = tl.load(xs_ptr + (m0 + t) * NCH + chunk, mask=chunk < NCH, other=0.0)
+                new = new + (accs[t] + _chain_finish(parts[t], raw, CHAIN, USE_ASM, SCALE_IN_ASM) * (scale * xf),)
+            accs = new
+            if PREFETCH:
+                w = w2
+                raw = raw2
+                xs = xs2
+        for t in tl.static_range(T):
+            acc = tl.sum(accs[t], 1)  # across K once, after the loop
+            if m0 + t < M:
+                acc = acc * ELEM_C
+                if HAS_GS:
+                    acc = acc * tl.load(gs_ptr)
+                if SPLIT_K == 1:
+                    if HAS_BIAS:
+                        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+                    tl.store(out_ptr + (m0 + t) * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+                else:
+                    if HAS_BIAS:
+                        if pid_k == 0:
+                            acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+                    tl.atomic_add(out_ptr + (m0 + t) * stride_o + offs_n, acc, mask=n_ok, sem="relaxed")

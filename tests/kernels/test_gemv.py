@@ -1,26 +1,34 @@
-"""Decode-path GEMV on the canonical 4-bit minifloat layout, against float64 math.
+"""Decode-path GEMV on the canonical weight layout, against float64 math.
 
 Under TRITON_INTERPRET=1 the plain-Triton twin of the PTX decode runs; the PTX itself
-runs on the GPU (benchmarks/run_gpu_gemv.py checks it there).
+runs on the GPU (benchmarks/run_gpu_gemv.py checks it there). The PTX text is checked
+here for the pieces the twin cannot see (shifts, masks, operand numbering).
 """
 import pytest
 import torch
 
 import microscale as ms
 from microscale.formats import registry
-from microscale.kernels._gemv_kernels import word_asm
-from microscale.qlinear import GemvConfig, gemv
+from microscale.kernels import _gemv_kernels as kern
+from microscale.qlinear import GemvConfig, _gemv_kind, gemv
 
-FP4 = [n for n, f in registry.items() if f.element.bits == 4 and f.element.kind == "float" and not f.zero_point]
+SUPPORTED = [n for n, f in registry.items() if _gemv_kind(f) is not None and not f.zero_point
+             and f.block_rows == 1]
 
 
 def rel(a, b):
     return float((a.double() - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("name", FP4)
-@pytest.mark.parametrize("m,split", [(1, 1), (2, 2)])
-def test_gemv_matches_float64(name, m, split, gen):
+def test_supported_covers_every_kind():
+    kinds = {_gemv_kind(registry[n]) for n in SUPPORTED}
+    assert kinds == {kern.F4, kern.E4M3, kern.E5M2, kern.I8, kern.I4}
+    assert "mxfp6_e2m3" not in SUPPORTED and "int4_affine_g32" not in SUPPORTED
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+@pytest.mark.parametrize("m,split,tokens", [(1, 1, 0), (3, 2, 0), (5, 1, 2)])
+def test_gemv_matches_float64(name, m, split, tokens, gen):
     n, k = 40, 256
     w = torch.randn(n, k, generator=gen)
     q = ms.quantize(w, name)
@@ -29,24 +37,81 @@ def test_gemv_matches_float64(name, m, split, gen):
     x[0, 9] = 1e-6
     bias = torch.randn(n, generator=gen)
     ref = x.double() @ q.dequantize(torch.float64).T + bias.double()
-    out = gemv(x, q, bias, GemvConfig(block_n=16, block_kw=16, split_k=split), use_asm=False)
+    words = q.fmt.block_size * q.fmt.element.bits // 32
+    cfg = GemvConfig(block_n=16, block_kw=max(16, words), split_k=split, tokens=tokens)
+    out = gemv(x, q, bias, cfg, use_asm=False)
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     assert not torch.isnan(out).any()
     assert rel(out, ref) < 1e-2
 
 
-def test_gemv_large_activations_do_not_overflow(gen):
-    q = ms.quantize(torch.randn(16, 128, generator=gen), "nvfp4")
-    x = (torch.randn(1, 128, generator=gen) * 3e4).to(torch.bfloat16)  # f16 would overflow unscaled
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp8_e4m3", "int8_fp16", "mxfp8_e5m2"])
+def test_gemv_large_activations_do_not_overflow(name, gen):
+    q = ms.quantize(torch.randn(16, 256, generator=gen), name)
+    x = (torch.randn(1, 256, generator=gen) * 3e4).to(torch.bfloat16)  # f16 would overflow unscaled
     ref = x.double() @ q.dequantize(torch.float64).T
-    out = gemv(x, q, None, GemvConfig(block_n=16, block_kw=16), use_asm=False)
+    out = gemv(x, q, None, GemvConfig(block_n=16, block_kw=32), use_asm=False)
     assert torch.isfinite(out).all() and rel(out, ref) < 1e-2
 
 
-def test_word_asm_shifts():
-    a = word_asm(1)
+def test_gemv_ragged_rows_and_fp16(gen):
+    q = ms.quantize(torch.randn(37, 256, generator=gen), "mxfp4")
+    x = torch.randn(2, 256, generator=gen).to(torch.float16)
+    out = gemv(x, q, None, GemvConfig(block_n=8, block_kw=16), use_asm=False)
+    assert out.dtype == torch.float16 and out.shape == (2, 37)
+    assert rel(out, x.double() @ q.dequantize(torch.float64).T) < 1e-2
+
+
+def test_x_exponent_bounds_the_chain():
+    # worst case of a chain: products per f16 lane x max |pair value| x 2^XE < 65504
+    for kind, wmax in kern._WMAX.items():
+        for chain in (1, 2, 4):
+            xe = kern.x_exponent(kind, chain)
+            per_lane = chain * (8 if kern.XREGS[kind] == 4 else 4) // 2
+            assert per_lane * wmax * 2.0**xe < 65504 and 2.0**xe <= 2.0**15
+
+
+def test_asm_text():
+    a = kern.word_asm(kern.F4, 1, tokens=1)
     assert "shl.b32 m, $1, 9;" in a and "shl.b32 m, $1, 5;" in a and "shl.b32 m, $1, 1;" in a
-    assert "shr.u32 m, $1, 3;" in a and hex((7 << 9) | (7 << 25)) in a
+    assert "shr.u32 m, $1, 3;" in a and hex((7 << 9) | (7 << 25)) in a and "$5" in a and "$6" not in a
+    assert a.count("fma.rn.f16x2") == 3 and a.count("mul.rn.f16x2") == 1
+    a = kern.word_asm(kern.E4M3, 3, tokens=2)
+    assert a.count("cvt.rn.f16x2.e4m3x2") == 2 and a.count("fma.rn.f16x2") + a.count("mul.rn.f16x2") == 4
+    assert "$6" in a and "$7" not in a  # 2 outputs + 1 word + 2 tokens x 2 activation pairs
+    assert kern.word_constraints(kern.E4M3, 2) == "=r,=r,r,r,r,r,r"
+    a = kern.word_asm(kern.I8, 0, tokens=1)
+    assert "0x64806480" in a and "0x4140" in a and "0x4342" in a
+    assert "cvt.rn.f16x2.e4m3x2" in kern.FINISH_E4M3_ASM.value
+
+
+@pytest.mark.parametrize("kind,k", [(0, 256), (0, 200), (1, 256), (3, 100)])
+def test_prep_layout_and_chunk_scales(kind, k, gen):
+    """The activation planes, and one power of two per chunk of CW words."""
+    epw = 8 if kind in (kern.F4, kern.I4) else 4
+    xr = kern.XREGS[kind]
+    cw = 8
+    kw = k // epw
+    nch = -(-kw // cw)
+    x = torch.randn(2, k, generator=gen).to(torch.bfloat16)
+    x[1, : cw * epw] *= 1e-3  # a quiet first chunk gets its own, smaller power of two
+    xp = torch.empty(2, k, dtype=torch.float16)
+    xs = torch.empty(2, nch, dtype=torch.float32)
+    kern._prep_x_kernel[(2, nch)](x, xp, xs, x.stride(0), K=k, XE=5, KIND=kind, CW=cw)
+    w = torch.arange(kw)
+    xf = torch.empty(2, k)
+    for c in range(nch):
+        seg = x[:, c * cw * epw:(c + 1) * cw * epw].float()
+        e = torch.floor(torch.log2(seg.abs().amax(1)))
+        assert torch.equal(xs[:, c], torch.exp2(e + 1 - 5))
+        xf[:, c * cw * epw:(c + 1) * cw * epw] = xs[:, c:c + 1]
+    assert xs[1, 0] < xs[1, 1] / 100
+    for j in range(xr):
+        for h in range(2):
+            src = w * 8 + j + 4 * h if epw == 8 else w * 4 + 2 * j + h
+            got = xp[:, j * 2 * kw + w * 2 + h]
+            want = (x[:, src].float() / xf[:, src]).to(torch.float16)
+            assert torch.equal(got, want)
 
 
 def test_gemv_rejects_bad_config(gen):
@@ -56,3 +121,5 @@ def test_gemv_rejects_bad_config(gen):
         gemv(x, q, None, GemvConfig(block_kw=2), use_asm=False)
     with pytest.raises(ValueError, match="K="):
         gemv(torch.randn(1, 64).to(torch.bfloat16), q, None, use_asm=False)
+    with pytest.raises(ValueError, match="no decode"):
+        gemv(x, ms.quantize(torch.randn(16, 128, generator=gen), "mxfp6_e2m3"), None, use_asm=False)
