@@ -19,11 +19,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 
-def sass(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3,
-         arch: int = 90, divisible: tuple[str, ...] | None = None) -> str:
-    """SASS text of ``fn`` (a ``@triton.jit`` function) specialised to the given types.
-    ``divisible``: arguments known to be multiples of 16, as Triton's launcher specialises
-    them at run time (default: every pointer and every argument named ``stride*``)."""
+def _cubin(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int, arch: int,
+           divisible: tuple[str, ...] | None) -> str:
+    """Path of a temporary .cubin of ``fn`` compiled for ``sm_<arch>`` (caller deletes it)."""
     sig = dict(signature)
     for k in constexprs:
         sig[k] = "constexpr"
@@ -33,11 +31,33 @@ def sass(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages: 
     src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                        options={"num_warps": num_warps, "num_stages": num_stages})
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
-        f.flush()
-        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    return f.name
+
+
+def _cuobjdump(path: str, *flags: str) -> str:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    try:
+        return subprocess.run([tool, *flags, path], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(path)
+
+
+def sass(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3,
+         arch: int = 90, divisible: tuple[str, ...] | None = None) -> str:
+    """SASS text of ``fn`` (a ``@triton.jit`` function) specialised to the given types.
+    ``divisible``: arguments known to be multiples of 16, as Triton's launcher specialises
+    them at run time (default: every pointer and every argument named ``stride*``)."""
+    return _cuobjdump(_cubin(fn, signature, constexprs, num_warps, num_stages, arch, divisible), "-sass")
+
+
+def registers(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3,
+              arch: int = 90, divisible: tuple[str, ...] | None = None) -> int:
+    """Registers per thread of ``fn`` compiled as :func:`sass` would."""
+    out = _cuobjdump(_cubin(fn, signature, constexprs, num_warps, num_stages, arch, divisible), "-res-usage")
+    m = re.search(r"REG:(\d+)", out)
+    return int(m.group(1)) if m else -1
 
 
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
@@ -74,22 +94,3 @@ def loop_counts(text: str) -> list[dict]:
                                   "hist": dict(sorted(hist.items(), key=lambda kv: -kv[1]))})
     return loops
 
-
-def registers(text_or_cubin_fn=None, **kw) -> int:  # pragma: no cover - helper for notes
-    """Registers per thread of a kernel compiled like :func:`sass` (same arguments)."""
-    fn, signature, constexprs = text_or_cubin_fn, kw.pop("signature"), kw.pop("constexprs")
-    sig = dict(signature)
-    for k in constexprs:
-        sig[k] = "constexpr"
-    divisible = tuple(k for k, v in signature.items() if v.startswith("*") or k.startswith("stride"))
-    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in divisible}
-    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", kw.get("arch", 90), 32),
-                       options={"num_warps": kw.get("num_warps", 4), "num_stages": kw.get("num_stages", 3)})
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    m = re.search(r"REG:(\d+)", out)
-    return int(m.group(1)) if m else -1
