@@ -456,27 +456,34 @@ def _gemv_kind(fmt: Format) -> int | None:
     from .kernels import _gemv_kernels as kern
 
     el = fmt.element
-    if el.kind == "float" and el.bits == 4 and not el.has_nan and not el.has_inf:
+    if el.kind == "int" and el.bits in (4, 8):
+        if fmt.zero_point and not el.signed and el.frac_bits == 0:  # affine: (code - z) * s
+            return kern.U8Z if el.bits == 8 else kern.U4Z
+        if el.signed and not fmt.zero_point:
+            return kern.I8 if el.bits == 8 else kern.I4
+        return None
+    if fmt.zero_point or el.kind != "float":
+        return None
+    if el.bits == 4 and not el.has_nan and not el.has_inf:
         return kern.F4
-    if el.kind == "float" and el.bits == 8 and (el.ebits, el.mbits, el.bias) == (4, 3, 7) \
-            and list(el.nan_codes) == [0x7F] and not el.has_inf:
+    if el.bits == 8 and (el.ebits, el.mbits, el.bias) == (4, 3, 7) and list(el.nan_codes) == [0x7F] \
+            and not el.has_inf:
         return kern.E4M3
-    if el.kind == "float" and el.bits == 8 and (el.ebits, el.mbits, el.bias) == (5, 2, 15) and el.has_inf:
+    if el.bits == 8 and (el.ebits, el.mbits, el.bias) == (5, 2, 15) and el.has_inf:
         return kern.E5M2
-    if el.kind == "int" and el.signed and el.bits in (4, 8):
-        return kern.I8 if el.bits == 8 else kern.I4
     return None
 
 
 def gemv_supported(q: QTensor, x: torch.Tensor) -> bool:
     """Whether :func:`gemv` serves ``x @ dequant(q)^T``: a CUDA weight of 4/8-bit
-    minifloats (E2M1, E4M3, E5M2) or signed 4/8-bit integers with 1-D blocks of whole
-    words, no zero point, unpadded, at most ``GEMV_MAX_M`` tokens."""
+    minifloats (E2M1, E4M3, E5M2), signed 4/8-bit integers, or unsigned 4/8-bit integers
+    with a zero point (affine), with 1-D blocks of whole words, unpadded, at most
+    ``GEMV_MAX_M`` tokens."""
     f = q.fmt
     return (x.is_cuda and q.data.is_cuda and len(q.shape) == 2 and x.dim() >= 1
             and x.shape[-1] == q.shape[-1] and x.numel() // max(x.shape[-1], 1) <= GEMV_MAX_M
             and x.dtype in (torch.bfloat16, torch.float16) and _gemv_kind(f) is not None
-            and f.block_rows == 1 and not f.zero_point and (f.block_size * f.element.bits) % 32 == 0
+            and f.block_rows == 1 and (f.block_size * f.element.bits) % 32 == 0
             and tuple(q.padded_shape) == tuple(q.shape))
 
 
@@ -552,17 +559,18 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
                                                       device=x2.device)
     gs = q.global_scale if q.global_scale is not None else xs
     b = bias if bias is not None else xs
+    zp = q.zero_points.contiguous() if f.zero_point else scales
     kw_per = -(-kw // split)
     kw_per = -(-kw_per // c.block_kw) * c.block_kw
     el = f.element
     elem_c = 2.0 ** (15 - el.bias) if kind == kern.F4 else 2.0 ** (-el.frac_bits) if el.kind == "int" else 1.0
     kern._gemv_kernel[(-(-n // c.block_n), split)](
-        xp.view(torch.int32), xs, q.data.contiguous().view(torch.int32), scales, gs, b, out,
-        n, kw, scales.stride(0), out.stride(0), M=m, KW=kw, KIND=kind, MBITS=el.mbits, ELEM_C=elem_c,
+        xp.view(torch.int32), xs, q.data.contiguous().view(torch.int32), scales, zp, gs, b, out,
+        n, kw, scales.stride(0), zp.stride(0), out.stride(0), M=m, KW=kw, KIND=kind, MBITS=el.mbits, ELEM_C=elem_c,
         SCALE_KIND=_SCALE_KIND[f.scale.name], WPG=wpg, HAS_GS=f.global_scale, HAS_BIAS=bias is not None,
         BLOCK_N=c.block_n, BLOCK_KW=c.block_kw, KW_PER_SPLIT=kw_per, SPLIT_K=split, CHAIN=chain, T=tokens,
         USE_ASM=asm, ASM=kern.word_asm(kind, el.mbits, tokens) if asm else "",
         CONS=kern.word_constraints(kind, tokens), SCALE_IN_ASM=s_in,
-        USE_PDL=pdl, PREFETCH=c.prefetch, **({"launch_pdl": True} if pdl else {}),
+        USE_PDL=pdl, PREFETCH=c.prefetch, HAS_ZP=f.zero_point, **({"launch_pdl": True} if pdl else {}),
         EVEN_N=n % c.block_n == 0, EVEN_K=kw_per * split == kw, num_warps=c.num_warps, num_stages=c.num_stages)
     return out.to(x2.dtype) if split > 1 else out

@@ -16,6 +16,8 @@ Per word, the codes become f16x2 pairs in PTX (``KIND``):
 * ``I8``: ``prmt`` puts each (sign-flipped) byte under the f16 exponent of 1024, one
   exact ``sub.f16x2`` of 1152 leaves the integer.
 * ``I4``: the same with nibbles (``and``/``or`` with 0x6400, subtract 1032).
+* ``U8Z`` / ``U4Z`` (affine: unsigned codes with a zero point per block): the same
+  placement under 1024, then an exact ``sub.f16x2`` of ``1024 + z`` leaves ``code - z``.
 
 Each pair meets an f16x2 of activations in ``fma.rn.f16x2``; the products of ``CHAIN``
 consecutive words accumulate in f16 (one chain never straddles a scale block), then one
@@ -23,10 +25,11 @@ f16 -> f32 conversion pair and an add give the chain's float32 partial. Block sc
 the global scale, the element constant and the activations' power of two are applied
 in float32. ``T`` tokens share one decode (one more ``fma.rn.f16x2`` per pair and token).
 
-f16 cannot overflow: :func:`_prep_x_kernel` scales each token's row by a power of two
-so that its amax lies in ``[2^(XE-1), 2^XE)``, with ``XE`` chosen per format so that a
-chain's worst-case sum (``XMAX * max|pair value| * products per lane``) stays below
-65504, and stores the row as ``XREGS`` planes of f16 pairs in the order the pairs use.
+f16 cannot overflow: :func:`_prep_x_kernel` scales each chunk of ``BLOCK_KW`` words of
+a token's row by a power of two so that its amax lies in ``[2^(XE-1), 2^XE)``, with
+``XE`` chosen per format so that a chain's worst-case sum (``XMAX * max|pair value| *
+products per lane``) stays below 65504, and stores the row as ``XREGS`` planes of f16
+pairs in the order the pairs use; the GEMV undoes each chunk's power of two in float32.
 
 Without a GPU (``TRITON_INTERPRET=1``) the same arithmetic runs in plain Triton ops
 (``USE_ASM=False``): each code decoded to float32, products accumulated in float32.
@@ -42,11 +45,13 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from ._linear_kernels import _decode_scale
 
 # element kinds (the KIND constexpr)
-F4, E4M3, E5M2, I8, I4 = 0, 1, 2, 3, 4
+F4, E4M3, E5M2, I8, I4, U8Z, U4Z = 0, 1, 2, 3, 4, 5, 6
 #: activation f16 pairs per int32 word of codes
-XREGS = {F4: 4, E4M3: 2, E5M2: 2, I8: 2, I4: 4}
-#: largest |pair value| in f16 after decode (F4: 6 * 2^(BIAS-15) with BIAS 1)
-_WMAX = {F4: 6.0 * 2.0**-14, E4M3: 448.0, E5M2: 57344.0, I8: 128.0, I4: 8.0}
+XREGS = {F4: 4, E4M3: 2, E5M2: 2, I8: 2, I4: 4, U8Z: 2, U4Z: 4}
+#: largest |pair value| in f16 after decode (F4: 6 * 2^(BIAS-15) with BIAS 1; U*Z: code - zero point)
+_WMAX = {F4: 6.0 * 2.0**-14, E4M3: 448.0, E5M2: 57344.0, I8: 128.0, I4: 8.0, U8Z: 255.0, U4Z: 15.0}
+#: kinds whose decode subtracts a per-block zero point (an extra per-word operand)
+HAS_ZP_KIND = (U8Z, U4Z)
 
 
 def x_exponent(kind: int, chain: int, scale_max: float = 1.0) -> int:
@@ -78,6 +83,15 @@ def _decode_word_ptx(kind: int, mbits: int, w: str, out: list[str]) -> list[str]
         return [f"xor.b32 u, {w}, 0x80808080;",
                 f"prmt.b32 {out[0]}, u, 0x64646464, 0x4140; sub.rn.f16x2 {out[0]}, {out[0]}, k;",
                 f"prmt.b32 {out[1]}, u, 0x64646464, 0x4342; sub.rn.f16x2 {out[1]}, {out[1]}, k;"]
+    if kind == U8Z:  # k holds (1024 + zero point) in both halves
+        return [f"prmt.b32 {out[0]}, {w}, 0x64646464, 0x4140; sub.rn.f16x2 {out[0]}, {out[0]}, k;",
+                f"prmt.b32 {out[1]}, {w}, 0x64646464, 0x4342; sub.rn.f16x2 {out[1]}, {out[1]}, k;"]
+    if kind == U4Z:
+        lines = []
+        for j, p in enumerate(out):
+            src = f"shr.u32 m, {w}, {4 * j}; " if j else f"mov.b32 m, {w}; "
+            lines.append(src + f"and.b32 m, m, 0x000F000F; or.b32 m, m, 0x64006400; sub.rn.f16x2 {p}, m, k;")
+        return lines
     if kind == I4:
         lines = [f"xor.b32 u, {w}, 0x88888888;"]
         for j, p in enumerate(out):
@@ -91,19 +105,23 @@ def word_asm(kind: int, mbits: int, tokens: int) -> str:
     """PTX for one int32 word of codes and ``tokens`` tokens: the f16x2 sum of the word's
     products with each token's activation pairs, packed in an int32 per token.
 
-    Operands: ``$0..$(T-1)`` the packed outputs, ``$T`` the word, then token ``t``'s pair
-    ``j`` at ``$(T + 1 + t * XREGS + j)``."""
+    Operands: ``$0..$(T-1)`` the packed outputs, ``$T`` the word, (zero-point kinds) ``$(T+1)``
+    the f16x2 ``1024 + zero point`` of the word's block, then token ``t``'s pair ``j`` at
+    ``$(X0 + t * XREGS + j)`` with ``X0 = T + 1 (+ 1)``."""
     xr = XREGS[kind]
+    x0 = tokens + 1 + (1 if kind in HAS_ZP_KIND else 0)
     regs = ", ".join(["m", "s", "u", "k"] + [f"p{i}" for i in range(xr)] + [f"a{t}" for t in range(tokens)])
     body = [f".reg .b32 {regs};", ".reg .b16 lo, hi;"]
     if kind == I8:
         body.append("mov.b32 k, 0x64806480;")  # 1152 = 1024 + 128 in each f16 half
     elif kind == I4:
         body.append("mov.b32 k, 0x64086408;")  # 1032 = 1024 + 8
+    elif kind in HAS_ZP_KIND:
+        body.append(f"mov.b32 k, ${tokens + 1};")
     body += _decode_word_ptx(kind, mbits, f"${tokens}", [f"p{i}" for i in range(xr)])
     for t in range(tokens):
         for j in range(xr):
-            xo = f"${tokens + 1 + t * xr + j}"
+            xo = f"${x0 + t * xr + j}"
             body.append(f"mul.rn.f16x2 a{t}, p{j}, {xo};" if j == 0 else f"fma.rn.f16x2 a{t}, p{j}, {xo}, a{t};")
     body += [f"mov.b32 ${t}, a{t};" for t in range(tokens)]  # outputs written after every input is read
     return "{\n" + "\n".join(body) + "\n}"
@@ -111,7 +129,7 @@ def word_asm(kind: int, mbits: int, tokens: int) -> str:
 
 def word_constraints(kind: int, tokens: int) -> str:
     """The inline-asm constraint string matching :func:`word_asm`."""
-    return ",".join(["=r"] * tokens + ["r"] * (1 + tokens * XREGS[kind]))
+    return ",".join(["=r"] * tokens + ["r"] * (1 + (kind in HAS_ZP_KIND) + tokens * XREGS[kind]))
 
 
 #: f16x2 sum of a chain's packed words -> float32 (both halves added)
@@ -137,7 +155,7 @@ def _prep_x_kernel(x_ptr, xp_ptr, xs_ptr, stride_x, K: tl.constexpr, XE: tl.cons
     c = tl.program_id(1)
     if USE_PDL:  # let the GEMV's programs launch now; they wait for this grid before reading x
         gdc_launch_dependents()
-    if KIND == 0 or KIND == 4:
+    if KIND == 0 or KIND == 4 or KIND == 6:
         EPW: tl.constexpr = 8
         XR: tl.constexpr = 4
     else:
@@ -183,16 +201,24 @@ def _code_value(w, i, KIND: tl.constexpr, MBITS: tl.constexpr):
             v = tl.where((b & 0x7F) > 0x7C, float("nan"), tl.where((b & 0x7F) == 0x7C, float("inf") * v, v))
     elif KIND == 3:
         v = ((w << (24 - 8 * i)) >> 24).to(tl.float32)
-    else:
+    elif KIND == 4:
         v = ((w << (28 - 4 * i)) >> 28).to(tl.float32)
+    elif KIND == 5:
+        v = ((w >> (8 * i)) & 0xFF).to(tl.float32)
+    else:
+        v = ((w >> (4 * i)) & 0xF).to(tl.float32)
     return v
 
 
 @triton.jit
-def _word_dot_ref(w, xs, c: tl.constexpr, KIND: tl.constexpr, MBITS: tl.constexpr, XR: tl.constexpr):
+def _word_dot_ref(w, kz, xs, KIND: tl.constexpr, MBITS: tl.constexpr, XR: tl.constexpr):
     """Plain-Triton twin of one word of the PTX: the float32 sum of its products with the
-    activation pairs ``xs`` (a tuple of XR int32 tensors)."""
+    activation pairs ``xs`` (a tuple of XR int32 tensors); ``kz``: the zero-point operand."""
     acc = tl.zeros(w.shape, dtype=tl.float32)
+    if KIND == 5 or KIND == 6:
+        z = ((kz & 0xFFFF) - 0x6400).to(tl.float32)
+    else:
+        z = 0.0
     for j in tl.static_range(XR):
         for h in tl.static_range(2):
             if XR == 4:
@@ -200,7 +226,7 @@ def _word_dot_ref(w, xs, c: tl.constexpr, KIND: tl.constexpr, MBITS: tl.constexp
             else:
                 i = 2 * j + h
             xh = ((xs[j] >> (16 * h)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            acc += _code_value(w, i, KIND, MBITS) * xh
+            acc += (_code_value(w, i, KIND, MBITS) - z) * xh
     return acc
 
 
@@ -212,12 +238,13 @@ def _hadd2(a, b):
 
 
 @triton.jit
-def _load_step(w_ptr, s_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, k0, KW: tl.constexpr, XR: tl.constexpr,
-               T: tl.constexpr, WPG: tl.constexpr, CHAIN: tl.constexpr, BLOCK_KW: tl.constexpr,
-               EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+def _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k0, KW: tl.constexpr,
+               XR: tl.constexpr, T: tl.constexpr, WPG: tl.constexpr, CHAIN: tl.constexpr, BLOCK_KW: tl.constexpr,
+               EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, HAS_ZP: tl.constexpr):
     """One K step's operands from word ``k0``: codes ``[BLOCK_N, BLOCK_KW]``, raw block
-    scales ``[BLOCK_N, BLOCK_KW // CHAIN]`` (one per chain) and each token's activation
-    planes (a tuple of ``T * XR`` tensors ``[1, BLOCK_KW]``)."""
+    scales ``[BLOCK_N, BLOCK_KW // CHAIN]`` (one per chain), the zero-point operand per
+    word (f16x2 ``1024 + z``; 0 without zero points) and each token's activation planes
+    (a tuple of ``T * XR`` tensors ``[1, BLOCK_KW]``)."""
     NC: tl.constexpr = BLOCK_KW // CHAIN
     kw = k0 + tl.arange(0, BLOCK_KW)
     kw_ok = kw < KW
@@ -230,6 +257,15 @@ def _load_step(w_ptr, s_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, k0, KW: tl
     else:
         w = tl.load(w_ptrs, mask=n_ok[:, None] & kw_ok[None, :], other=0)
         raw = tl.load(s_ptrs, mask=n_ok[:, None] & (kc < KW)[None, :], other=0).to(tl.int32)
+    if HAS_ZP:  # per word (an L1 hit after the first of its block): f16x2 of 1024 + z
+        z_ptrs = z_ptr + offs_n[:, None] * stride_z + (kw // WPG)[None, :]
+        if EVEN_N and EVEN_K:
+            z = tl.load(z_ptrs).to(tl.int32)
+        else:
+            z = tl.load(z_ptrs, mask=n_ok[:, None] & kw_ok[None, :], other=0).to(tl.int32)
+        kz = (z + 0x6400) * 0x10001
+    else:
+        kz = 0
     xs = ()
     for t in tl.static_range(T):
         for j in tl.static_range(XR):
@@ -238,26 +274,30 @@ def _load_step(w_ptr, s_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, k0, KW: tl
             else:
                 xv = tl.load(x_ptr + (t * XR + j) * KW + kw[None, :], mask=kw_ok[None, :], other=0)
             xs = xs + (xv,)
-    return w, raw, xs
+    return w, raw, kz, xs
 
 
 @triton.jit
-def _word_parts(w, xs, XR: tl.constexpr, T: tl.constexpr, KIND: tl.constexpr, MBITS: tl.constexpr,
-                USE_ASM: tl.constexpr, ASM: tl.constexpr, CONS: tl.constexpr):
+def _word_parts(w, kz, xs, XR: tl.constexpr, T: tl.constexpr, KIND: tl.constexpr, MBITS: tl.constexpr,
+                USE_ASM: tl.constexpr, ASM: tl.constexpr, CONS: tl.constexpr, HAS_ZP: tl.constexpr):
     """Per word of ``w`` and per token (a tuple): the sum of the word's products with the
     activation planes ``xs``, as packed f16x2 int32 (PTX) or float32 (the plain-Triton twin)."""
     if USE_ASM:
-        if T == 1:
-            parts = (tl.inline_asm_elementwise(ASM, CONS, (w,) + xs, dtype=tl.int32, is_pure=True, pack=1),)
+        if HAS_ZP:
+            args = (w, kz) + xs
         else:
-            parts = tl.inline_asm_elementwise(ASM, CONS, (w,) + xs, dtype=(tl.int32,) * T, is_pure=True, pack=1)
+            args = (w,) + xs
+        if T == 1:
+            parts = (tl.inline_asm_elementwise(ASM, CONS, args, dtype=tl.int32, is_pure=True, pack=1),)
+        else:
+            parts = tl.inline_asm_elementwise(ASM, CONS, args, dtype=(tl.int32,) * T, is_pure=True, pack=1)
     else:
         parts = ()
         for t in tl.static_range(T):
             x4 = ()
             for j in tl.static_range(XR):
                 x4 = x4 + (xs[t * XR + j],)
-            parts = parts + (_word_dot_ref(w, x4, 0, KIND, MBITS, XR),)
+            parts = parts + (_word_dot_ref(w, kz, x4, KIND, MBITS, XR),)
     return parts
 
 
@@ -286,14 +326,14 @@ def _chain_finish(p, raw, CHAIN: tl.constexpr, USE_ASM: tl.constexpr, SCALE_IN_A
 
 @triton.jit
 def _gemv_kernel(
-    xp_ptr, xs_ptr, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr,
-    N, stride_w, stride_s, stride_o, M: tl.constexpr, KW: tl.constexpr,
+    xp_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr,
+    N, stride_w, stride_s, stride_z, stride_o, M: tl.constexpr, KW: tl.constexpr,
     KIND: tl.constexpr, MBITS: tl.constexpr, ELEM_C: tl.constexpr, SCALE_KIND: tl.constexpr,
     WPG: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, KW_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
     CHAIN: tl.constexpr, T: tl.constexpr, USE_ASM: tl.constexpr, ASM: tl.constexpr, CONS: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, SCALE_IN_ASM: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, HAS_ZP: tl.constexpr,
 ):
     """out[m, n] (+)= sum_k x[m, k] * W[n, k] over this program's K slice (split-K: fp32
     atomics into a zeroed fp32 ``out``; else the final dtype is written directly).
@@ -304,7 +344,7 @@ def _gemv_kernel(
     the activation prep (waits for it before reading x); ``PREFETCH``: load step i+1
     while step i computes (register double buffer). Activations arrive in chunks of
     ``BLOCK_KW`` words, each with its own power of two (``xs[m, chunk]``)."""
-    XR: tl.constexpr = 4 if (KIND == 0 or KIND == 4) else 2
+    XR: tl.constexpr = 4 if (KIND == 0 or KIND == 4 or KIND == 6) else 2
     NC: tl.constexpr = BLOCK_KW // CHAIN
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -320,17 +360,18 @@ def _gemv_kernel(
         for t in tl.static_range(T):
             accs = accs + (tl.zeros([BLOCK_N, NC], dtype=tl.float32),)
         if PREFETCH:
-            w, raw, xs = _load_step(w_ptr, s_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, k_lo, KW, XR, T, WPG,
-                                    CHAIN, BLOCK_KW, EVEN_N, EVEN_K)
+            w, raw, kz, xs = _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k_lo,
+                                        KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP)
         for i in range(0, KW_PER_SPLIT, BLOCK_KW):
             if PREFETCH:  # issue the next step's loads before this step's arithmetic
                 nxt = tl.minimum(i + BLOCK_KW, KW_PER_SPLIT - BLOCK_KW)
-                w2, raw2, xs2 = _load_step(w_ptr, s_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, k_lo + nxt, KW,
-                                           XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K)
+                w2, raw2, kz2, xs2 = _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s,
+                                                stride_z, k_lo + nxt, KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K,
+                                                HAS_ZP)
             else:
-                w, raw, xs = _load_step(w_ptr, s_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, k_lo + i, KW, XR, T,
-                                        WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K)
-            parts = _word_parts(w, xs, XR, T, KIND, MBITS, USE_ASM, ASM, CONS)
+                w, raw, kz, xs = _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z,
+                                            k_lo + i, KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP)
+            parts = _word_parts(w, kz, xs, XR, T, KIND, MBITS, USE_ASM, ASM, CONS, HAS_ZP)
             if SCALE_IN_ASM:
                 scale = 1.0
             else:
@@ -347,6 +388,7 @@ def _gemv_kernel(
             if PREFETCH:
                 w = w2
                 raw = raw2
+                kz = kz2
                 xs = xs2
         for t in tl.static_range(T):
             acc = tl.sum(accs[t], 1)  # across K once, after the loop

@@ -12,8 +12,7 @@ from microscale.formats import registry
 from microscale.kernels import _gemv_kernels as kern
 from microscale.qlinear import GemvConfig, _gemv_kind, gemv
 
-SUPPORTED = [n for n, f in registry.items() if _gemv_kind(f) is not None and not f.zero_point
-             and f.block_rows == 1]
+SUPPORTED = [n for n, f in registry.items() if _gemv_kind(f) is not None and f.block_rows == 1]
 
 
 def rel(a, b):
@@ -22,8 +21,8 @@ def rel(a, b):
 
 def test_supported_covers_every_kind():
     kinds = {_gemv_kind(registry[n]) for n in SUPPORTED}
-    assert kinds == {kern.F4, kern.E4M3, kern.E5M2, kern.I8, kern.I4}
-    assert "mxfp6_e2m3" not in SUPPORTED and "int4_affine_g32" not in SUPPORTED
+    assert kinds == {kern.F4, kern.E4M3, kern.E5M2, kern.I8, kern.I4, kern.U8Z, kern.U4Z}
+    assert "mxfp6_e2m3" not in SUPPORTED and "int4_affine_g128" in SUPPORTED
 
 
 @pytest.mark.parametrize("name", SUPPORTED)
@@ -45,7 +44,7 @@ def test_gemv_matches_float64(name, m, split, tokens, gen):
     assert rel(out, ref) < 1e-2
 
 
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp8_e4m3", "int8_fp16", "mxfp8_e5m2"])
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp8_e4m3", "int8_fp16", "mxfp8_e5m2", "int8_affine_g32"])
 def test_gemv_large_activations_do_not_overflow(name, gen):
     q = ms.quantize(torch.randn(16, 256, generator=gen), name)
     x = (torch.randn(1, 256, generator=gen) * 3e4).to(torch.bfloat16)  # f16 would overflow unscaled
@@ -82,6 +81,9 @@ def test_asm_text():
     assert kern.word_constraints(kern.E4M3, 2) == "=r,=r,r,r,r,r,r"
     a = kern.word_asm(kern.I8, 0, tokens=1)
     assert "0x64806480" in a and "0x4140" in a and "0x4342" in a
+    a = kern.word_asm(kern.U4Z, 0, tokens=1)  # zero point operand $2, activations $3..$6
+    assert "mov.b32 k, $2;" in a and "$6" in a and "$7" not in a and a.count("sub.rn.f16x2") == 4
+    assert kern.word_constraints(kern.U4Z, 1) == "=r,r,r,r,r,r,r"
     assert "cvt.rn.f16x2.e4m3x2" in kern.FINISH_E4M3_ASM.value
 
 
