@@ -440,8 +440,8 @@ def _quantize_kernel(
         if NONFIN == 1:
             x = tl.where(_isfinite(x), x, 0.0)
         if NONFIN == 2:
-            bad = tl.max(tl.max((~_isfinite(x) & m2).to(tl.int32), axis=1), axis=0)
-            tl.store(flag_ptr, 1, mask=bad != 0)
+            bad_in = tl.max(tl.max((~_isfinite(x) & m2).to(tl.int32), axis=1), axis=0)
+            tl.store(flag_ptr, 1, mask=bad_in != 0)
 
         xb = tl.reshape(x, [RB, BR, NB, B])
         # block amax on the float bits (NaN > Inf > finite: propagates like torch.amax)
@@ -562,13 +562,17 @@ def _quantize_kernel(
                     xs = _nan_rule(xb * opb, xb, opb, DEFAULT_NAN)
                 if NONFIN == 2:
                     vm = tl.reshape(m2, [RB, BR, NB, B])
-                    bad = tl.max(tl.max(tl.max(tl.max((~_isfinite(xs) & vm).to(tl.int32), axis=3), axis=2), axis=1),
-                                 axis=0)
-                    tl.store(flag_ptr + 1, 1, mask=bad != 0)
+                    bad_enc = tl.max(tl.max(tl.max(tl.max((~_isfinite(xs) & vm).to(tl.int32), axis=3), axis=2),
+                                            axis=1), axis=0)
+                    tl.store(flag_ptr + 1, 1, mask=bad_enc != 0)
                 codes = _encode(xs, BITS, IS_INT, SIGNED, FRAC_SCALE, MBITS, BIAS, MAX_CODE, NAN_CODE, OVF_CODE,
                                 MIN_NORMAL, SUB_C, SUB_C_BITS, INV_MIN_SUB, ROUNDING, NONFIN)
 
         # ---- pack and store codes (the fast path stored 8-bit codes already)
+        # (``clean`` is a run-time value, so this chain is a run-time ``if``: the compiler
+        # (unlike the interpreter) needs every variable assigned in a branch to keep its
+        # type and shape, hence new names (``cg``) instead of reshaping ``codes`` in place;
+        # likewise ``bad`` / ``bad_enc`` above. tools/compile_check.py compiles them all.)
         if (BITS == 8) & (RULE != 5) & FAST & (NONFIN != 2) & clean:
             pass
         elif PACK32:  # codes of 1/2/4/8 bits: one int32 word per 32 bits (coalesced 4-byte stores)
@@ -582,9 +586,9 @@ def _quantize_kernel(
             tl.store(data_ptr + rows64[:, None] * (K // W) + wcols[None, :], words,
                      mask=rmask[:, None] & (wcols * W < K)[None, :])
         elif PACK_WORD:
-            codes = tl.reshape(codes, [TR, TK // G, G])
+            cg = tl.reshape(codes, [TR, TK // G, G])
             sh = (tl.arange(0, 8) * BITS).to(tl.int64)
-            word = tl.sum(codes.to(tl.int64) << sh[None, None, :], axis=2)  # [TR, TK/8]
+            word = tl.sum(cg.to(tl.int64) << sh[None, None, :], axis=2)  # [TR, TK/8]
             j = tl.arange(0, 8)
             byts = ((word[:, :, None] >> (j * 8).to(tl.int64)[None, None, :]) & 0xFF).to(tl.uint8)
             grp = (k0 // 8) + tl.arange(0, TK // 8)
@@ -592,12 +596,12 @@ def _quantize_kernel(
             bmask = rmask[:, None, None] & (grp * 8 < K)[None, :, None] & (j < BITS)[None, None, :]
             tl.store(data_ptr + boff, byts, mask=bmask)
         else:
-            codes = tl.reshape(codes, [TR, TK // G, G])
+            cg = tl.reshape(codes, [TR, TK // G, G])
             if G == 1:
-                byts = tl.reshape(codes, [TR, TK]).to(tl.uint8)
+                byts = tl.reshape(cg, [TR, TK]).to(tl.uint8)
             else:
                 sh = tl.arange(0, G) * BITS
-                byts = tl.sum(codes << sh[None, None, :], axis=2).to(tl.uint8)  # disjoint bits: sum == or
+                byts = tl.sum(cg << sh[None, None, :], axis=2).to(tl.uint8)  # disjoint bits: sum == or
             bcols = (k0 // G) + tl.arange(0, TK // G)
             tl.store(data_ptr + rows64[:, None] * (K // G) + bcols[None, :], byts,
                      mask=rmask[:, None] & (bcols * G < K)[None, :])

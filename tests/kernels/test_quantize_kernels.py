@@ -385,3 +385,27 @@ def test_fast_path_activation_like(case, dtype, gen):
     cfg = kq.QuantizeConfig(max(2, fmt.block_rows), max(64, fmt.block_size), 4)
     for config in (cfg, None):
         assert_same(kq.quantize(x, name, config=config, **kw), reference.quantize(x.cpu(), name, **kw))
+
+
+# ---- the kernels compile for the GPU ----------------------------------------------------
+def test_kernels_compile_for_sm90():
+    """The interpreter runs a run-time ``if`` in Python, so it accepts branches that give a
+    variable different types/shapes; the compiler does not. Compile (no GPU needed: the
+    triton wheel's ptxas) one launch per kind of run-time branch for sm_90
+    (``tools/compile_check.py --smoke``; without ``--smoke`` it compiles every
+    specialization the library and the GPU benchmark launch)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    import triton
+
+    ptxas = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not ptxas.exists():
+        pytest.skip("the triton wheel has no bundled ptxas")
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(root / "tools" / "compile_check.py"), "--smoke", "-j", "2"], cwd=root,
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
