@@ -33,6 +33,12 @@ tile for small M (decode), 128 or 256 tokens per tile and no split for large M (
 ``torch.ops.microscale.linear`` so ``torch.compile`` and CUDA-graph capture see one
 opaque node.
 
+Decode path: :func:`linear` on a QTensor with at most ``GEMV_MAX_M`` tokens and a weight
+of 4/8-bit minifloats (E2M1, E4M3, E5M2), symmetric int4/int8 or affine uint4/uint8
+runs :func:`gemv` instead (``microscale.kernels._gemv_kernels``): no repack, the codes
+are read in the checkpoint layout and decoded into f16x2 pairs in PTX, tokens share one
+decode, activations are prepared per call (f16, one power of two per chunk).
+
 Note: the split-K kernel keeps a small fp32 workspace per (device, stream) that it
 leaves zeroed after each call; two calls racing on one stream cannot happen, calls on
 different streams use different workspaces.
