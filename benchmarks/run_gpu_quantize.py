@@ -44,6 +44,25 @@ def bits_of(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def explain_mismatch(x: torch.Tensor, got, want, limit: int = 4) -> None:
+    """Log where a quantize differs from the reference: data / scale mismatch counts, the
+    rows they fall in, and the first few elements (input, scale, codes)."""
+    gd, wd = got.data.cpu(), want.data
+    gs, ws = bits_of(got.scales.cpu()), bits_of(want.scales)
+    dm = (gd != wd).nonzero()
+    sm = (gs != ws).nonzero()
+    log(f"  mismatch: {len(dm)} data bytes, {len(sm)} scales; rows {sorted(set(dm[:, 0].tolist()))[:12]}")
+    b = want.fmt.block_size
+    epb = 8 // want.fmt.element.bits if want.fmt.element.bits < 8 else 1
+    for r, c in sm[:limit].tolist():
+        log(f"  scale[{r},{c}] got {gs[r, c].item():#x} want {ws[r, c].item():#x} block amax "
+            f"{x[r, c * b:(c + 1) * b].float().abs().max().item()!r}")
+    for r, c in dm[:limit].tolist():
+        e = c * epb
+        log(f"  data[{r},{c}] got {gd[r, c].item():#04x} want {wd[r, c].item():#04x} x[{r},{e}:{e + epb}] = "
+            f"{x[r, e:e + epb].float().tolist()} scale {want.scales[r, e // b].float().item()!r}")
+
+
 def same_q(a, b) -> bool:
     ok = torch.equal(a.data.cpu(), b.data) and torch.equal(bits_of(a.scales.cpu()), bits_of(b.scales))
     if b.zero_points is not None:
@@ -130,7 +149,10 @@ def check_correctness() -> list[dict]:
             ("mxfp8_e4m3", {"overflow": "native"}), ("mxfp4", {"dtype": "float32"}), ("nvfp4", {"dtype": "float16"}),
             ("mxfp8_e4m3", {"dtype": "float32"})]
     cases += [(n, dict(kw, realistic=True, ties=True), (1024, 4096)) for n, kw in tied]
+    only = os.environ.get("ONLY")  # e.g. ONLY=nvfp8: just that format's checks
     for i, (name, kw, shape) in enumerate(cases):
+        if only and name != only:
+            continue
         for nonfinite in ((False,) if shape[0] > 512 else (False, True)):
             if DRY:
                 shape = (128, 256)
@@ -145,6 +167,8 @@ def check_correctness() -> list[dict]:
             got = kq.quantize(x, name, **kw2)
             want = reference.quantize(x.cpu(), name, **kw2)
             okq = same_q(got, want)
+            if not okq:
+                explain_mismatch(x.cpu(), got, want)
             okd = same_vals(kq.dequantize(want.to(DEV), torch.bfloat16), reference.dequantize(want, torch.bfloat16))
             okd &= same_vals(kq.dequantize(want.to(DEV), torch.float32), reference.dequantize(want, torch.float32))
             r = dict(fmt=name, kwargs={k: str(v) for k, v in kw.items()}, shape=list(shape), nonfinite=nonfinite,
@@ -329,6 +353,8 @@ def main() -> int:
     checks = check_correctness()
     log(f"correctness: {sum(c.get('quantize_exact', True) and c.get('dequantize_exact', True) for c in checks)}"
         f"/{len(checks)} exact ({time.time() - t0:.0f}s)")
+    if os.environ.get("ONLY"):
+        return 0
     copy_bw = copy_bandwidth()
     timings = run_timings(copy_bw)
     peer = torchao_peer(copy_bw)

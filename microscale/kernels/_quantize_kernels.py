@@ -533,6 +533,8 @@ def _quantize_kernel(
                         q0 = xa * r
                         e = tl.math.fma(q0, (0.0 - op)[:, None, :, None], xa)  # (-q0 would be an extra 0 - q0)
                         xs = tl.math.fma(e, r, q0)
+                        if not FAST_ENC:  # x = -0: e = +0 and +0 + -0 = +0; x / d keeps x's sign (d > 0)
+                            xs = _flt(_bits(xs) | (_bits(xa) & -2147483648))
                     else:  # the interpreter's fma rounds twice: divide
                         xs = tl.math.div_rn(xa, opb)
                 else:

@@ -412,3 +412,20 @@ def test_kernels_compile_for_sm90():
     r = subprocess.run([sys.executable, str(root / "tools" / "compile_check.py"), "--smoke", "-j", "2"], cwd=root,
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+
+
+def test_markstein_division_keeps_the_sign_of_zero(monkeypatch):
+    """The GPU fast path divides by Markstein's sequence; for x = -0 its last fma gives
+    +0 + -0 = +0, so the sign must be put back (x / d keeps x's sign, d > 0). With
+    power-of-two divisors every step is exact, so the interpreter's fma (which rounds
+    twice) runs the same sequence bit for bit."""
+    from microscale.kernels import quantize as kq
+
+    monkeypatch.setattr(kq, "_MARKSTEIN", True)
+    t = torch.tensor([448.0, -0.0, 0.0, -1.5, 2.0, -0.0, 0.25, -448.0, 3.0, -0.0, 1.0, 6.0, -0.0, 0.5, -2.0, 0.0])
+    x = torch.stack([t * 2.0**e for e in range(-3, 5)]).repeat(2, 16).to(DEV)
+    for kw in ({"rounding": "nearest_away"}, {"overflow": "native"}, {}):
+        got = kq.quantize(x, "nvfp8", **kw)
+        want = reference.quantize(x.cpu(), "nvfp8", **kw)
+        assert torch.equal(got.data.cpu(), want.data), kw
+        assert bool((want.data == 0x80).any())
