@@ -39,6 +39,12 @@ runs :func:`gemv` instead (``microscale.kernels._gemv_kernels``): no repack, the
 are read in the checkpoint layout and decoded into f16x2 pairs in PTX, tokens share one
 decode, activations are prepared per call (f16, one power of two per chunk).
 
+Prefill path: :func:`linear` on a QTensor with at least ``PREFILL_MIN_M`` tokens and 4- or
+8-bit codes runs :func:`prefill` (``_linear_kernels._linear_prefill_kernel``): tokens on
+the MMA's M side, the x tile a plain pipelined load, the weight tile decoded from the
+checkpoint layout once per K step for all tokens of the tile. A :class:`PackedLinearWeight`
+(the ``torch.compile`` route) always takes the split-K kernel.
+
 Note: the split-K kernel keeps a small fp32 workspace per (device, stream) that it
 leaves zeroed after each call; two calls racing on one stream cannot happen, calls on
 different streams use different workspaces.
@@ -57,7 +63,8 @@ from .formats import Format, pack_codes, unpack_codes
 from .qtensor import QTensor
 
 __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_config", "gemv", "gemv_supported",
-           "GemvConfig", "choose_gemv_config", "GEMV_MAX_M"]
+           "GemvConfig", "choose_gemv_config", "GEMV_MAX_M", "prefill", "prefill_supported", "PrefillConfig",
+           "choose_prefill_config", "PREFILL_MIN_M"]
 
 _OP = "linear"
 _SCALE_KIND = {"e8m0": 1, "ue4m3": 2, "fp16": 3, "bf16": 4, "fp32": 5}
@@ -412,6 +419,9 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     if isinstance(qweight, QTensor) and gemv_supported(qweight, x):
         lead = x.shape[:-1]
         return gemv(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
+    if isinstance(qweight, QTensor) and prefill_supported(qweight, x):
+        lead = x.shape[:-1]
+        return prefill(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
     pw = qweight if isinstance(qweight, PackedLinearWeight) else _cached_prepare(qweight)
     _check(x, pw, bias)
     return torch.ops.microscale.linear(x, pw.codes, pw.scales, pw.zero_points, pw.global_scale, bias,
@@ -580,3 +590,82 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
         USE_PDL=pdl, PREFETCH=c.prefetch, HAS_ZP=f.zero_point, **({"launch_pdl": True} if pdl else {}),
         EVEN_N=n % c.block_n == 0, EVEN_K=kw_per * split == kw, num_warps=c.num_warps, num_stages=c.num_stages)
     return out.to(x2.dtype) if split > 1 else out
+
+
+# ----------------------------------------------------------------------------------
+# prefill path on the canonical layout (4/8-bit codes, many tokens)
+# ----------------------------------------------------------------------------------
+#: Smallest token count routed to :func:`prefill` (below it the split-K kernel or the GEMV).
+PREFILL_MIN_M = 256
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Tiles of :func:`prefill`: ``block_m`` tokens x ``block_n`` weight rows per program,
+    ``block_k`` elements per K step; ``group_m`` row tiles per L2-sharing group."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+def choose_prefill_config(m: int, fmt: Format) -> PrefillConfig:
+    """256 tokens per tile from 2048 tokens on (affine formats: 128), else 128; 128 weight
+    rows, 64 elements per K step, 8 warps, 3 stages (best of the H200 sweep in
+    benchmarks/h200_2026-12-01/prefill.log)."""
+    bm = 256 if m >= 2048 and not fmt.zero_point else 128
+    return PrefillConfig(block_m=bm, block_n=128, block_k=64)
+
+
+def prefill_supported(q: QTensor, x: torch.Tensor) -> bool:
+    """Whether :func:`prefill` serves ``x @ dequant(q)^T``: a CUDA weight with 4- or 8-bit
+    codes in 1-D blocks, unpadded, K a multiple of 64, at least ``PREFILL_MIN_M`` tokens."""
+    f = q.fmt
+    return (x.is_cuda and q.data.is_cuda and len(q.shape) == 2 and x.dim() >= 1
+            and x.shape[-1] == q.shape[-1] and x.numel() // max(x.shape[-1], 1) >= PREFILL_MIN_M
+            and x.dtype in (torch.bfloat16, torch.float16) and f.element.bits in (4, 8) and f.block_rows == 1
+            and q.shape[1] % max(64, f.block_size) == 0 and f.block_size % 16 == 0
+            and tuple(q.padded_shape) == tuple(q.shape))
+
+
+def prefill(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
+            config: PrefillConfig | None = None) -> torch.Tensor:
+    """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens on tensor cores, reading q's
+    canonical layout: each weight tile is decoded once per K step in registers and
+    reused by all ``block_m`` tokens of the tile (``_linear_kernels._linear_prefill_kernel``)."""
+    import triton
+
+    from .kernels import _linear_kernels as kern
+
+    m, k = x2.shape
+    n = q.shape[0]
+    f = q.fmt
+    if k != q.shape[1]:
+        raise ValueError(f"{_OP}: x has K={k} but the weight has K={q.shape[1]}")
+    if f.element.bits not in (4, 8) or f.block_rows != 1:
+        raise ValueError(f"{_OP}: the prefill kernel takes 4/8-bit codes in 1-D blocks, not {f.name}")
+    c = config or choose_prefill_config(m, f)
+    if k % c.block_k or (c.block_k % f.block_size and f.block_size % c.block_k):
+        raise ValueError(f"{_OP}: K={k} must be a multiple of block_k={c.block_k}, and block_k and the "
+                         f"block ({f.block_size}) must divide one another")
+    x2 = x2.contiguous()
+    out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    scales = q.scales.contiguous()
+    scales = scales.view(_INT_VIEW[scales.element_size()])
+    zp = q.zero_points.contiguous() if f.zero_point else scales
+    gs = q.global_scale if q.global_scale is not None else scales
+    b = bias if bias is not None else scales
+    cons = _format_constexprs(f, bool(f.element.has_nan or f.element.has_inf))
+    grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)
+    kern._linear_prefill_kernel[grid](
+        x2, q.data.contiguous(), scales, zp, gs, b, out, m, n, x2.stride(0), q.data.stride(0), scales.stride(0),
+        zp.stride(0), out.stride(0), K=k, BITS=cons["BITS"], IS_FLOAT=cons["IS_FLOAT"], MBITS=cons["MBITS"],
+        SIGNED=cons["SIGNED"], ELEM_C=cons["ELEM_C"], SPECIALS=cons["SPECIALS"], INF_MAG=cons["INF_MAG"],
+        NAN_MAG=cons["NAN_MAG"], SCALE_KIND=cons["SCALE_KIND"], GROUP=f.block_size, HAS_ZP=f.zero_point,
+        HAS_GS=f.global_scale, HAS_BIAS=bias is not None, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+        BLOCK_K=c.block_k, GROUP_M=c.group_m, INTERP=_interpreting(), num_warps=c.num_warps,
+        num_stages=c.num_stages)
+    return out

@@ -294,3 +294,83 @@ def _epilogue(acc, offs_n, offs_m, n_ok, mask, gs_ptr, b_ptr, out_ptr, stride_om
     tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+
+
+# ----------------------------------------------------------------------------------
+# prefill path on the canonical layout: tokens on the MMA's M side
+# ----------------------------------------------------------------------------------
+@triton.jit
+def _linear_prefill_kernel(
+    x_ptr, w_ptr, s_ptr, zp_ptr, gs_ptr, b_ptr, out_ptr,
+    M, N, stride_xm, stride_wn, stride_sn, stride_zn, stride_om, K: tl.constexpr,
+    BITS: tl.constexpr, IS_FLOAT: tl.constexpr, MBITS: tl.constexpr, SIGNED: tl.constexpr,
+    ELEM_C: tl.constexpr, SPECIALS: tl.constexpr, INF_MAG: tl.constexpr, NAN_MAG: tl.constexpr,
+    SCALE_KIND: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_GS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, INTERP: tl.constexpr,
+):
+    """out[BLOCK_M, BLOCK_N] tile = x @ dequant(W)^T for many tokens, reading the QTensor's
+    own layout (codes of 4 bits: two per byte, element ``2i`` in the low nibble; 8 bits:
+    one per byte; scales / zero points ``[N, K / GROUP]``). Per K step the x tile is a
+    plain (pipelined) load and the weight tile ``[BLOCK_N, BLOCK_K]`` is decoded once in
+    registers, scaled, cast to x's dtype and fed to ``tl.dot`` for all BLOCK_M tokens.
+    K must be a multiple of BLOCK_K (host check); M and N are masked. Programs are
+    ordered in groups of GROUP_M row tiles so neighbours share weight tiles in L2."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(M, BLOCK_M)
+    n_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * n_n
+    g = pid // per_group
+    first_m = g * GROUP_M
+    size_m = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    NG: tl.constexpr = BLOCK_K // GROUP if BLOCK_K >= GROUP else 1
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=m_ok[:, None], other=0.0)
+        if BITS == 4:
+            b = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 // 2 + tl.arange(0, BLOCK_K // 2))[None, :],
+                        mask=n_ok[:, None], other=0).to(tl.int32)
+            c = tl.reshape(tl.join(b & 0xF, (b >> 4) & 0xF), [BLOCK_N, BLOCK_K])  # natural K order
+        else:
+            c = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 + offs_k)[None, :],
+                        mask=n_ok[:, None], other=0).to(tl.int32) & 0xFF
+        gk = k0 // GROUP + tl.arange(0, NG)
+        s_raw = tl.load(s_ptr + offs_n[:, None] * stride_sn + gk[None, :], mask=n_ok[:, None], other=0)
+        if SCALE_KIND == 3 or SCALE_KIND == 4:
+            s_raw = s_raw.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        elif SCALE_KIND == 5:
+            s_raw = s_raw.to(tl.int32, bitcast=True)
+        else:
+            s_raw = s_raw.to(tl.int32) & 0xFF
+        scale = _decode_scale(s_raw, SCALE_KIND)
+        if not IS_FLOAT:  # integers: the element constant (<= 1) folded in per block
+            scale = scale * ELEM_C
+        if BLOCK_K > GROUP:  # one scale per GROUP elements along K
+            scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BLOCK_N, NG, GROUP]), [BLOCK_N, BLOCK_K])
+        else:
+            scale = tl.broadcast_to(scale, [BLOCK_N, BLOCK_K])
+        if HAS_ZP:
+            zp = tl.load(zp_ptr + offs_n[:, None] * stride_zn + gk[None, :], mask=n_ok[:, None], other=0)
+            zp = zp.to(tl.float32)
+            if BLOCK_K > GROUP:
+                zp = tl.reshape(tl.broadcast_to(zp[:, :, None], [BLOCK_N, NG, GROUP]), [BLOCK_N, BLOCK_K])
+            else:
+                zp = tl.broadcast_to(zp, [BLOCK_N, BLOCK_K])
+        else:
+            zp = scale
+        w = _decode_elem(c, scale, zp, BITS, IS_FLOAT, MBITS, SIGNED, ELEM_C if IS_FLOAT else 1.0, SPECIALS,
+                         INF_MAG, NAN_MAG, HAS_ZP)
+        acc = _mma(x, tl.trans(w.to(x_ptr.dtype.element_ty)), acc, INTERP)
+    if HAS_GS:
+        acc = acc * tl.load(gs_ptr)
+    if HAS_BIAS:
+        acc = acc + tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])

@@ -1,0 +1,93 @@
+"""H200 check + benchmark of the prefill kernel on the canonical layout (``qlinear.prefill``).
+
+One call: correctness against float64 ``x @ dequant(W)^T`` for several formats and ragged
+shapes, then M=512/4096 timings of tile configs on 28672x8192 (and 8192x28672 for the
+best) against cuBLAS bf16 ``F.linear`` and the split-K tensor-core kernel on a prepared
+weight (CUDA events, median). Short table last; JSON to $OUT/prefill.json.
+
+    PYTHONPATH=. python benchmarks/run_gpu_prefill.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+
+import microscale as ms
+from microscale import qlinear as L
+
+OUT = os.environ.get("OUT", "/tmp")
+dev = torch.device("cuda")
+CONFIGS = [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 128, 8, 3),
+           (128, 256, 128, 8, 3), (128, 128, 64, 4, 4)]
+
+
+def t_ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=3, rep=40, return_mode="median")
+
+
+def main() -> None:
+    res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "checks": [], "timings": []}
+    g = torch.Generator(device=dev).manual_seed(3)
+    ok = True
+    for name in ("nvfp4", "mxfp4", "mxfp8_e4m3", "int4_affine_g128", "int8_fp16", "fp8_e4m3_block128"):
+        for (m, n, k) in [(300, 1000, 2048), (1024, 4096, 4096)]:
+            q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
+            x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+            bias = torch.randn(n, device=dev, generator=g)
+            ref = x.double() @ q.dequantize(torch.float64).T + bias.double()
+            for cfg in (L.PrefillConfig(), L.PrefillConfig(128, 256, 64)):
+                out = L.prefill(x, q, bias, cfg)
+                e = ((out.double() - ref).norm() / ref.norm()).item()
+                good = bool(torch.isfinite(out).all()) and e < 1e-2
+                ok &= good
+                res["checks"].append(dict(fmt=name, m=m, n=n, k=k, rel_err=e, ok=good))
+        print(f"check {name:17s} last err={e:.2e} {'ok' if good else 'FAIL'}", flush=True)
+    print(f"checks {'all ok' if ok else 'FAILED'}", flush=True)
+    rows = []
+    for (n, k) in [(28672, 8192)]:
+        w = torch.randn(n, k, device=dev, generator=g)
+        wb = w.to(torch.bfloat16)
+        for m in (512, 4096):
+            x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+            t_cub = t_ms(lambda: F.linear(x, wb))
+            for name in ("nvfp4", "mxfp4", "mxfp8_e4m3", "int4_affine_g128"):
+                q = ms.quantize(w, name)
+                pw = L.prepare(q)
+                t_tc = t_ms(lambda: L.linear(x, pw))
+                for bm, bn, bk, nw, st in CONFIGS if name == "nvfp4" or m == 4096 else CONFIGS[:2]:
+                    cfg = L.PrefillConfig(bm, bn, bk, 8, nw, st)
+                    try:
+                        t = t_ms(lambda: L.prefill(x, q, None, cfg))
+                    except Exception as exc:  # a config that does not compile is reported, not fatal
+                        print(f"{name} {cfg} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
+                        continue
+                    tf = 2 * m * n * k / (t * 1e-3) / 1e12
+                    r = dict(fmt=name, m=m, n=n, k=k, cfg=f"{bm}x{bn}x{bk}w{nw}s{st}", ms=t, cublas_ms=t_cub,
+                             tc_ms=t_tc, vs_cublas=t_cub / t, tflops=tf)
+                    rows.append(r)
+                    res["timings"].append(r)
+                    print(f"{name:17s} M={m:5d} {r['cfg']:>16s} {t:7.3f} ms  {tf:6.1f} TFLOP/s  {t_cub / t:5.2f}x cuBLAS"
+                          f"  (tc kernel {t_tc:.3f} ms, cuBLAS {t_cub:.3f} ms)", flush=True)
+                del q, pw
+                torch.cuda.empty_cache()
+    with open(os.path.join(OUT, "prefill.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"\nchecks {'all ok' if ok else 'FAILED'}")
+    best: dict = {}
+    for r in rows:
+        key = (r["fmt"], r["m"])
+        if key not in best or r["ms"] < best[key]["ms"]:
+            best[key] = r
+    print(f"{'fmt':17s} {'M':>5s} {'best cfg':>16s} {'ms':>7s} {'x cuBLAS':>8s} {'tc kernel x':>11s}")
+    for (fmt, m), r in best.items():
+        print(f"{fmt:17s} {m:5d} {r['cfg']:>16s} {r['ms']:7.3f} {r['vs_cublas']:8.2f} {r['cublas_ms'] / r['tc_ms']:11.2f}")
+
+
+if __name__ == "__main__":
+    main()
