@@ -22,8 +22,8 @@ from microscale import qlinear as L
 
 OUT = os.environ.get("OUT", "/tmp")
 dev = torch.device("cuda")
-CONFIGS = [(128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 128, 8, 3),
-           (128, 256, 128, 8, 3), (128, 128, 64, 4, 4)]
+CONFIGS = [(256, 128, 64, 8, 3, 0), (128, 128, 64, 8, 3, 0), (256, 128, 64, 8, 3, 1), (128, 128, 64, 8, 3, 1),
+           (128, 256, 64, 8, 3, 1), (256, 128, 64, 8, 4, 1), (256, 256, 64, 8, 3, 1), (256, 128, 32, 8, 4, 0)]
 
 
 def t_ms(fn) -> float:
@@ -41,7 +41,7 @@ def main() -> None:
             x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
             bias = torch.randn(n, device=dev, generator=g)
             ref = x.double() @ q.dequantize(torch.float64).T + bias.double()
-            for cfg in (L.PrefillConfig(), L.PrefillConfig(128, 256, 64)):
+            for cfg in (L.PrefillConfig(), L.PrefillConfig(128, 256, 64, swap=True)):
                 out = L.prefill(x, q, bias, cfg)
                 e = ((out.double() - ref).norm() / ref.norm()).item()
                 good = bool(torch.isfinite(out).all()) and e < 1e-2
@@ -60,15 +60,15 @@ def main() -> None:
                 q = ms.quantize(w, name)
                 pw = L.prepare(q)
                 t_tc = t_ms(lambda: L.linear(x, pw))
-                for bm, bn, bk, nw, st in CONFIGS if name == "nvfp4" or m == 4096 else CONFIGS[:2]:
-                    cfg = L.PrefillConfig(bm, bn, bk, 8, nw, st)
+                for bm, bn, bk, nw, st, sw in CONFIGS if name == "nvfp4" or m == 4096 else CONFIGS[:4]:
+                    cfg = L.PrefillConfig(bm, bn, bk, 8, nw, st, bool(sw))
                     try:
                         t = t_ms(lambda: L.prefill(x, q, None, cfg))
                     except Exception as exc:  # a config that does not compile is reported, not fatal
                         print(f"{name} {cfg} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
                         continue
                     tf = 2 * m * n * k / (t * 1e-3) / 1e12
-                    r = dict(fmt=name, m=m, n=n, k=k, cfg=f"{bm}x{bn}x{bk}w{nw}s{st}", ms=t, cublas_ms=t_cub,
+                    r = dict(fmt=name, m=m, n=n, k=k, cfg=f"{bm}x{bn}x{bk}w{nw}s{st}{'T' if sw else ''}", ms=t, cublas_ms=t_cub,
                              tc_ms=t_tc, vs_cublas=t_cub / t, tflops=tf)
                     rows.append(r)
                     res["timings"].append(r)

@@ -610,14 +610,16 @@ class PrefillConfig:
     group_m: int = 8
     num_warps: int = 8
     num_stages: int = 3
+    swap: bool = False  # weights as the MMA's A operand (out^T tiles)
 
 
 def choose_prefill_config(m: int, fmt: Format) -> PrefillConfig:
-    """256 tokens per tile from 2048 tokens on (affine formats: 128), else 128; 128 weight
-    rows, 64 elements per K step, 8 warps, 3 stages (best of the H200 sweep in
-    benchmarks/h200_2026-12-01/prefill.log)."""
-    bm = 256 if m >= 2048 and not fmt.zero_point else 128
-    return PrefillConfig(block_m=bm, block_n=128, block_k=64)
+    """256 tokens x 128 weight rows per tile from 2048 tokens on, else 128 x 128; 64
+    elements per K step, 8 warps; affine formats with the weights as the MMA's register
+    operand and 4 stages (best of the H200 sweeps in benchmarks/h200_2026-12-01/prefill*.log)."""
+    if fmt.zero_point:
+        return PrefillConfig(block_m=256, block_n=128, block_k=64, num_stages=4, swap=True)
+    return PrefillConfig(block_m=256 if m >= 2048 else 128, block_n=128, block_k=64)
 
 
 def prefill_supported(q: QTensor, x: torch.Tensor) -> bool:
@@ -666,6 +668,6 @@ def prefill(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
         SIGNED=cons["SIGNED"], ELEM_C=cons["ELEM_C"], SPECIALS=cons["SPECIALS"], INF_MAG=cons["INF_MAG"],
         NAN_MAG=cons["NAN_MAG"], SCALE_KIND=cons["SCALE_KIND"], GROUP=f.block_size, HAS_ZP=f.zero_point,
         HAS_GS=f.global_scale, HAS_BIAS=bias is not None, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-        BLOCK_K=c.block_k, GROUP_M=c.group_m, INTERP=_interpreting(), num_warps=c.num_warps,
+        BLOCK_K=c.block_k, GROUP_M=c.group_m, INTERP=_interpreting(), SWAP=c.swap, num_warps=c.num_warps,
         num_stages=c.num_stages)
     return out

@@ -307,7 +307,7 @@ def _linear_prefill_kernel(
     ELEM_C: tl.constexpr, SPECIALS: tl.constexpr, INF_MAG: tl.constexpr, NAN_MAG: tl.constexpr,
     SCALE_KIND: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_GS: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, INTERP: tl.constexpr,
+    GROUP_M: tl.constexpr, INTERP: tl.constexpr, SWAP: tl.constexpr = False,
 ):
     """out[BLOCK_M, BLOCK_N] tile = x @ dequant(W)^T for many tokens, reading the QTensor's
     own layout (codes of 4 bits: two per byte, element ``2i`` in the low nibble; 8 bits:
@@ -331,7 +331,10 @@ def _linear_prefill_kernel(
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     NG: tl.constexpr = BLOCK_K // GROUP if BLOCK_K >= GROUP else 1
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP:  # out^T tile: the decoded weights are the MMA's A operand (registers)
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=m_ok[:, None], other=0.0)
         if BITS == 4:
@@ -367,7 +370,12 @@ def _linear_prefill_kernel(
             zp = scale
         w = _decode_elem(c, scale, zp, BITS, IS_FLOAT, MBITS, SIGNED, ELEM_C if IS_FLOAT else 1.0, SPECIALS,
                          INF_MAG, NAN_MAG, HAS_ZP)
-        acc = _mma(x, tl.trans(w.to(x_ptr.dtype.element_ty)), acc, INTERP)
+        if SWAP:
+            acc = _mma(w.to(x_ptr.dtype.element_ty), tl.trans(x), acc, INTERP)
+        else:
+            acc = _mma(x, tl.trans(w.to(x_ptr.dtype.element_ty)), acc, INTERP)
+    if SWAP:
+        acc = tl.trans(acc)
     if HAS_GS:
         acc = acc * tl.load(gs_ptr)
     if HAS_BIAS:
