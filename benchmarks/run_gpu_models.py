@@ -2,8 +2,8 @@
 (the fused linear kernels), state_dict round trip and checkpoint load onto the GPU.
 
 A small MLP (hidden 1024, bf16) per format: the quantized model's output against float64
-math with the same dequantized weights (rel. Frobenius error < 1e-2), for 1, 3 and 64
-tokens (GEMV, split-K and prefill paths). Prints one line per check and a summary last.
+math with the same dequantized weights (rel. Frobenius error < 1e-2), for 1, 3, 64 and 300
+tokens (GEMV, split-K and prefill paths; 300 tokens: the canonical-layout prefill kernel). Prints one line per check and a summary last.
 
     PYTHONPATH=. python benchmarks/run_gpu_models.py
 """
@@ -44,7 +44,7 @@ def main() -> None:
     for name in FORMATS:
         base = mlp().to(dev)
         qm = quantize_model(copy.deepcopy(base), name).to(torch.bfloat16)
-        for m in (1, 3, 64):
+        for m in (1, 3, 64, 300):
             x = torch.randn(m, 1024, device=dev).to(torch.bfloat16)
             out = qm(x)
             ref = ref_forward(qm, x)

@@ -407,6 +407,10 @@ def _(x, codes, scales, zero_points, global_scale, bias, fmt_json, n, k, special
 def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ dequant(qweight)^T + bias``.
 
+    On CUDA a QTensor weight takes the GEMV for at most ``GEMV_MAX_M`` tokens (4/8-bit
+    codes), the prefill kernel from ``PREFILL_MIN_M`` tokens (4/8-bit codes) and the split-K
+    tensor-core kernel otherwise (any format); on the CPU the float64 reference.
+
     Args:
         x: bfloat16 or float16 ``[..., K]``.
         qweight: a QTensor ``[N, K]`` (prepared once and cached on it) or the result of
