@@ -3,7 +3,7 @@
 
 A small MLP (hidden 1024, bf16) per format: the quantized model's output against float64
 math with the same dequantized weights (rel. Frobenius error < 1e-2), for 1, 3, 64 and 300
-tokens (GEMV, split-K and prefill paths; 300 tokens: the canonical-layout prefill kernel). Prints one line per check and a summary last.
+tokens (GEMV, split-K and prefill paths). Prints one line per check and a summary last.
 
     PYTHONPATH=. python benchmarks/run_gpu_models.py
 """
