@@ -22,8 +22,10 @@ from microscale import qlinear as L
 
 OUT = os.environ.get("OUT", "/tmp")
 dev = torch.device("cuda")
-CONFIGS = [(256, 128, 64, 8, 3, 0), (128, 128, 64, 8, 3, 0), (256, 128, 64, 8, 3, 1), (128, 128, 64, 8, 3, 1),
-           (128, 256, 64, 8, 3, 1), (256, 128, 64, 8, 4, 1), (256, 256, 64, 8, 3, 1), (256, 128, 32, 8, 4, 0)]
+# (block_m, block_n, block_k, warps, stages, swap, pair)
+CONFIGS = [(256, 128, 64, 8, 3, 0, 0), (128, 128, 64, 8, 3, 0, 0), (256, 128, 64, 8, 3, 0, 1), (128, 128, 64, 8, 3, 0, 1),
+           (256, 128, 64, 8, 4, 1, 0), (256, 128, 64, 8, 4, 1, 1), (128, 256, 64, 8, 3, 0, 1)]
+QUICK = os.environ.get("QUICK") == "1"  # nvfp4 / mxfp4 at M=4096 only
 
 
 def t_ms(fn) -> float:
@@ -36,12 +38,12 @@ def main() -> None:
     g = torch.Generator(device=dev).manual_seed(3)
     ok = True
     for name in ("nvfp4", "mxfp4", "mxfp8_e4m3", "int4_affine_g128", "int8_fp16", "fp8_e4m3_block128"):
-        for (m, n, k) in [(300, 1000, 2048), (1024, 4096, 4096)]:
+        for (m, n, k) in [(300, 1000, 2048)] if QUICK else [(300, 1000, 2048), (1024, 4096, 4096)]:
             q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
             x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
             bias = torch.randn(n, device=dev, generator=g)
             ref = x.double() @ q.dequantize(torch.float64).T + bias.double()
-            for cfg in (L.PrefillConfig(), L.PrefillConfig(128, 256, 64, swap=True)):
+            for cfg in (L.PrefillConfig(), L.PrefillConfig(128, 256, 64, swap=True), L.PrefillConfig(pair=True)):
                 out = L.prefill(x, q, bias, cfg)
                 e = ((out.double() - ref).norm() / ref.norm()).item()
                 good = bool(torch.isfinite(out).all()) and e < 1e-2
@@ -53,22 +55,22 @@ def main() -> None:
     for (n, k) in [(28672, 8192)]:
         w = torch.randn(n, k, device=dev, generator=g)
         wb = w.to(torch.bfloat16)
-        for m in (512, 4096):
+        for m in (4096,) if QUICK else (512, 4096):
             x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
             t_cub = t_ms(lambda: F.linear(x, wb))
-            for name in ("nvfp4", "mxfp4", "mxfp8_e4m3", "int4_affine_g128"):
+            for name in ("nvfp4", "mxfp4") if QUICK else ("nvfp4", "mxfp4", "mxfp8_e4m3", "int4_affine_g128"):
                 q = ms.quantize(w, name)
                 pw = L.prepare(q)
                 t_tc = t_ms(lambda: L.linear(x, pw))
-                for bm, bn, bk, nw, st, sw in CONFIGS if name == "nvfp4" or m == 4096 else CONFIGS[:4]:
-                    cfg = L.PrefillConfig(bm, bn, bk, 8, nw, st, bool(sw))
+                for bm, bn, bk, nw, st, sw, pr in CONFIGS if name == "nvfp4" or m == 4096 else CONFIGS[:4]:
+                    cfg = L.PrefillConfig(bm, bn, bk, 8, nw, st, bool(sw), bool(pr))
                     try:
                         t = t_ms(lambda: L.prefill(x, q, None, cfg))
                     except Exception as exc:  # a config that does not compile is reported, not fatal
                         print(f"{name} {cfg} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
                         continue
                     tf = 2 * m * n * k / (t * 1e-3) / 1e12
-                    r = dict(fmt=name, m=m, n=n, k=k, cfg=f"{bm}x{bn}x{bk}w{nw}s{st}{'T' if sw else ''}", ms=t, cublas_ms=t_cub,
+                    r = dict(fmt=name, m=m, n=n, k=k, cfg=f"{bm}x{bn}x{bk}w{nw}s{st}{'T' if sw else ''}{'P' if pr else ''}", ms=t, cublas_ms=t_cub,
                              tc_ms=t_tc, vs_cublas=t_cub / t, tflops=tf)
                     rows.append(r)
                     res["timings"].append(r)

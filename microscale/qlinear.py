@@ -615,12 +615,18 @@ class PrefillConfig:
     num_warps: int = 8
     num_stages: int = 3
     swap: bool = False  # weights as the MMA's A operand (out^T tiles)
+    pair: bool = False  # E2M1 codes with E8M0/UE4M3 scales and bf16 x: bf16x2 pair decode
 
 
 def choose_prefill_config(m: int, fmt: Format) -> PrefillConfig:
-    """256 tokens x 128 weight rows per tile from 2048 tokens on, else 128 x 128; 64
-    elements per K step, 8 warps; affine formats with the weights as the MMA's register
-    operand and 4 stages (best of the H200 sweeps in benchmarks/h200_2026-12-01/prefill*.log)."""
+    """Best of the H200 sweeps (benchmarks/h200_2026-12-01/prefill*.log), 64 elements per K
+    step, 8 warps: E2M1 with E8M0/UE4M3 scales decode by bf16x2 pairs into the MMA's
+    register operand (256 tokens x 128 rows, 4 stages: 0.71x cuBLAS at M=4096, against
+    0.46x without); affine formats likewise without the pair decode; the rest 256 x 128
+    tiles from 2048 tokens on, else 128 x 128."""
+    el = fmt.element
+    if el.kind == "float" and el.bits == 4 and fmt.scale.name in ("e8m0", "ue4m3"):
+        return PrefillConfig(block_m=256, block_n=128, block_k=64, num_stages=4, swap=True, pair=True)
     if fmt.zero_point:
         return PrefillConfig(block_m=256, block_n=128, block_k=64, num_stages=4, swap=True)
     return PrefillConfig(block_m=256 if m >= 2048 else 128, block_n=128, block_k=64)
@@ -657,6 +663,11 @@ def prefill(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     if k % c.block_k or (c.block_k % f.block_size and f.block_size % c.block_k):
         raise ValueError(f"{_OP}: K={k} must be a multiple of block_k={c.block_k}, and block_k and the "
                          f"block ({f.block_size}) must divide one another")
+    el = f.element
+    # the pair decode's bf16 products are exact: 2-bit E2M1 significands times power-of-two
+    # or E4M3 scales (a float16/float32 scale would be rounded to bf16)
+    pair = (c.pair and x2.dtype == torch.bfloat16 and el.kind == "float" and el.bits == 4 and el.mbits == 1
+            and not el.has_nan and not el.has_inf and f.scale.name in ("e8m0", "ue4m3") and c.block_k % 8 == 0)
     x2 = x2.contiguous()
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     scales = q.scales.contiguous()
@@ -672,6 +683,6 @@ def prefill(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
         SIGNED=cons["SIGNED"], ELEM_C=cons["ELEM_C"], SPECIALS=cons["SPECIALS"], INF_MAG=cons["INF_MAG"],
         NAN_MAG=cons["NAN_MAG"], SCALE_KIND=cons["SCALE_KIND"], GROUP=f.block_size, HAS_ZP=f.zero_point,
         HAS_GS=f.global_scale, HAS_BIAS=bias is not None, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-        BLOCK_K=c.block_k, GROUP_M=c.group_m, INTERP=_interpreting(), SWAP=c.swap, num_warps=c.num_warps,
+        BLOCK_K=c.block_k, GROUP_M=c.group_m, INTERP=_interpreting(), SWAP=c.swap, PAIR=pair, num_warps=c.num_warps,
         num_stages=c.num_stages)
     return out

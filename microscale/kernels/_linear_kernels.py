@@ -307,7 +307,7 @@ def _linear_prefill_kernel(
     ELEM_C: tl.constexpr, SPECIALS: tl.constexpr, INF_MAG: tl.constexpr, NAN_MAG: tl.constexpr,
     SCALE_KIND: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_GS: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, INTERP: tl.constexpr, SWAP: tl.constexpr = False,
+    GROUP_M: tl.constexpr, INTERP: tl.constexpr, SWAP: tl.constexpr = False, PAIR: tl.constexpr = False,
 ):
     """out[BLOCK_M, BLOCK_N] tile = x @ dequant(W)^T for many tokens, reading the QTensor's
     own layout (codes of 4 bits: two per byte, element ``2i`` in the low nibble; 8 bits:
@@ -337,7 +337,21 @@ def _linear_prefill_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=m_ok[:, None], other=0.0)
-        if BITS == 4:
+        if PAIR:  # E2M1 words -> bf16x2 pairs (j, j+4) by bit placement -> pairs in K order
+            w32 = w_ptr.to(tl.pointer_type(tl.int32))
+            words = tl.load(w32 + offs_n[:, None] * (stride_wn // 4) + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :],
+                            mask=n_ok[:, None], other=0)
+            p0 = _pair_bits(words, 0, True, BITS, MBITS, SIGNED)
+            p1 = _pair_bits(words, 1, True, BITS, MBITS, SIGNED)
+            p2 = _pair_bits(words, 2, True, BITS, MBITS, SIGNED)
+            p3 = _pair_bits(words, 3, True, BITS, MBITS, SIGNED)
+            q01 = (p0 & 0xFFFF) | (p1 << 16)
+            q23 = (p2 & 0xFFFF) | (p3 << 16)
+            q45 = ((p0 >> 16) & 0xFFFF) | (p1 & -65536)
+            q67 = ((p2 >> 16) & 0xFFFF) | (p3 & -65536)
+            qq = tl.reshape(tl.join(tl.join(q01, q45), tl.join(q23, q67)), [BLOCK_N, BLOCK_K // 2])
+            c = tl.reshape(tl.join(qq & 0xFFFF, (qq >> 16) & 0xFFFF), [BLOCK_N, BLOCK_K])  # bf16 bits, K order
+        elif BITS == 4:
             b = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 // 2 + tl.arange(0, BLOCK_K // 2))[None, :],
                         mask=n_ok[:, None], other=0).to(tl.int32)
             c = tl.reshape(tl.join(b & 0xF, (b >> 4) & 0xF), [BLOCK_N, BLOCK_K])  # natural K order
@@ -368,8 +382,15 @@ def _linear_prefill_kernel(
                 zp = tl.broadcast_to(zp, [BLOCK_N, BLOCK_K])
         else:
             zp = scale
-        w = _decode_elem(c, scale, zp, BITS, IS_FLOAT, MBITS, SIGNED, ELEM_C if IS_FLOAT else 1.0, SPECIALS,
-                         INF_MAG, NAN_MAG, HAS_ZP)
+        if PAIR:  # value * 2^(bias-127) in bf16: two exact bf16 multiplies (element constant, scale)
+            if INTERP:  # the interpreter has no bf16 arithmetic: the same values through float32
+                w = (c << 16).to(tl.float32, bitcast=True) * ELEM_C * scale
+            else:
+                v = c.to(tl.int16).to(tl.bfloat16, bitcast=True)
+                w = (v * tl.full([1, 1], ELEM_C, tl.float32).to(tl.bfloat16)) * scale.to(tl.bfloat16)
+        else:
+            w = _decode_elem(c, scale, zp, BITS, IS_FLOAT, MBITS, SIGNED, ELEM_C if IS_FLOAT else 1.0, SPECIALS,
+                             INF_MAG, NAN_MAG, HAS_ZP)
         if SWAP:
             acc = _mma(w.to(x_ptr.dtype.element_ty), tl.trans(x), acc, INTERP)
         else:

@@ -40,9 +40,10 @@ def test_prefill_fp16_and_block_larger_than_step(gen):
 
 
 def test_prefill_config_and_errors(gen):
-    assert choose_prefill_config(4096, registry["nvfp4"]).block_m == 256
+    assert choose_prefill_config(4096, registry["nvfp4"]).pair and choose_prefill_config(4096, registry["nvfp4"]).swap
+    assert choose_prefill_config(4096, registry["mxfp8_e4m3"]).block_m == 256
     assert choose_prefill_config(4096, registry["int4_affine_g128"]).swap
-    assert choose_prefill_config(512, registry["mxfp4"]).block_m == 128
+    assert choose_prefill_config(512, registry["mxfp8_e4m3"]).block_m == 128
     q = ms.quantize(torch.randn(16, 128, generator=gen), "mxfp6_e2m3")
     with pytest.raises(ValueError, match="4/8-bit"):
         prefill(torch.randn(4, 128).to(torch.bfloat16), q)
@@ -51,3 +52,13 @@ def test_prefill_config_and_errors(gen):
         prefill(torch.randn(4, 96).to(torch.bfloat16), q)
     with pytest.raises(ValueError, match="K="):
         prefill(torch.randn(4, 64).to(torch.bfloat16), q)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+def test_prefill_pair_decode(name, gen):
+    q = ms.quantize(torch.randn(40, 256, generator=gen), name)
+    x = torch.randn(33, 256, generator=gen).to(torch.bfloat16)
+    ref = x.double() @ q.dequantize(torch.float64).T
+    for swap in (False, True):
+        cfg = PrefillConfig(block_m=16, block_n=16, block_k=64, group_m=2, num_warps=4, pair=True, swap=swap)
+        assert rel(prefill(x, q, None, cfg), ref) < 1e-2
