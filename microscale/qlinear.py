@@ -282,8 +282,9 @@ def choose_config(m: int, pw: PackedLinearWeight, x_dtype: torch.dtype, device: 
         tiles = math.ceil(n / bn) * math.ceil(m / bm)
         want = 4 * _num_sms(device)
         split = max(1, min(math.ceil(want / tiles), kw // bkw))
+        # (8-bit containers with 64 tokens need 237 KB of shared memory at 4 stages: 3)
         return LinearConfig(block_n=bn, block_m=bm, block_kw=bkw, split_k=split, pair=pair, num_warps=4,
-                            num_stages=4)
+                            num_stages=3 if cb == 8 and bm >= 64 else 4)
     bm = 128 if m <= 256 else 256
     return LinearConfig(block_n=bn, block_m=bm, block_kw=16 if cb == 4 else 32, split_k=1, pair=pair,
                         num_warps=8, num_stages=3)
@@ -599,8 +600,8 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
 # ----------------------------------------------------------------------------------
 # prefill path on the canonical layout (4/8-bit codes, many tokens)
 # ----------------------------------------------------------------------------------
-#: Smallest token count routed to :func:`prefill` (below it the split-K kernel or the GEMV).
-PREFILL_MIN_M = 256
+#: Smallest token count routed to :func:`prefill` (below it the GEMV).
+PREFILL_MIN_M = 9
 
 
 @dataclass(frozen=True)
@@ -619,13 +620,19 @@ class PrefillConfig:
 
 
 def choose_prefill_config(m: int, fmt: Format) -> PrefillConfig:
-    """Best of the H200 sweeps (benchmarks/h200_2026-12-01/prefill*.log), 64 elements per K
-    step, 8 warps: E2M1 with E8M0/UE4M3 scales decode by bf16x2 pairs into the MMA's
-    register operand (256 tokens x 128 rows, 4 stages: 0.71x cuBLAS at M=4096, against
-    0.46x without); affine formats likewise without the pair decode; the rest 256 x 128
-    tiles from 2048 tokens on, else 128 x 128."""
+    """Best of the H200 sweeps (benchmarks/h200_2026-12-01/prefill*.log, small_m.log), 64
+    elements per K step. Under 256 tokens: 16-64 tokens x 64 weight rows, 4 warps, weights
+    as the MMA's register operand (NVFP4 M=16: 1.01x cuBLAS, the split-K kernel 0.56x;
+    M=64: 0.85x against 0.34x). From 256 tokens, 8 warps: E2M1 with E8M0/UE4M3 scales
+    decode by bf16x2 pairs into the register operand (256 x 128 tiles, 4 stages: 0.71x
+    cuBLAS at M=4096, against 0.46x without); affine formats likewise without the pair
+    decode; the rest 256 x 128 tiles from 2048 tokens on, else 128 x 128."""
     el = fmt.element
-    if el.kind == "float" and el.bits == 4 and fmt.scale.name in ("e8m0", "ue4m3"):
+    pair = el.kind == "float" and el.bits == 4 and fmt.scale.name in ("e8m0", "ue4m3")
+    if m < 256:  # few tokens: 16-64 of them on the MMA's N side, 64 weight rows per program
+        return PrefillConfig(block_m=max(16, min(64, triton_next_pow2(m))), block_n=64, block_k=64, group_m=1,
+                             num_warps=4, num_stages=4, swap=True, pair=pair)
+    if pair:
         return PrefillConfig(block_m=256, block_n=128, block_k=64, num_stages=4, swap=True, pair=True)
     if fmt.zero_point:
         return PrefillConfig(block_m=256, block_n=128, block_k=64, num_stages=4, swap=True)

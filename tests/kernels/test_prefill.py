@@ -44,6 +44,9 @@ def test_prefill_config_and_errors(gen):
     assert choose_prefill_config(4096, registry["mxfp8_e4m3"]).block_m == 256
     assert choose_prefill_config(4096, registry["int4_affine_g128"]).swap
     assert choose_prefill_config(512, registry["mxfp8_e4m3"]).block_m == 128
+    small = choose_prefill_config(12, registry["nvfp4"])
+    assert (small.block_m, small.block_n, small.swap, small.pair) == (16, 64, True, True)
+    assert choose_prefill_config(100, registry["int8_fp16"]).block_m == 64
     q = ms.quantize(torch.randn(16, 128, generator=gen), "mxfp6_e2m3")
     with pytest.raises(ValueError, match="4/8-bit"):
         prefill(torch.randn(4, 128).to(torch.bfloat16), q)
