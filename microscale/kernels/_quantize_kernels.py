@@ -193,6 +193,34 @@ def _encode_mag_rne(a, MBITS: tl.constexpr, BIAS: tl.constexpr, MAX_CODE: tl.con
 
 
 @triton.jit
+def _encode_mag_rne_p2(a, bb, MBITS: tl.constexpr, BIAS: tl.constexpr, MAX_CODE: tl.constexpr, ASM: tl.constexpr):
+    """``_encode_mag_rne(a * 2^(127 - bb))`` for an E8M0 scale byte ``bb`` without the
+    multiply: the one-add encoder run on the unscaled ``a`` (>= 0, < 2^100) with its
+    magic number scaled by 2^k, k = bb - 127. Binary rounding commutes with exact scaling
+    by 2^k while the numbers stay normal: the floor of the magic exponent is
+    LO = 2^(emin + k) (bits (bb + 1 - BIAS) << 23, normal when bb >= BIAS; the caller
+    sends other blocks to the slow path unless they are all zeros, whose codes are 0 for
+    any LO) and the magic number stays below 2^128 (clean blocks: a < 2^100 and amax < 2^100,
+    so k <= 100 - emax for every E8M0 rule). So with mb = max(exponent
+    bits of a, LO), bits(a + mb 2^(23-MBITS)) - bits(mb 2^(23-MBITS)) is the scaled
+    encoder's q (a tiny a, whose scaled value the reference would round to a float32
+    subnormal, gives q = 0 in both), and (mb - LO) >> (23 - MBITS) is
+    ((e' - emin) << MBITS) with e' the scaled exponent."""
+    SH: tl.constexpr = 23 - MBITS
+    P2SH: tl.constexpr = 2.0 ** SH
+    lo = tl.maximum(bb + (1 - BIAS), 1) << 23
+    mb = tl.maximum(_bits(a) & 0x7F800000, lo)
+    s = _bits(tl.math.fma(_flt(mb), P2SH, a))
+    t = (mb >> SH) - ((lo >> SH) + (SH << 23))
+    if ASM:  # keep LLVM from reassociating into three adds: LEA.HI + IADD3
+        code = tl.inline_asm_elementwise("add.s32 $0, $1, $2;", "=r,r,r", [s - mb, t], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        code = (s - mb) + t
+    return tl.minimum(code, MAX_CODE)
+
+
+@triton.jit
 def _decode(code, BITS: tl.constexpr, IS_INT: tl.constexpr, SIGNED: tl.constexpr, STEP: tl.constexpr,
             MBITS: tl.constexpr, POW: tl.constexpr, NAN_MIN: tl.constexpr, INF_CODE: tl.constexpr):
     """int32 code -> float32 value, exactly as ``ElementCodec.decode``'s table.
@@ -389,7 +417,7 @@ def _quantize_kernel(
     ROUNDING: tl.constexpr, NONFIN: tl.constexpr, DEFAULT_NAN: tl.constexpr, MUL_NAN_SECOND: tl.constexpr,
     # fused prologue: 0 none, 1 rmsnorm(x) * w, 2 silu(x) * y
     PROLOGUE: tl.constexpr, N_ITER: tl.constexpr, MANUAL_BF16: tl.constexpr, PACK32: tl.constexpr,
-    FAST: tl.constexpr, MARKSTEIN: tl.constexpr, HW_FP8: tl.constexpr,
+    FAST: tl.constexpr, MARKSTEIN: tl.constexpr, HW_FP8: tl.constexpr, ASM: tl.constexpr,
 ):
     RB: tl.constexpr = TR // BR
     NB: tl.constexpr = TK // B
@@ -503,6 +531,9 @@ def _quantize_kernel(
                                        SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
                 op = tl.where(s == 0, 1.0, s)
             DIV: tl.constexpr = (TWO_LEVEL == 1) | (TWO_LEVEL == 3) | ((TWO_LEVEL == 0) & (RULE == 4))
+            FAST_ENC: tl.constexpr = (not IS_INT) & (ROUNDING == 0) & (OVF_CODE == MAX_CODE) & (HW_FP8 == 0)
+            # power-of-two scale 2^k folded into the one-add encoder (no multiply; ``_encode_mag_rne_p2``)
+            P2ENC: tl.constexpr = FAST_ENC & (TWO_LEVEL == 0) & (RULE <= 3)
             opb = op[:, None, :, None]
 
             # Fast path for clean tiles: every |x| < 2^100 (when dividing or multiplying by a
@@ -520,8 +551,9 @@ def _quantize_kernel(
                 bad = (_bits(amax) >= 0x5D800000) | (opi < 0x21800000) | (opi > 0x53800000)
             else:  # power-of-two multipliers: |x op| <= 8
                 bad = _bits(amax) >= 0x71800000
-            clean = tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) == 0
-            FAST_ENC: tl.constexpr = (not IS_INT) & (ROUNDING == 0) & (OVF_CODE == MAX_CODE) & (HW_FP8 == 0)
+                if P2ENC:  # the scale folded into the encoder needs 2^(emin + k) normal (or an all-zero block)
+                    bad = bad | ((raw < BIAS) & (amax != 0))
+            clean = tl.max(tl.max(bad.to(tl.int32), axis=0), axis=0) == 0  # rows first: in-thread, then lanes
             if FAST & (NONFIN != 2) & clean:
                 if FAST_ENC:  # magnitudes (op > 0); the sign bit comes from x
                     xa = _flt(ab)
@@ -537,12 +569,17 @@ def _quantize_kernel(
                             xs = _flt(_bits(xs) | (_bits(xa) & -2147483648))
                     else:  # the interpreter's fma rounds twice: divide
                         xs = tl.math.div_rn(xa, opb)
+                elif P2ENC:
+                    xs = xa  # (unused: the encoder applies the scale)
                 else:
                     xs = xa * opb
                 if HW_FP8 == 1:
                     codes = xs.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
                 elif HW_FP8 == 2:
                     codes = xs.to(tl.float8e5).to(tl.uint8, bitcast=True)
+                elif P2ENC:
+                    codes = _encode_mag_rne_p2(xa, raw[:, None, :, None], MBITS, BIAS, MAX_CODE, ASM) | \
+                        ((_bits(xb) >> (32 - BITS)) & (1 << (BITS - 1)))
                 elif FAST_ENC:
                     codes = _encode_mag_rne(xs, MBITS, BIAS, MAX_CODE) | ((_bits(xb) >> (32 - BITS)) & (1 << (BITS - 1)))
                 else:

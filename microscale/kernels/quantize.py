@@ -77,6 +77,8 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _MANUAL_BF16 = _INTERPRET
 # Markstein division on the fast path needs a single-rounding fma (the interpreter rounds twice)
 _MARKSTEIN = not _INTERPRET
+# PTX inline assembly (the interpreter cannot run it) where it pins an instruction choice
+_ASM = not _INTERPRET
 _RULES = {ScaleRule.FLOOR: 0, ScaleRule.CEIL: 1, ScaleRule.EVEN: 2, ScaleRule.RCEIL: 3, ScaleRule.AMAX: 4,
           ScaleRule.MINMAX: 5}
 _TWO_LEVEL = {TwoLevel.MODELOPT: 1, TwoLevel.TORCHAO: 2, TwoLevel.COMPRESSED_TENSORS: 3}
@@ -321,7 +323,7 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         NONFIN={NonFinite.PROPAGATE: 0, NonFinite.ZERO: 1, NonFinite.ERROR: 2}[nonfinite],
         DEFAULT_NAN=_DEFAULT_NAN, MUL_NAN_SECOND=_MUL_NAN_SECOND, PROLOGUE=prologue, N_ITER=k_per_prog // cfg.tile_cols,
         MANUAL_BF16=_MANUAL_BF16, PACK32=p32, FAST=True, MARKSTEIN=_MARKSTEIN,
-        HW_FP8=_hw_fp8(elem, rounding, overflow),
+        HW_FP8=_hw_fp8(elem, rounding, overflow), ASM=_ASM,
         num_warps=cfg.num_warps, enable_fp_fusion=False,
     )
     g = None

@@ -429,3 +429,55 @@ def test_markstein_division_keeps_the_sign_of_zero(monkeypatch):
         want = reference.quantize(x.cpu(), "nvfp8", **kw)
         assert torch.equal(got.data.cpu(), want.data), kw
         assert bool((want.data == 0x80).any())
+
+
+def _encode_mag_rne_p2_model(a: torch.Tensor, bb: torch.Tensor, e) -> torch.Tensor:
+    """``_k._encode_mag_rne_p2`` operation for operation (float32 / int32 torch on CPU: the
+    fma's product is a power of two times 2^(23 - mbits), exact, so mul + add round once)."""
+    sh = 23 - e.mbits
+    lo = torch.clamp(bb + (1 - e.bias), min=1) << 23
+    mb = torch.maximum(a.view(torch.int32) & 0x7F800000, lo)
+    s = (mb.view(torch.float32) * 2.0 ** sh + a).view(torch.int32)
+    code = (s - mb) + ((mb >> sh) - ((lo >> sh) + (sh << 23)))
+    return torch.clamp(code, max=e.max_code)
+
+
+@pytest.mark.parametrize("elem", ["e2m1", "e2m3", "e3m2", "e4m3", "e5m2"])
+def test_encode_mag_rne_p2_every_bf16_and_scale(elem):
+    """The MX fast path folds the E8M0 scale 2^k into the one-add encoder: its code for x
+    equals ElementCodec.encode(x / 2^k) (the reference's division) for every non-negative
+    finite bf16 x below 2^100 (the clean-tile bound) and every scale byte for which the
+    kernel takes the fast path (bb >= bias, or x = 0: an all-zero block; any rule gives a
+    block with amax < 2^100 a byte <= 127 + 100 - emax)."""
+    e = ELEMENTS[elem]
+    a = torch.arange(0, 0x7180, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    for bb0 in range(0, 255, 15):
+        bb = torch.arange(bb0, min(bb0 + 15, 255), dtype=torch.int32)[:, None]
+        x = a[None, :].expand(bb.shape[0], -1)
+        got = _encode_mag_rne_p2_model(x.contiguous(), bb, e)
+        scale = ((bb.to(torch.int64) - 127).to(torch.float64).exp2()).to(torch.float32)
+        want = e.encode(x / scale, "nearest_even", "saturate", "propagate").to(torch.int32)
+        ok = ((bb >= e.bias) | (x == 0)) & (bb <= 227 - e.emax)  # a clean block's amax < 2^100 bounds its scale
+        bad = ((got != want) & ok).nonzero()
+        assert bad.numel() == 0, f"{elem}: {bad.shape[0]} mismatches, first bb={int(bb[bad[0, 0]])} " \
+                                 f"x={x[bad[0, 0], bad[0, 1]].item()} got {got[bad[0, 0], bad[0, 1]].item()} " \
+                                 f"want {want[bad[0, 0], bad[0, 1]].item()}"
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "mxfp6_e3m2", "mxfp6_e2m3"])
+def test_p2_fast_path_tiny_and_zero_blocks(name, gen):
+    """Blocks whose E8M0 scale is below the element bias (amax near 2^-125) leave the
+    fast path unless they are all zeros; next to them, normal and zero blocks."""
+    b = get_format(name).block_size
+    x = torch.randn(4, 8 * b, generator=gen)
+    x[0, :b] = 0.0
+    x[1, b:2 * b] *= 2.0 ** -126
+    x[2, 2 * b:3 * b] *= 2.0 ** -120
+    x[3, 3 * b:4 * b] = 2.0 ** -133
+    for dtype in (torch.bfloat16, torch.float32):
+        xd = x.to(dtype)
+        for rule in ("floor", "ceil", "even", "rceil"):
+            assert_same(kq.quantize(xd.to(DEV), name, scale_rule=rule), reference.quantize(xd, name, scale_rule=rule))
+        xz = xd.clone()
+        xz[1:] = 0.0  # tiles of zero blocks and one normal row only: clean
+        assert_same(kq.quantize(xz.to(DEV), name), reference.quantize(xz, name))
