@@ -16,7 +16,7 @@ checks, timings and sweep) on CPU tensors with the kernels' launches intercepted
 launch is specialised by Triton's own launcher binder for a ``GPUTarget("cuda", 90, 32)``
 backend (argument types, divisibility-by-16 and ==1 specialisations, constexprs, options
 such as ``num_warps`` / ``enable_fp_fusion``: what the GPU launcher would compile; the
-interpreter-only constexprs ``MANUAL_BF16`` / ``MARKSTEIN`` / ``HW_FP8`` take their GPU
+interpreter-only constexprs ``MANUAL_BF16`` / ``MARKSTEIN`` / ``HW_FP8`` / ``ASM`` take their GPU
 values because ``TRITON_INTERPRET`` is unset here), de-duplicated, and each distinct
 specialization is compiled to a cubin with ``triton.compile``. Nothing runs: outputs
 are garbage. Exit status 1 when any specialization fails to compile.

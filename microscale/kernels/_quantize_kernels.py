@@ -302,7 +302,8 @@ def _e8m0_from_amax(a, RULE: tl.constexpr, EMAX: tl.constexpr, M_ELEM: tl.conste
 
 @triton.jit
 def _scale_encode(v, SCALE_KIND: tl.constexpr, SCALE_MAX: tl.constexpr, st_ty: tl.constexpr,
-                  SNAN: tl.constexpr = 0, SIBITS: tl.constexpr = 32, MANUAL_BF16: tl.constexpr = False):
+                  SNAN: tl.constexpr = 0, SIBITS: tl.constexpr = 32, MANUAL_BF16: tl.constexpr = False,
+                  HW: tl.constexpr = False):
     """``ScaleCodec.encode`` then ``decode``: returns (raw value to store, float32 value).
 
     SCALE_KIND 0: E8M0 (nearest power of two by the bits, ties up), 1: UE4M3 (E4M3 RNE
@@ -319,8 +320,16 @@ def _scale_encode(v, SCALE_KIND: tl.constexpr, SCALE_MAX: tl.constexpr, st_ty: t
         raw = bb
         val = _e8m0_value(bb)
     elif SCALE_KIND == 1:
-        raw = _e4m3_encode(v)
-        val = _e4m3_decode(raw)
+        # the NaN codes (0x7F | sign) come from NaN inputs only (saturation stops at 0x7E), so
+        # the decode tests v for NaN instead of the code: the code's NaN, sign | 0x7FC00000
+        isnan = v != v
+        nanb = ((_bits(v) >> 31) << 31) | 0x7FC00000
+        if HW:  # the GPU's cvt.rn.satfinite.e4m3x2.f32 is E4M3 RNE with saturation (Inf too); NaN as _encode
+            hw = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+            raw = tl.where(isnan, 0x7F | ((_bits(v) >> 24) & 0x80), hw)
+        else:
+            raw = _e4m3_encode(v)
+        val = tl.where(isnan, _flt(nanb), _decode(raw, 8, False, True, 1.0, 3, 1.329227995784916e36, -1, -1))
     else:
         raw = _cast(_clamp_nan(v, -SCALE_MAX, SCALE_MAX), st_ty, MANUAL_BF16)
         val = raw.to(tl.float32)
@@ -361,9 +370,12 @@ def _scale_offset(r, c, SC, LAYOUT: tl.constexpr):
 
 
 @triton.jit
-def _finite_amax_partials_kernel(x_ptr, part_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+def _finite_amax_partials_kernel(x_ptr, part_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr,
+                                 ATOMIC: tl.constexpr = False):
     """``part[pid]`` = float32 bits of max |x| over the finite elements of this program's
-    ``ITERS`` consecutive chunks of ``BLOCK`` elements (non-negative float bits order as ints)."""
+    ``ITERS`` consecutive chunks of ``BLOCK`` elements (non-negative float bits order as ints).
+    ``ATOMIC``: instead, an atomic max of those bits into ``part[0]`` (zeroed by the caller;
+    max is order-independent, so the result is the same in any order)."""
     pid = tl.program_id(0)
     base = pid.to(tl.int64) * (BLOCK * ITERS)
     acc = tl.zeros([BLOCK], dtype=tl.int32)
@@ -372,15 +384,21 @@ def _finite_amax_partials_kernel(x_ptr, part_ptr, n, BLOCK: tl.constexpr, ITERS:
         x = _to_f32(tl.load(x_ptr + offs, mask=offs < n, other=0.0))
         b = _bits(x) & 0x7FFFFFFF
         acc = tl.maximum(acc, tl.where(b < 0x7F800000, b, 0))
-    tl.store(part_ptr + pid, tl.max(acc, axis=0))
+    if ATOMIC:
+        tl.atomic_max(part_ptr, tl.max(acc, axis=0))
+    else:
+        tl.store(part_ptr + pid, tl.max(acc, axis=0))
 
 
 @triton.jit
 def _global_from_partials(part_ptr, n_part, TWO_LEVEL: tl.constexpr, NP: tl.constexpr):
     """(s_dec, gs) from the partial maxima: ``reference.nvfp4_global_scale`` /
     ``compressed_tensors_global_scale``."""
-    o = tl.arange(0, NP)
-    amax = _flt(tl.max(tl.load(part_ptr + o, mask=o < n_part, other=0), axis=0))
+    if NP == 1:  # one (atomically reduced) maximum
+        amax = _flt(tl.load(part_ptr))
+    else:
+        o = tl.arange(0, NP)
+        amax = _flt(tl.max(tl.load(part_ptr + o, mask=o < n_part, other=0), axis=0))
     if TWO_LEVEL == 3:
         # torch evaluates ``2688.0 / t`` as ``t.reciprocal() * 2688.0`` (two roundings)
         gs = tl.math.div_rn(1.0, tl.maximum(amax, 1.1754943508222875e-38)) * 2688.0
@@ -421,6 +439,12 @@ def _quantize_kernel(
 ):
     RB: tl.constexpr = TR // BR
     NB: tl.constexpr = TK // B
+    # SPLIT: load each block's B elements as B / VEC vectors of VEC (16 bytes) along a slow
+    # tensor axis, so that one thread holds whole blocks: block amaxes without shuffles and
+    # each block scale computed once (the row-major load gives a 16-element block to two threads)
+    VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth
+    QV: tl.constexpr = B // VEC
+    SPLIT: tl.constexpr = FAST & (PROLOGUE == 0) & (BR == 1) & (BITS != 8) & ((QV * VEC == B) & ((QV == 2) | (QV == 4)))
     PACK_WORD: tl.constexpr = (8 % BITS) != 0  # 3/5/6-bit codes: 8 codes -> BITS bytes
     G: tl.constexpr = 8 if PACK_WORD else 8 // BITS  # codes per packing group
     st_ty = scale_ptr.dtype.element_ty
@@ -458,7 +482,20 @@ def _quantize_kernel(
         cols = k0 + tl.arange(0, TK)
         cmask = cols < K
         m2 = rmask[:, None] & cmask[None, :]
-        x = _to_f32(tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=m2, other=0.0))
+        if SPLIT:  # Q = B / VEC loads of [TR, NB, VEC]: the same layout, so one thread holds whole blocks
+            c3 = k0 + tl.arange(0, NB)[None, :, None] * B + tl.arange(0, VEC)[None, None, :]
+            p3 = x_ptr + rows64[:, None, None] * stride_x + c3
+            m3 = rmask[:, None, None] & (c3 < K)
+            x0 = _to_f32(tl.load(p3, mask=m3, other=0.0))
+            x1 = _to_f32(tl.load(p3 + VEC, mask=m3, other=0.0))
+            if QV == 2:
+                x = tl.reshape(tl.permute(tl.join(x0, x1), (0, 1, 3, 2)), [TR, TK])
+            else:
+                x2 = _to_f32(tl.load(p3 + 2 * VEC, mask=m3, other=0.0))
+                x3 = _to_f32(tl.load(p3 + 3 * VEC, mask=m3, other=0.0))
+                x = tl.reshape(tl.permute(tl.join(tl.join(x0, x1), tl.join(x2, x3)), (0, 1, 4, 3, 2)), [TR, TK])
+        else:
+            x = _to_f32(tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=m2, other=0.0))
         if PROLOGUE == 1:
             w = _to_f32(tl.load(w_ptr + cols, mask=cmask, other=0.0))
             x = (x * rstd[:, None]) * w[None, :]
@@ -504,16 +541,16 @@ def _quantize_kernel(
             if TWO_LEVEL == 1:  # ModelOpt
                 sbf = tl.math.div_rn(amax, (6.0 * s_dec) + tl.zeros_like(amax))
                 sbf = tl.where(sbf == 0, 1.0, sbf)
-                raw, f = _scale_encode(sbf, SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
+                raw, f = _scale_encode(sbf, SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16, ASM)
                 op = f * s_dec
             elif TWO_LEVEL == 2:  # torchao
                 sbf = tl.math.div_rn(tl.math.div_rn(amax, 6.0 + tl.zeros_like(amax)), s_dec + tl.zeros_like(amax))
                 sbf = _clamp_nan(sbf, 0.015625, 448.0)
-                raw, f = _scale_encode(sbf, SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
+                raw, f = _scale_encode(sbf, SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16, ASM)
                 op = tl.math.div_rn(tl.math.div_rn(1.0, s_dec) + tl.zeros_like(f), f)
             elif TWO_LEVEL == 3:  # compressed-tensors
                 sbf = _clamp_nan(gs * tl.math.div_rn(amax, 6.0 + tl.zeros_like(amax)), -float("inf"), 448.0)
-                raw, f = _scale_encode(sbf, SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
+                raw, f = _scale_encode(sbf, SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16, ASM)
                 r8, f8 = _scale_encode(tl.full(f.shape, 0.125, tl.float32), SCALE_KIND, SCALE_MAX, st_ty, SNAN,
                                        SIBITS, MANUAL_BF16)
                 if SCALE_KIND == 0:
@@ -528,7 +565,7 @@ def _quantize_kernel(
                 op = _e8m0_recip(raw)
             else:  # RULE == 4, amax: s = codec(amax / max), zero -> 1
                 raw, s = _scale_encode(tl.math.div_rn(amax, ELEM_MAX + tl.zeros_like(amax)), SCALE_KIND,
-                                       SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
+                                       SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16, ASM)
                 op = tl.where(s == 0, 1.0, s)
             DIV: tl.constexpr = (TWO_LEVEL == 1) | (TWO_LEVEL == 3) | ((TWO_LEVEL == 0) & (RULE == 4))
             FAST_ENC: tl.constexpr = (not IS_INT) & (ROUNDING == 0) & (OVF_CODE == MAX_CODE) & (HW_FP8 == 0)
@@ -561,7 +598,11 @@ def _quantize_kernel(
                     xa = xb
                 if DIV:
                     if MARKSTEIN:
-                        r = tl.math.div_rn(tl.full(op.shape, 1.0, tl.float32), op)[:, None, :, None]
+                        if ASM:  # rcp.rn.f32 is IEEE RN(1/op), as div.rn 1/op, with a shorter expansion
+                            r = tl.inline_asm_elementwise("rcp.rn.f32 $0, $1;", "=f,f", [op], dtype=tl.float32,
+                                                          is_pure=True, pack=1)[:, None, :, None]
+                        else:
+                            r = tl.math.div_rn(tl.full(op.shape, 1.0, tl.float32), op)[:, None, :, None]
                         q0 = xa * r
                         e = tl.math.fma(q0, (0.0 - op)[:, None, :, None], xa)  # (-q0 would be an extra 0 - q0)
                         xs = tl.math.fma(e, r, q0)
@@ -614,6 +655,13 @@ def _quantize_kernel(
         # likewise ``bad`` / ``bad_enc`` above. tools/compile_check.py compiles them all.)
         if (BITS == 8) & (RULE != 5) & FAST & (NONFIN != 2) & clean:
             pass
+        elif SPLIT & PACK32 & (BITS == 4) & (VEC == 8):  # a block's QV words side by side in one thread
+            cq = tl.reshape(codes, [TR, NB, QV, VEC])
+            words = tl.sum(cq << (tl.arange(0, VEC) * 4)[None, None, None, :], axis=3)  # disjoint bits: sum == or
+            blk = k0 + tl.arange(0, NB) * B
+            wc = (blk // 8)[None, :, None] + tl.arange(0, QV)[None, None, :]
+            tl.store(data_ptr + rows64[:, None, None] * (K // 8) + wc, words,
+                     mask=rmask[:, None, None] & (blk < K)[None, :, None])
         elif PACK32:  # codes of 1/2/4/8 bits: one int32 word per 32 bits (coalesced 4-byte stores)
             W: tl.constexpr = 32 // BITS
             cw = tl.reshape(codes, [TR, TK // W, W])

@@ -298,10 +298,12 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         BLOCK = 4096
         chunks = triton.cdiv(n, BLOCK)
         iters = triton.next_power_of_2(triton.cdiv(chunks, _NP_MAX))
-        n_part = triton.cdiv(chunks, iters)
-        np_ = max(16, triton.next_power_of_2(n_part))
-        parts = torch.empty(n_part, dtype=torch.int32, device=dev)
-        _k._finite_amax_partials_kernel[(n_part,)](x2, parts, n, BLOCK=BLOCK, ITERS=iters, num_warps=8)
+        progs = triton.cdiv(chunks, iters)
+        # one atomic maximum: each quantize program then reads one word instead of up to
+        # _NP_MAX partial maxima (2.5 SASS instructions per element at 16 x 256 tiles)
+        parts = torch.zeros(1, dtype=torch.int32, device=dev)
+        n_part, np_ = 1, 1
+        _k._finite_amax_partials_kernel[(progs,)](x2, parts, n, BLOCK=BLOCK, ITERS=iters, ATOMIC=True, num_warps=8)
         gs_out = torch.empty(2, dtype=torch.float32, device=dev)
     k_per_prog = triton.cdiv(K, cfg.tile_cols) * cfg.tile_cols if prologue == 1 else cfg.tile_cols
     grid = (triton.cdiv(R, cfg.tile_rows), triton.cdiv(K, k_per_prog))
