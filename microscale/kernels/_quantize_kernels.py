@@ -659,8 +659,9 @@ def _quantize_kernel(
             cq = tl.reshape(codes, [TR, NB, QV, VEC])
             words = tl.sum(cq << (tl.arange(0, VEC) * 4)[None, None, None, :], axis=3)  # disjoint bits: sum == or
             blk = k0 + tl.arange(0, NB) * B
-            wc = (blk // 8)[None, :, None] + tl.arange(0, QV)[None, None, :]
-            tl.store(data_ptr + rows64[:, None, None] * (K // 8) + wc, words,
+            wc = tl.multiple_of(blk // 8, QV)[None, :, None] + tl.arange(0, QV)[None, None, :]
+            kw = tl.multiple_of(K // 8, QV)  # rows of words: K is a multiple of B = 8 QV
+            tl.store(data_ptr + rows64[:, None, None] * kw + wc, words,
                      mask=rmask[:, None, None] & (blk < K)[None, :, None])
         elif PACK32:  # codes of 1/2/4/8 bits: one int32 word per 32 bits (coalesced 4-byte stores)
             W: tl.constexpr = 32 // BITS
