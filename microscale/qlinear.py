@@ -560,8 +560,8 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
                          f"({wpg} words) of whole chains ({chain})")
     asm = (not _interpreting()) if use_asm is None else use_asm
     # UE4M3 block scales (<= 448) are applied in f16 inside the PTX when a chain is a block
-    s_in = f.scale.name == "ue4m3" and chain == wpg
-    xe = kern.x_exponent(kind, chain, 448.0 if s_in else 1.0)
+    s_in = f.scale.name == "ue4m3" and chain == wpg and c.block_kw % (2 * chain) == 0
+    xe = kern.x_exponent(kind, chain, 2 * 448.0 if s_in else 1.0)  # two scaled chains summed in f16
     x2 = x2.contiguous()
     mp = -(-m // tokens) * tokens
     nch = kw // c.block_kw  # activation chunks, one power of two each

@@ -141,6 +141,13 @@ FINISH_E4M3_ASM = tl.constexpr("{ .reg .b16 lo, hi; .reg .b32 sc, v; .reg .f32 a
                                "cvt.rn.f16x2.e4m3x2 sc, lo; prmt.b32 sc, sc, 0, 0x1010; mul.rn.f16x2 v, $1, sc; "
                                "mov.b32 {lo, hi}, v; cvt.f32.f16 a, lo; cvt.f32.f16 b, hi; add.f32 $0, a, b; }")
 
+#: two chains' f16x2 sums ($1, $2) times their E4M3 block scales (bytes 0 and 1 of $3, one
+#: ``cvt.rn.f16x2.e4m3x2`` for both), added in f16, then -> float32
+FINISH2_E4M3_ASM = tl.constexpr("{ .reg .b16 lo, hi; .reg .b32 sc, sa, sb, v; .reg .f32 a, b; mov.b32 {lo, hi}, $3; "
+                                "cvt.rn.f16x2.e4m3x2 sc, lo; prmt.b32 sa, sc, 0, 0x1010; prmt.b32 sb, sc, 0, 0x3232; "
+                                "mul.rn.f16x2 v, $1, sa; fma.rn.f16x2 v, $2, sb, v; "
+                                "mov.b32 {lo, hi}, v; cvt.f32.f16 a, lo; cvt.f32.f16 b, hi; add.f32 $0, a, b; }")
+
 
 @triton.jit
 def _prep_x_kernel(x_ptr, xp_ptr, xs_ptr, stride_x, K: tl.constexpr, XE: tl.constexpr, KIND: tl.constexpr,
@@ -304,7 +311,8 @@ def _word_parts(w, kz, xs, XR: tl.constexpr, T: tl.constexpr, KIND: tl.constexpr
 @triton.jit
 def _chain_finish(p, raw, CHAIN: tl.constexpr, USE_ASM: tl.constexpr, SCALE_IN_ASM: tl.constexpr):
     """``[R, C]`` word parts -> ``[R, C // CHAIN]`` float32 chain sums (f16 adds in the PTX
-    path), times the E4M3 block scale ``raw`` when ``SCALE_IN_ASM``."""
+    path); with ``SCALE_IN_ASM``, times the E4M3 block scales ``raw`` and two neighbouring
+    chains added in f16: ``[R, C // CHAIN // 2]``."""
     R: tl.constexpr = p.shape[0]
     NC: tl.constexpr = p.shape[1] // CHAIN
     if USE_ASM:
@@ -313,14 +321,16 @@ def _chain_finish(p, raw, CHAIN: tl.constexpr, USE_ASM: tl.constexpr, SCALE_IN_A
         else:
             h = p
         if SCALE_IN_ASM:
-            out = tl.inline_asm_elementwise(FINISH_E4M3_ASM, "=f,r,r", [h, raw], dtype=tl.float32, is_pure=True,
-                                            pack=1)
+            ha, hb = tl.split(tl.reshape(h, [R, NC // 2, 2]))
+            ra, rb = tl.split(tl.reshape(raw, [R, NC // 2, 2]))
+            out = tl.inline_asm_elementwise(FINISH2_E4M3_ASM, "=f,r,r,r", [ha, hb, ra | (rb << 8)],
+                                            dtype=tl.float32, is_pure=True, pack=1)
         else:
             out = tl.inline_asm_elementwise(FINISH_ASM, "=f,r", [h], dtype=tl.float32, is_pure=True, pack=1)
     else:
         out = tl.sum(tl.reshape(p, [R, NC, CHAIN]), 2)
         if SCALE_IN_ASM:
-            out = out * _decode_scale(raw, 2)
+            out = tl.sum(tl.reshape(out * _decode_scale(raw, 2), [R, NC // 2, 2]), 2)
     return out
 
 
@@ -358,7 +368,7 @@ def _gemv_kernel(
         x_ptr = xp_ptr + m0 * XR * KW
         accs = ()
         for t in tl.static_range(T):
-            accs = accs + (tl.zeros([BLOCK_N, NC], dtype=tl.float32),)
+            accs = accs + (tl.zeros([BLOCK_N, NC // 2 if SCALE_IN_ASM else NC], dtype=tl.float32),)
         if PREFETCH:
             w, raw, kz, xs = _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k_lo,
                                         KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP)

@@ -68,6 +68,9 @@ def test_x_exponent_bounds_the_chain():
             xe = kern.x_exponent(kind, chain)
             per_lane = chain * (8 if kern.XREGS[kind] == 4 else 4) // 2
             assert per_lane * wmax * 2.0**xe < 65504 and 2.0**xe <= 2.0**15
+    # nvfp4: two chains, each times an E4M3 scale (<= 448), summed in f16
+    xe = kern.x_exponent(kern.F4, 2, 2 * 448.0)
+    assert 2 * (8 * kern._WMAX[kern.F4] * 448.0) * 2.0**xe < 65504
 
 
 def test_asm_text():
