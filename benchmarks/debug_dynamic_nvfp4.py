@@ -1,8 +1,12 @@
-"""H200 check: dynamic NVFP4 quantize (GPU global amax) against the reference, on bench-like
-inputs (``microscale.bench.suites.random_input``), first call of the process included.
+"""H200 check: the dynamic NVFP4 global scale (GPU amax by atomic max) against three
+independent amax computations, on many bench-like inputs (``microscale.bench.suites.
+random_input``), for up to ``SECONDS`` (default 40). Prints every disagreement.
 
     PYTHONPATH=. python benchmarks/debug_dynamic_nvfp4.py
 """
+import os
+import time
+
 import torch
 
 from microscale import reference
@@ -16,16 +20,22 @@ class Ctx:
         self.generator = torch.Generator(device="cuda").manual_seed(seed)
 
 
-for seed in (204546635, 1, 2):
-    for shape in ((8192, 8192), (28672, 8192), (4096, 4096)):
+t0, n, bad = time.time(), 0, 0
+limit = float(os.environ.get("SECONDS", "40"))
+seed = 3319346932
+while time.time() - t0 < limit:
+    for shape in ((28672, 8192), (8192, 8192)):
         x = random_input(shape, Ctx(seed))
-        for rep in range(2):
-            q = kq.quantize(x, "nvfp4")
-            torch.cuda.synchronize()
-            ref = reference.quantize(x.cpu(), "nvfp4")
-            amax = x.float().abs().amax().item()
-            gs, rs = q.global_scale.float().item(), ref.global_scale.float().item()
-            nd = int((q.data.cpu() != ref.data).sum())
-            ns = int((q.scales.cpu().view(torch.uint8) != ref.scales.view(torch.uint8)).sum())
-            print(f"seed={seed} shape={shape} rep={rep}: amax={amax!r} gs got={gs!r} want={rs!r} "
-                  f"data mism={nd} scale mism={ns} {'OK' if nd == ns == 0 and gs == rs else 'FAIL'}", flush=True)
+        q = kq.quantize(x, "nvfp4")
+        gs = q.global_scale.float().item()
+        a_ref = reference._finite_amax(x).item()          # torch.aminmax on the GPU
+        a_abs = x.float().abs().amax().item()              # another GPU reduction
+        want = reference.nvfp4_global_scale(x).item()
+        n += 1
+        if gs != want or a_ref != a_abs:
+            bad += 1
+            a_cpu = reference._finite_amax(x.cpu()).item()
+            print(f"seed={seed} shape={shape}: kernel gs={gs!r} ref gs={want!r}; amax aminmax={a_ref!r} "
+                  f"abs().amax()={a_abs!r} cpu={a_cpu!r} kernel amax~{gs * 2688.0!r}", flush=True)
+    seed += 1
+print(f"dynamic nvfp4 global scale: {n - bad}/{n} agree ({time.time() - t0:.0f} s)")

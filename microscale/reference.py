@@ -100,8 +100,16 @@ def nvfp4_global_scale(x: torch.Tensor, convention: TwoLevel | str = TwoLevel.MO
     one = torch.ones((), dtype=torch.float32, device=amax.device)
     if conv is TwoLevel.COMPRESSED_TENSORS:
         return one / compressed_tensors_global_scale(amax)
-    s = amax / (E4M3_MAX * E2M1_MAX)
+    s = _div(amax, E4M3_MAX * E2M1_MAX)
     return torch.where(amax > 0, s, one)
+
+
+def _div(t: torch.Tensor, c: float) -> torch.Tensor:
+    """``t / c`` correctly rounded on every device. (On CUDA, torch turns ``tensor / python
+    float`` into a multiply by the float32 reciprocal, which differs from the quotient by
+    one ulp for about 1 in 6 values of ``amax / 2688``; a same-device tensor divisor
+    takes the IEEE division, as the CPU does for both.)"""
+    return t / torch.full((), c, dtype=t.dtype, device=t.device)
 
 
 def compressed_tensors_global_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -122,12 +130,12 @@ def _two_level(xb, amax, fmt: Format, s_dec: torch.Tensor, gs_exact: torch.Tenso
         raw = codec.encode(sbf)  # ModelOpt's plain torch cast (it saturates), no clamp first
         xs = xb / _unblock_scales(codec.decode(raw) * s_dec, fmt)
     elif conv is TwoLevel.TORCHAO:
-        sbf = torch.clamp((amax / E2M1_MAX) / s_dec, min=2.0**-6, max=E4M3_MAX)
+        sbf = torch.clamp(_div(amax, E2M1_MAX) / s_dec, min=2.0**-6, max=E4M3_MAX)
         raw = codec.encode(sbf)
         xs = xb * _unblock_scales((1.0 / s_dec) / codec.decode(raw), fmt)
     else:  # compressed-tensors keeps the reciprocal global scale gs (exact, in meta)
         gs = 1.0 / s_dec if gs_exact is None else gs_exact
-        sbf = torch.clamp(gs * (amax / E2M1_MAX), max=E4M3_MAX)
+        sbf = torch.clamp(gs * _div(amax, E2M1_MAX), max=E4M3_MAX)
         raw = codec.encode(sbf)
         raw = torch.where(codec.decode(raw) == 0, torch.full_like(raw, 0.125), raw)
         xs = xb / _unblock_scales(codec.decode(raw) / gs, fmt)

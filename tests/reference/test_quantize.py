@@ -213,3 +213,20 @@ def test_zero_tensor_all_formats():
         x = torch.zeros((128, 128) if f.block_rows > 1 else (2, 128))
         d = ms.quantize(x, name).dequantize()
         assert torch.equal(d, x), name
+
+
+def test_nvfp4_global_scale_is_the_ieee_quotient():
+    from microscale import reference
+    """s_dec = amax/2688 correctly rounded (FORMATS.md), not amax * fl(1/2688), which is
+    what torch computes for ``cuda_tensor / 2688.0`` and differs for ~1 in 6 values."""
+    amax = np.arange(1, 20001, dtype=np.float32) * np.float32(0.25)
+    want = amax / np.float32(2688.0)
+    x = torch.zeros(len(amax), 16)
+    x[:, 3] = torch.from_numpy(amax)
+    got = np.array([float(reference.nvfp4_global_scale(x[i:i + 1])) for i in range(0, len(amax), 97)],
+                   dtype=np.float32)
+    np.testing.assert_array_equal(got, want[::97])
+    recip = amax * (np.float32(1.0) / np.float32(2688.0))
+    assert (recip != want).mean() > 0.05  # the two roundings do differ on these inputs
+    t = torch.from_numpy(amax)
+    assert torch.equal(reference._div(t, 2688.0), torch.from_numpy(want))
