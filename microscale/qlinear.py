@@ -190,6 +190,23 @@ def _has_specials(codes_u8: torch.Tensor, fmt: Format) -> bool:
     return bool((mag >= lo).any())
 
 
+def _weight_has_specials(q: QTensor) -> bool:
+    """Whether q's codes hold a NaN/Inf encoding, scanned once per codes tensor and
+    version (one host sync; the answer rides on the tensor as an attribute); assumed
+    while a CUDA graph is being captured and unscanned."""
+    el = q.fmt.element
+    if el.kind != "float" or not (el.nan_codes or el.inf_code is not None):
+        return False
+    seen = getattr(q.data, "_microscale_specials", None)
+    if seen is not None and seen[0] == q.data._version:
+        return seen[1]
+    if q.data.is_cuda and torch.cuda.is_current_stream_capturing():
+        return True
+    has = _has_specials(q.data.view(torch.uint8), q.fmt)
+    q.data._microscale_specials = (q.data._version, has)
+    return has
+
+
 def prepare(q: QTensor) -> PackedLinearWeight:
     """Repack a 2-D QTensor ``[N, K]`` into the kernel layout (once, at load time)."""
     if isinstance(q, PackedLinearWeight):
@@ -607,7 +624,9 @@ PREFILL_MIN_M = 9
 @dataclass(frozen=True)
 class PrefillConfig:
     """Tiles of :func:`prefill`: ``block_m`` tokens x ``block_n`` weight rows per program,
-    ``block_k`` elements per K step; ``group_m`` row tiles per L2-sharing group."""
+    ``block_k`` elements per K step; ``group_m`` row tiles per L2-sharing group;
+    ``split_k``: K cut into that many equal ranges, one program each, partial sums
+    reduced in a fixed order by the last of them (for few tokens, so all SMs stream)."""
 
     block_m: int = 128
     block_n: int = 128
@@ -617,26 +636,47 @@ class PrefillConfig:
     num_stages: int = 3
     swap: bool = False  # weights as the MMA's A operand (out^T tiles)
     pair: bool = False  # E2M1 codes with E8M0/UE4M3 scales and bf16 x: bf16x2 pair decode
+    split_k: int = 1
 
 
-def choose_prefill_config(m: int, fmt: Format) -> PrefillConfig:
-    """Best of the H200 sweeps (benchmarks/h200_2026-12-01/prefill*.log, small_m.log), 64
-    elements per K step. Under 256 tokens: 16-64 tokens x 64 weight rows, 4 warps, weights
-    as the MMA's register operand (NVFP4 M=16: 1.01x cuBLAS, the split-K kernel 0.56x;
-    M=64: 0.85x against 0.34x). From 256 tokens, 8 warps: E2M1 with E8M0/UE4M3 scales
-    decode by bf16x2 pairs into the register operand (256 x 128 tiles, 4 stages: 0.71x
-    cuBLAS at M=4096, against 0.46x without); affine formats likewise without the pair
-    decode; the rest 256 x 128 tiles from 2048 tokens on, else 128 x 128."""
+def choose_prefill_config(m: int, fmt: Format, k: int | None = None) -> PrefillConfig:
+    """Best of the H200 sweeps (benchmarks/h200_2026-12-01/prefill*.log, small_m*.log).
+    Up to 32 tokens: 16/32 tokens x 64 weight rows, 128-element K steps, K split in two
+    (NVFP4 M=16: 1.20x cuBLAS, against 0.97x unsplit with 64-element steps); affine
+    formats 256-element steps split in four. 33-255 tokens: up to 64 tokens x 64 rows,
+    64-element steps. From 256 tokens, 8 warps: E2M1 with E8M0/UE4M3 scales decode by
+    bf16x2 pairs into the register operand (256 x 128 tiles, 4 stages: 0.71x cuBLAS at
+    M=4096, against 0.46x without); affine formats likewise without the pair decode; the
+    rest 256 x 128 tiles from 2048 tokens on, else 128 x 128. ``pair`` is asked for every
+    minifloat with E8M0/UE4M3 scales; :func:`prefill` uses it where it is exact. Given
+    ``k``, the K step and split shrink until they tile K (``prefill_supported`` shapes)."""
+    c = _prefill_tiles(m, fmt)
+    if k is not None:
+        while k % (c.split_k * c.block_k) and c.split_k > 1:
+            c = replace(c, split_k=c.split_k // 2)
+        while k % c.block_k and c.block_k > max(64, fmt.block_size):
+            c = replace(c, block_k=c.block_k // 2)
+    return c
+
+
+def _prefill_tiles(m: int, fmt: Format) -> PrefillConfig:
     el = fmt.element
-    pair = el.kind == "float" and el.bits == 4 and fmt.scale.name in ("e8m0", "ue4m3")
-    if m < 256:  # few tokens: 16-64 of them on the MMA's N side, 64 weight rows per program
-        return PrefillConfig(block_m=max(16, min(64, triton_next_pow2(m))), block_n=64, block_k=64, group_m=1,
+    pair = el.kind == "float" and el.bits in (4, 8) and fmt.scale.name in ("e8m0", "ue4m3")
+    if m <= 32:  # few tokens on the MMA's N side; K split so that all SMs stream the weight
+        bm = max(16, triton_next_pow2(m))
+        if fmt.zero_point:
+            return PrefillConfig(block_m=bm, block_n=64, block_k=256, group_m=1, num_warps=4, num_stages=3,
+                                 swap=True, split_k=4)
+        return PrefillConfig(block_m=bm, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4, swap=True,
+                             pair=pair, split_k=2)
+    if m < 256:
+        return PrefillConfig(block_m=min(64, triton_next_pow2(m)), block_n=64, block_k=64, group_m=1,
                              num_warps=4, num_stages=4, swap=True, pair=pair)
-    if pair:
+    if pair and el.bits == 4:
         return PrefillConfig(block_m=256, block_n=128, block_k=64, num_stages=4, swap=True, pair=True)
     if fmt.zero_point:
         return PrefillConfig(block_m=256, block_n=128, block_k=64, num_stages=4, swap=True)
-    return PrefillConfig(block_m=256 if m >= 2048 else 128, block_n=128, block_k=64)
+    return PrefillConfig(block_m=256 if m >= 2048 else 128, block_n=128, block_k=64, pair=pair)
 
 
 def prefill_supported(q: QTensor, x: torch.Tensor) -> bool:
@@ -666,30 +706,66 @@ def prefill(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
         raise ValueError(f"{_OP}: x has K={k} but the weight has K={q.shape[1]}")
     if f.element.bits not in (4, 8) or f.block_rows != 1:
         raise ValueError(f"{_OP}: the prefill kernel takes 4/8-bit codes in 1-D blocks, not {f.name}")
-    c = config or choose_prefill_config(m, f)
+    c = config or choose_prefill_config(m, f, k)
     if k % c.block_k or (c.block_k % f.block_size and f.block_size % c.block_k):
         raise ValueError(f"{_OP}: K={k} must be a multiple of block_k={c.block_k}, and block_k and the "
                          f"block ({f.block_size}) must divide one another")
+    if c.split_k < 1 or k % (c.split_k * c.block_k):
+        raise ValueError(f"{_OP}: K={k} must be a multiple of split_k*block_k={c.split_k}*{c.block_k}")
     el = f.element
     # the pair decode's bf16 products are exact: 2-bit E2M1 significands times power-of-two
     # or E4M3 scales (a float16/float32 scale would be rounded to bf16)
-    pair = (c.pair and x2.dtype == torch.bfloat16 and el.kind == "float" and el.bits == 4 and el.mbits == 1
-            and not el.has_nan and not el.has_inf and f.scale.name in ("e8m0", "ue4m3") and c.block_k % 8 == 0)
+    # 8-bit minifloats likewise (<= 4-bit significands), unless the weight holds NaN/Inf codes
+    pair = (c.pair and x2.dtype == torch.bfloat16 and el.kind == "float" and f.scale.name in ("e8m0", "ue4m3")
+            and c.block_k % 8 == 0
+            and ((el.bits == 4 and el.mbits == 1 and not el.has_nan and not el.has_inf)
+                 or (el.bits == 8 and el.mbits <= 3 and not _weight_has_specials(q))))
     x2 = x2.contiguous()
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     scales = q.scales.contiguous()
-    scales = scales.view(_INT_VIEW[scales.element_size()])
-    zp = q.zero_points.contiguous() if f.zero_point else scales
+    sb = scales.element_size()
+    scales, wide_s = _word_rows(scales.view(_INT_VIEW[sb]))
+    zp, wide_z = _word_rows(q.zero_points.contiguous()) if f.zero_point else (scales, False)
     gs = q.global_scale if q.global_scale is not None else scales
     b = bias if bias is not None else scales
     cons = _format_constexprs(f, bool(f.element.has_nan or f.element.has_inf))
-    grid = (triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n),)
-    kern._linear_prefill_kernel[grid](
+    tiles = triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n)
+    ws = cnt = None
+    if c.split_k > 1:
+        ws = torch.empty((c.split_k, m, n), dtype=torch.float32, device=x2.device)
+        cnt = _split_counters(x2.device, tiles)
+    kern._linear_prefill_kernel[(tiles, c.split_k)](
         x2, q.data.contiguous(), scales, zp, gs, b, out, m, n, x2.stride(0), q.data.stride(0), scales.stride(0),
         zp.stride(0), out.stride(0), K=k, BITS=cons["BITS"], IS_FLOAT=cons["IS_FLOAT"], MBITS=cons["MBITS"],
         SIGNED=cons["SIGNED"], ELEM_C=cons["ELEM_C"], SPECIALS=cons["SPECIALS"], INF_MAG=cons["INF_MAG"],
         NAN_MAG=cons["NAN_MAG"], SCALE_KIND=cons["SCALE_KIND"], GROUP=f.block_size, HAS_ZP=f.zero_point,
         HAS_GS=f.global_scale, HAS_BIAS=bias is not None, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-        BLOCK_K=c.block_k, GROUP_M=c.group_m, INTERP=_interpreting(), SWAP=c.swap, PAIR=pair, num_warps=c.num_warps,
-        num_stages=c.num_stages)
+        BLOCK_K=c.block_k, GROUP_M=c.group_m, INTERP=_interpreting(), SWAP=c.swap, PAIR=pair,
+        SB=sb, WIDE_S=wide_s, WIDE_Z=wide_z, SPLIT_K=c.split_k, ws_ptr=ws, cnt_ptr=cnt,
+        num_warps=c.num_warps, num_stages=c.num_stages)
     return out
+
+
+def _word_rows(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``t`` [rows, entries] as an int32 view when its rows are whole 4-byte words, so the
+    kernel loads entries as words (wide enough for asynchronous copies); else ``t``."""
+    row_bytes = t.shape[-1] * t.element_size()
+    if t.dim() == 2 and row_bytes % 4 == 0 and t.data_ptr() % 4 == 0:
+        return t.view(torch.int32), True
+    return t, False
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 tile counters for a split-K launch. The kernel leaves them zero, so
+    one buffer per (device, stream) is reused; a fresh one while a CUDA graph is being
+    captured (the graph then owns it)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return buf

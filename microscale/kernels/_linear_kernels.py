@@ -111,12 +111,13 @@ def _decode_elem(c, scale, zp, BITS: tl.constexpr, IS_FLOAT: tl.constexpr, MBITS
 
 @triton.jit
 def _pair_bits(words, J: tl.constexpr, IS_FLOAT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
-               SIGNED: tl.constexpr):
-    """bf16x2 bit patterns of containers J (low half) and J+4 (high half) of 4-bit-container
-    words: one shift places both. Floats: value * 2^(bias-127); ints: 128 + (u ^ signflip)."""
+               SIGNED: tl.constexpr, CB: tl.constexpr = 4):
+    """bf16x2 bit patterns of containers J (low half) and J + 16/CB (high half) of words of
+    CB-bit containers (4: nibbles, 8: bytes): one shift places both. Floats: value *
+    2^(bias-127); ints (4-bit containers): 128 + (u ^ signflip)."""
     if IS_FLOAT:
-        SH_MAG: tl.constexpr = (7 - MBITS) - 4 * J
-        SH_SGN: tl.constexpr = (16 - BITS) - 4 * J
+        SH_MAG: tl.constexpr = (7 - MBITS) - CB * J
+        SH_SGN: tl.constexpr = (16 - BITS) - CB * J
         MAGM: tl.constexpr = ((1 << (BITS - 1)) - 1) << (7 - MBITS)
         if SH_MAG >= 0:
             a = words << SH_MAG
@@ -308,6 +309,8 @@ def _linear_prefill_kernel(
     SCALE_KIND: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_GS: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, INTERP: tl.constexpr, SWAP: tl.constexpr = False, PAIR: tl.constexpr = False,
+    SB: tl.constexpr = 1, WIDE_S: tl.constexpr = False, WIDE_Z: tl.constexpr = False,
+    SPLIT_K: tl.constexpr = 1, ws_ptr=None, cnt_ptr=None,
 ):
     """out[BLOCK_M, BLOCK_N] tile = x @ dequant(W)^T for many tokens, reading the QTensor's
     own layout (codes of 4 bits: two per byte, element ``2i`` in the low nibble; 8 bits:
@@ -315,8 +318,18 @@ def _linear_prefill_kernel(
     plain (pipelined) load and the weight tile ``[BLOCK_N, BLOCK_K]`` is decoded once in
     registers, scaled, cast to x's dtype and fed to ``tl.dot`` for all BLOCK_M tokens.
     K must be a multiple of BLOCK_K (host check); M and N are masked. Programs are
-    ordered in groups of GROUP_M row tiles so neighbours share weight tiles in L2."""
+    ordered in groups of GROUP_M row tiles so neighbours share weight tiles in L2.
+
+    ``WIDE_S`` / ``WIDE_Z``: the scales (``SB`` bytes each) / zero points of one K step
+    fill whole int32 words of a row, and ``s_ptr`` / ``zp_ptr`` are int32 views (strides
+    in words): they are loaded as words, wide enough for the asynchronous copies of the
+    software pipeline (a 1-2 byte load per thread is not, and then stalls every K step).
+    ``SPLIT_K`` > 1: program axis 1 takes one of SPLIT_K equal K ranges and stores its
+    fp32 partial tile to ``ws_ptr`` [SPLIT_K, M, N]; the last of them to finish (a counter
+    per output tile in ``cnt_ptr``, zero on entry and reset to zero) sums the partials in
+    split order (deterministic) and writes the output."""
     pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
     n_m = tl.cdiv(M, BLOCK_M)
     n_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_n
@@ -335,9 +348,21 @@ def _linear_prefill_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    KS: tl.constexpr = K // SPLIT_K
+    for kk in range(0, KS, BLOCK_K):
+        k0 = pid_k * KS + kk
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=m_ok[:, None], other=0.0)
-        if PAIR:  # E2M1 words -> bf16x2 pairs (j, j+4) by bit placement -> pairs in K order
+        if PAIR and BITS == 8:  # minifloat bytes -> bf16x2 pairs (j, j+2) by bit placement -> K order
+            w32 = w_ptr.to(tl.pointer_type(tl.int32))
+            words = tl.load(w32 + offs_n[:, None] * (stride_wn // 4) + (k0 // 4 + tl.arange(0, BLOCK_K // 4))[None, :],
+                            mask=n_ok[:, None], other=0)
+            p0 = _pair_bits(words, 0, True, BITS, MBITS, SIGNED, 8)
+            p1 = _pair_bits(words, 1, True, BITS, MBITS, SIGNED, 8)
+            q01 = (p0 & 0xFFFF) | (p1 << 16)
+            q23 = ((p0 >> 16) & 0xFFFF) | (p1 & -65536)
+            qq = tl.reshape(tl.join(q01, q23), [BLOCK_N, BLOCK_K // 2])
+            c = tl.reshape(tl.join(qq & 0xFFFF, (qq >> 16) & 0xFFFF), [BLOCK_N, BLOCK_K])  # bf16 bits, K order
+        elif PAIR:  # E2M1 words -> bf16x2 pairs (j, j+4) by bit placement -> pairs in K order
             w32 = w_ptr.to(tl.pointer_type(tl.int32))
             words = tl.load(w32 + offs_n[:, None] * (stride_wn // 4) + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :],
                             mask=n_ok[:, None], other=0)
@@ -359,13 +384,16 @@ def _linear_prefill_kernel(
             c = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k0 + offs_k)[None, :],
                         mask=n_ok[:, None], other=0).to(tl.int32) & 0xFF
         gk = k0 // GROUP + tl.arange(0, NG)
-        s_raw = tl.load(s_ptr + offs_n[:, None] * stride_sn + gk[None, :], mask=n_ok[:, None], other=0)
-        if SCALE_KIND == 3 or SCALE_KIND == 4:
-            s_raw = s_raw.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        elif SCALE_KIND == 5:
-            s_raw = s_raw.to(tl.int32, bitcast=True)
+        if WIDE_S:  # raw bits in the low SB bytes of an int32
+            s_raw = _row_entries(s_ptr, offs_n, stride_sn, k0 // GROUP, n_ok, NG, SB)
         else:
-            s_raw = s_raw.to(tl.int32) & 0xFF
+            s_raw = tl.load(s_ptr + offs_n[:, None] * stride_sn + gk[None, :], mask=n_ok[:, None], other=0)
+            if SCALE_KIND == 3 or SCALE_KIND == 4:
+                s_raw = s_raw.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            elif SCALE_KIND == 5:
+                s_raw = s_raw.to(tl.int32, bitcast=True)
+            else:
+                s_raw = s_raw.to(tl.int32) & 0xFF
         scale = _decode_scale(s_raw, SCALE_KIND)
         if not IS_FLOAT:  # integers: the element constant (<= 1) folded in per block
             scale = scale * ELEM_C
@@ -374,7 +402,10 @@ def _linear_prefill_kernel(
         else:
             scale = tl.broadcast_to(scale, [BLOCK_N, BLOCK_K])
         if HAS_ZP:
-            zp = tl.load(zp_ptr + offs_n[:, None] * stride_zn + gk[None, :], mask=n_ok[:, None], other=0)
+            if WIDE_Z:
+                zp = _row_entries(zp_ptr, offs_n, stride_zn, k0 // GROUP, n_ok, NG, 1)
+            else:
+                zp = tl.load(zp_ptr + offs_n[:, None] * stride_zn + gk[None, :], mask=n_ok[:, None], other=0)
             zp = zp.to(tl.float32)
             if BLOCK_K > GROUP:
                 zp = tl.reshape(tl.broadcast_to(zp[:, :, None], [BLOCK_N, NG, GROUP]), [BLOCK_N, BLOCK_K])
@@ -397,9 +428,48 @@ def _linear_prefill_kernel(
             acc = _mma(x, tl.trans(w.to(x_ptr.dtype.element_ty)), acc, INTERP)
     if SWAP:
         acc = tl.trans(acc)
+    mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        _prefill_store(acc, offs_m, offs_n, n_ok, mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS, HAS_BIAS)
+    else:
+        part = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        plane = M.to(tl.int64) * N
+        tl.store(ws_ptr + pid_k * plane + part, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is stored before the release below
+        done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT_K - 1:  # the last split of this tile: sum in split order
+            tot = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                tot += tl.load(ws_ptr + s * plane + part, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(cnt_ptr + pid, 0)  # ready for the next call
+            _prefill_store(tot, offs_m, offs_n, n_ok, mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS, HAS_BIAS)
+
+
+@triton.jit
+def _prefill_store(acc, offs_m, offs_n, n_ok, mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS: tl.constexpr,
+                   HAS_BIAS: tl.constexpr):
+    """out[m, n] = acc * global scale + bias, in out's dtype."""
     if HAS_GS:
         acc = acc * tl.load(gs_ptr)
     if HAS_BIAS:
         acc = acc + tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _row_entries(ptr, rows, stride_rw, first, row_ok, NG: tl.constexpr, SB: tl.constexpr):
+    """Entries ``first .. first + NG`` of each row of an array of SB-byte entries (int32
+    view, ``stride_rw`` words per row): raw bits in the low bytes of an int32 [rows, NG],
+    read as NG * SB / 4 whole words per row (or, when they fill less than a word, the
+    word holding each entry)."""
+    if (NG * SB) % 4 != 0:
+        w = _load_entries(ptr, rows, stride_rw, first + tl.arange(0, NG), row_ok[:, None], SB)
+    else:
+        NW: tl.constexpr = NG * SB // 4
+        w = tl.load(ptr + rows[:, None] * stride_rw + (first * SB // 4 + tl.arange(0, NW))[None, :],
+                    mask=row_ok[:, None], other=0)
+        if SB <= 2:  # halves, little-endian: entry order
+            w = tl.reshape(tl.join(w & 0xFFFF, (w >> 16) & 0xFFFF), [w.shape[0], 2 * NW])
+        if SB == 1:
+            w = tl.reshape(tl.join(w & 0xFF, (w >> 8) & 0xFF), [w.shape[0], 4 * NW])
+    return w

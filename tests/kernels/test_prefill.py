@@ -65,3 +65,60 @@ def test_prefill_pair_decode(name, gen):
     for swap in (False, True):
         cfg = PrefillConfig(block_m=16, block_n=16, block_k=64, group_m=2, num_warps=4, pair=True, swap=swap)
         assert rel(prefill(x, q, None, cfg), ref) < 1e-2
+
+
+@pytest.mark.parametrize("name,block_k,split_k,pair", [
+    ("nvfp4", 128, 2, True), ("nvfp4", 256, 2, False), ("mxfp4", 128, 4, True), ("mxfp8_e4m3", 256, 2, False),
+    ("int4_affine_g128", 256, 2, False), ("int8_fp16", 128, 4, False), ("fp8_e4m3_block128", 128, 1, False)])
+def test_prefill_split_k_and_wide_scales(name, block_k, split_k, pair, gen):
+    """Split-K partials reduced by the last program of each tile (twice: the tile counters
+    must come back to zero), with scales / zero points read as whole int32 words."""
+    from microscale.qlinear import _split_counters, _word_rows
+    m, n, k = 19, 40, 512
+    q = ms.quantize(torch.randn(n, k, generator=gen), name)
+    assert _word_rows(q.scales.contiguous())[1]
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(n, generator=gen).to(torch.bfloat16)
+    ref = x.double() @ q.dequantize(torch.float64).T + bias.double()
+    cfg = PrefillConfig(block_m=16, block_n=16, block_k=block_k, group_m=1, num_warps=4, swap=True, pair=pair,
+                        split_k=split_k)
+    first = prefill(x, q, bias, cfg)
+    assert rel(first, ref) < 1e-2
+    assert torch.equal(prefill(x, q, bias, cfg), first)  # deterministic split order, counters reset
+    unsplit = prefill(x, q, bias, PrefillConfig(block_m=16, block_n=16, block_k=block_k, group_m=1, num_warps=4,
+                                                swap=True, pair=pair))
+    assert rel(first, unsplit.double()) < 1e-2
+
+
+def test_prefill_split_k_errors(gen):
+    q = ms.quantize(torch.randn(16, 256, generator=gen), "nvfp4")
+    with pytest.raises(ValueError, match="split_k"):
+        prefill(torch.randn(16, 256).to(torch.bfloat16), q, None, PrefillConfig(block_k=128, split_k=3))
+
+
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp8_e5m2"])
+def test_prefill_pair_decode_8bit(name, gen):
+    """8-bit minifloats decoded as bf16x2 pairs; a weight holding a NaN code falls back to
+    the per-element decode, which honours it."""
+    from microscale.qlinear import _weight_has_specials
+    q = ms.quantize(torch.randn(40, 256, generator=gen) * 3, name)
+    x = torch.randn(21, 256, generator=gen).to(torch.bfloat16)
+    ref = x.double() @ q.dequantize(torch.float64).T
+    cfg = PrefillConfig(block_m=16, block_n=16, block_k=64, group_m=1, num_warps=4, pair=True, swap=True)
+    assert not _weight_has_specials(q)
+    assert rel(prefill(x, q, None, cfg), ref) < 1e-2
+    nan_code = max(q.fmt.element.nan_codes)
+    q.data[5, 7] = nan_code  # in place: the cached scan must notice the new version
+    assert _weight_has_specials(q)
+    out = prefill(x, q, None, cfg)
+    assert torch.isnan(out[:, 5]).all() and torch.isfinite(out[:, 6]).all()
+
+
+def test_prefill_default_config_fits_k(gen):
+    f = registry["nvfp4"]
+    assert choose_prefill_config(16, f).split_k == 2 and choose_prefill_config(16, f).block_k == 128
+    c = choose_prefill_config(16, f, 192)  # 192 = 3 x 64: no split, 64-element steps
+    assert (c.split_k, c.block_k) == (1, 64)
+    q = ms.quantize(torch.randn(24, 192, generator=gen), "nvfp4")
+    x = torch.randn(12, 192, generator=gen).to(torch.bfloat16)
+    assert rel(prefill(x, q), x.double() @ q.dequantize(torch.float64).T) < 1e-2
