@@ -344,6 +344,9 @@ def _linear_prefill_kernel(
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     NG: tl.constexpr = BLOCK_K // GROUP if BLOCK_K >= GROUP else 1
+    # the UE4M3 scale times 2^119 stays a bf16 (448 * 2^119 < 2^128), and an element times it is
+    # at least 2^-19 for E2M1 / E4M3 / E5M2 codes: normal, so the single bf16 product is exact
+    UE4M3_FOLD: tl.constexpr = 6.64613997892457936e35  # 2^119
     if SWAP:  # out^T tile: the decoded weights are the MMA's A operand (registers)
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
@@ -397,6 +400,10 @@ def _linear_prefill_kernel(
         scale = _decode_scale(s_raw, SCALE_KIND)
         if not IS_FLOAT:  # integers: the element constant (<= 1) folded in per block
             scale = scale * ELEM_C
+        if PAIR and SCALE_KIND == 2:
+            scale = scale * UE4M3_FOLD
+        if PAIR and not INTERP:  # bf16 once per scale, before the broadcast (exact: E8M0 / UE4M3)
+            scale = scale.to(tl.bfloat16)
         if BLOCK_K > GROUP:  # one scale per GROUP elements along K
             scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BLOCK_N, NG, GROUP]), [BLOCK_N, BLOCK_K])
         else:
@@ -413,12 +420,18 @@ def _linear_prefill_kernel(
                 zp = tl.broadcast_to(zp, [BLOCK_N, BLOCK_K])
         else:
             zp = scale
-        if PAIR:  # value * 2^(bias-127) in bf16: two exact bf16 multiplies (element constant, scale)
+        if PAIR and SCALE_KIND == 2:  # UE4M3 scales (<= 448): 2^119 of the element constant folded into
+            # them (exact in bf16), the rest (ELEM_C / 2^119) applied to the accumulator: one multiply
             if INTERP:  # the interpreter has no bf16 arithmetic: the same values through float32
+                w = (c << 16).to(tl.float32, bitcast=True) * scale
+            else:
+                w = c.to(tl.int16).to(tl.bfloat16, bitcast=True) * scale
+        elif PAIR:  # value * 2^(bias-127) in bf16: two exact bf16 multiplies (element constant, scale)
+            if INTERP:
                 w = (c << 16).to(tl.float32, bitcast=True) * ELEM_C * scale
             else:
                 v = c.to(tl.int16).to(tl.bfloat16, bitcast=True)
-                w = (v * tl.full([1, 1], ELEM_C, tl.float32).to(tl.bfloat16)) * scale.to(tl.bfloat16)
+                w = (v * tl.full([1, 1], ELEM_C, tl.float32).to(tl.bfloat16)) * scale
         else:
             w = _decode_elem(c, scale, zp, BITS, IS_FLOAT, MBITS, SIGNED, ELEM_C if IS_FLOAT else 1.0, SPECIALS,
                              INF_MAG, NAN_MAG, HAS_ZP)
@@ -428,6 +441,8 @@ def _linear_prefill_kernel(
             acc = _mma(x, tl.trans(w.to(x_ptr.dtype.element_ty)), acc, INTERP)
     if SWAP:
         acc = tl.trans(acc)
+    if PAIR and SCALE_KIND == 2:
+        acc = acc * (ELEM_C / UE4M3_FOLD)  # a power of two
     mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1:
         _prefill_store(acc, offs_m, offs_n, n_ok, mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS, HAS_BIAS)
