@@ -438,12 +438,14 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     Returns:
         ``[..., N]`` in x's dtype.
     """
-    if isinstance(qweight, QTensor) and gemv_supported(qweight, x):
+    if isinstance(qweight, QTensor):
         lead = x.shape[:-1]
-        return gemv(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
-    if isinstance(qweight, QTensor) and prefill_supported(qweight, x):
-        lead = x.shape[:-1]
-        return prefill(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
+        if gemv_supported(qweight, x):
+            return gemv(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
+        if prefill_supported(qweight, x):
+            return prefill(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
+        if gemv_supported(qweight, x, _GEMV_FALLBACK_M):  # shapes the tensor-core kernel does not tile
+            return gemv(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
     pw = qweight if isinstance(qweight, PackedLinearWeight) else _cached_prepare(qweight)
     _check(x, pw, bias)
     return torch.ops.microscale.linear(x, pw.codes, pw.scales, pw.zero_points, pw.global_scale, bias,
@@ -464,8 +466,10 @@ def _fmt_json(fmt: Format) -> str:
 # decode-path GEMV on the canonical layout (4/8-bit float or int weights, few tokens)
 # ----------------------------------------------------------------------------------
 #: Largest token count routed to :func:`gemv` (tokens share one decode in groups of up to 4;
-#: beyond 8 the tensor-core kernel wins on the H200).
-GEMV_MAX_M = 8
+#: from 5 tokens the split-K tensor-core kernel wins on the H200: NVFP4 M=6 87 us against
+#: 122 us, MXFP8 M=8 102 against 155; at M=4 the GEMV: MXFP8 80 against 102 us).
+GEMV_MAX_M = 4
+_GEMV_FALLBACK_M = 8  # up to here the GEMV still serves what the tensor-core kernel cannot
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
@@ -512,14 +516,14 @@ def _gemv_kind(fmt: Format) -> int | None:
     return None
 
 
-def gemv_supported(q: QTensor, x: torch.Tensor) -> bool:
+def gemv_supported(q: QTensor, x: torch.Tensor, max_m: int = GEMV_MAX_M) -> bool:
     """Whether :func:`gemv` serves ``x @ dequant(q)^T``: a CUDA weight of 4/8-bit
     minifloats (E2M1, E4M3, E5M2), signed 4/8-bit integers, or unsigned 4/8-bit integers
     with a zero point (affine), with 1-D blocks of whole words, unpadded, at most
-    ``GEMV_MAX_M`` tokens."""
+    ``max_m`` tokens."""
     f = q.fmt
     return (x.is_cuda and q.data.is_cuda and len(q.shape) == 2 and x.dim() >= 1
-            and x.shape[-1] == q.shape[-1] and x.numel() // max(x.shape[-1], 1) <= GEMV_MAX_M
+            and x.shape[-1] == q.shape[-1] and x.numel() // max(x.shape[-1], 1) <= max_m
             and x.dtype in (torch.bfloat16, torch.float16) and _gemv_kind(f) is not None
             and f.block_rows == 1 and (f.block_size * f.element.bits) % 32 == 0
             and tuple(q.padded_shape) == tuple(q.shape))
@@ -618,7 +622,7 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
 # prefill path on the canonical layout (4/8-bit codes, many tokens)
 # ----------------------------------------------------------------------------------
 #: Smallest token count routed to :func:`prefill` (below it the GEMV).
-PREFILL_MIN_M = 9
+PREFILL_MIN_M = GEMV_MAX_M + 1
 
 
 @dataclass(frozen=True)
@@ -640,13 +644,14 @@ class PrefillConfig:
 
 
 def choose_prefill_config(m: int, fmt: Format, k: int | None = None) -> PrefillConfig:
-    """Best of the H200 sweeps (benchmarks/h200_2026-12-01/prefill*.log, small_m*.log).
-    Up to 32 tokens: 16/32 tokens x 64 weight rows, 128-element K steps, K split in two
-    (NVFP4 M=16: 1.20x cuBLAS, against 0.97x unsplit with 64-element steps); affine
-    formats 256-element steps split in four. 33-255 tokens: up to 64 tokens x 64 rows,
-    64-element steps. From 256 tokens, 8 warps: E2M1 with E8M0/UE4M3 scales decode by
-    bf16x2 pairs into the register operand (256 x 128 tiles, 4 stages: 0.71x cuBLAS at
-    M=4096, against 0.46x without); affine formats likewise without the pair decode; the
+    """Best of the H200 sweeps (benchmarks/h200_2026-12-01/prefill*.log, h200_2026-12-01b/small_m2.log;
+    28672x8192). Up to 32 tokens: 16/32 tokens x 64 weight rows, 128-element K steps, K split
+    in two (NVFP4 M=16: 88.6 us = 1.28x cuBLAS, was 0.97x unsplit with 64-element steps;
+    MXFP8 1.11x, was 0.50x); affine formats 256-element steps split in four (1.04x).
+    33-255 tokens: up to 64 tokens x 64 rows, 128-element steps (affine: 64). From 256
+    tokens, 8 warps: minifloats with E8M0/UE4M3 scales decode by bf16x2 pairs into the
+    register operand (256 x 128 tiles, 4 stages: NVFP4 0.71-0.76x cuBLAS at M=4096, MXFP8
+    0.67x against 0.58x without); affine formats likewise without the pair decode; the
     rest 256 x 128 tiles from 2048 tokens on, else 128 x 128. ``pair`` is asked for every
     minifloat with E8M0/UE4M3 scales; :func:`prefill` uses it where it is exact. Given
     ``k``, the K step and split shrink until they tile K (``prefill_supported`` shapes)."""
@@ -670,13 +675,16 @@ def _prefill_tiles(m: int, fmt: Format) -> PrefillConfig:
         return PrefillConfig(block_m=bm, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4, swap=True,
                              pair=pair, split_k=2)
     if m < 256:
-        return PrefillConfig(block_m=min(64, triton_next_pow2(m)), block_n=64, block_k=64, group_m=1,
-                             num_warps=4, num_stages=4, swap=True, pair=pair)
-    if pair and el.bits == 4:
+        bm = min(64, triton_next_pow2(m))
+        if fmt.zero_point:
+            return PrefillConfig(block_m=bm, block_n=64, block_k=64, group_m=1, num_warps=4, num_stages=4, swap=True)
+        return PrefillConfig(block_m=bm, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3, swap=True,
+                             pair=pair)
+    if pair:  # minifloat pairs into the register operand
         return PrefillConfig(block_m=256, block_n=128, block_k=64, num_stages=4, swap=True, pair=True)
     if fmt.zero_point:
         return PrefillConfig(block_m=256, block_n=128, block_k=64, num_stages=4, swap=True)
-    return PrefillConfig(block_m=256 if m >= 2048 else 128, block_n=128, block_k=64, pair=pair)
+    return PrefillConfig(block_m=256 if m >= 2048 else 128, block_n=128, block_k=64)
 
 
 def prefill_supported(q: QTensor, x: torch.Tensor) -> bool:

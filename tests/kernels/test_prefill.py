@@ -43,7 +43,8 @@ def test_prefill_config_and_errors(gen):
     assert choose_prefill_config(4096, registry["nvfp4"]).pair and choose_prefill_config(4096, registry["nvfp4"]).swap
     assert choose_prefill_config(4096, registry["mxfp8_e4m3"]).block_m == 256
     assert choose_prefill_config(4096, registry["int4_affine_g128"]).swap
-    assert choose_prefill_config(512, registry["mxfp8_e4m3"]).block_m == 128
+    assert choose_prefill_config(512, registry["mxfp8_e4m3"]).pair
+    assert choose_prefill_config(512, registry["int8_fp16"]).block_m == 128
     small = choose_prefill_config(12, registry["nvfp4"])
     assert (small.block_m, small.block_n, small.swap, small.pair) == (16, 64, True, True)
     assert choose_prefill_config(100, registry["int8_fp16"]).block_m == 64
