@@ -12,6 +12,12 @@ written); (4) torchao's NVFP4 quantize under torch.compile as a peer, when impor
 Usage (on the GPU machine): ``PYTHONPATH=. python3 benchmarks/run_gpu_quantize.py``;
 JSON goes to ``$OUT/quantize_bench.json`` (or ./quantize_bench.json). The short table
 is printed last.
+
+``DEQ_SWEEP=1`` (with ``CHECKS_ONLY`` unset) runs only the dequantize part: every
+dequantize path on the GPU vs the reference (random codes and raw scales), then the
+default config and ``DEQ_CONFIGS`` for NVFP4 / MXFP4 / MXFP8 / int4-affine at 8192^2 and
+28672x8192 -> bf16 (JSON ``$OUT/dequant_sweep.json``; table last; well under 90 s).
+``BENCH_DRY=1 DEQ_SWEEP=1 TRITON_INTERPRET=1``: the same on the CPU at tiny shapes.
 """
 from __future__ import annotations
 
@@ -316,6 +322,166 @@ def config_sweep(copy_bw: float) -> list[dict]:
     return out
 
 
+
+# ----------------------------------------------------------------------------------
+# dequantize sweep (DEQ_SWEEP=1): GPU checks of every dequantize path, then timings
+# ----------------------------------------------------------------------------------
+DEQ_FORMATS = ("nvfp4", "mxfp4", "mxfp8_e4m3", "int4_affine_g128")
+DEQ_SHAPES = ((8192, 8192), (28672, 8192))
+DEQ_CONFIGS = ((16, 512, 8), (32, 512, 8), (16, 1024, 8), (64, 512, 8), (32, 1024, 8), (8, 512, 4), (32, 256, 4))
+# every dequantize path (tables for 4-bit codes, the byte path of 8-bit codes, the general path)
+DEQ_CHECK_FORMATS = ("nvfp4", "mxfp4", "fp4_fp16", "int4_affine_g128", "int4_affine_g32", "int4_fp32", "mxint4",
+                     "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "int8_affine_g32", "fp8_e4m3_block128x128", "mxfp6_e2m3",
+                     "int3_fp16")
+
+
+def _random_codes(q, g):
+    """``q`` with random element codes and raw scales: every E8M0 byte (0, 254, 255 = NaN),
+    every UE4M3 byte (subnormal, NaN), wide-range float scales, random zero points."""
+    from microscale.formats import pack_codes
+    fmt = q.fmt
+    bits = fmt.element.bits
+    codes = torch.randint(0, 1 << bits, tuple(q.padded_shape), generator=g, dtype=torch.int64).to(torch.uint8)
+    q.data = pack_codes(codes, bits)
+    m = q.scales.numel()
+    if fmt.scale.name == "e8m0":
+        q.scales = torch.randint(0, 256, (m,), generator=g, dtype=torch.int64).to(torch.uint8).reshape(q.scales.shape)
+    elif fmt.scale.name == "ue4m3":
+        q.scales = torch.randint(0, 256, (m,), generator=g, dtype=torch.int64).to(torch.uint8).view(
+            torch.float8_e4m3fn).reshape(q.scales.shape)
+    else:
+        q.scales = (torch.randn(m, generator=g) * 2.0 ** torch.randint(-30, 30, (m,), generator=g)).to(
+            q.scales.dtype).reshape(q.scales.shape)
+    if q.zero_points is not None:
+        q.zero_points = torch.randint(0, 256, tuple(q.zero_points.shape), generator=g,
+                                      dtype=torch.int64).to(torch.uint8)
+    if q.global_scale is not None:
+        q.global_scale = torch.tensor(3.0e-3)
+    return q
+
+
+def dequant_checks() -> list[dict]:
+    """Each dequantize path on the GPU vs the CPU reference, bit for bit (NaNs as NaN):
+    random codes and raw scales, whole tiles (no masks) and ragged ones, bf16/f16/f32, and
+    the sweep's tile configs on the bench formats."""
+    res = []
+    g = torch.Generator()
+    g.manual_seed(5)
+    shapes = [(37, 384 + 128)] if DRY else [(32, 1024), (37, 384 + 128), (256, 2048)]
+    for name in DEQ_CHECK_FORMATS:
+        fmt = registry[name]
+        for r, k in shapes:
+            r = max(r // fmt.block_rows, 1) * fmt.block_rows
+            k = max(k // fmt.block_size, 1) * fmt.block_size
+            q = _random_codes(reference.quantize(torch.randn(r, k, generator=g), name), g)
+            qd = q.to(DEV)
+            cfgs = [None] + ([kq.QuantizeConfig(*c) for c in DEQ_CONFIGS] if name in DEQ_FORMATS else [])
+            ok = True
+            for dt in (torch.bfloat16, torch.float16, torch.float32):
+                want = reference.dequantize(q, dt)
+                for cfg in cfgs:
+                    try:
+                        ok &= same_vals(kq.dequantize(qd, dt, config=cfg), want)
+                    except ValueError:  # config does not tile this format
+                        pass
+            res.append(dict(fmt=name, shape=[r, k], dequantize_exact=bool(ok), random_codes=True))
+            log(f"deq check {name:22s} {r}x{k} random codes/scales, bf16/f16/f32, {len(cfgs)} configs: exact={ok}")
+    return res
+
+
+def _time_eager(fn, inputs, reps=3) -> float:
+    t0 = time.perf_counter()
+    for i in range(reps):
+        fn(inputs[i % len(inputs)])
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
+def dequant_sweep(copy_bw: float) -> list[dict]:
+    """Default dequantize config and DEQ_CONFIGS (plus the shared-memory store variant of
+    the 4-bit table path) for DEQ_FORMATS x DEQ_SHAPES -> bf16: CUDA-graph timings as a
+    fraction of copy bandwidth (codes + scales read + output written); every variant's
+    output compared bit for bit with the default's once."""
+    out = []
+    shapes = ((64, 1024),) if DRY else DEQ_SHAPES
+    timer = _time_eager if DRY else graph_time
+    for shape in shapes:
+        xs = [make_input(shape, 4000 + j, realistic=True) for j in range(2)]
+        for fmt in DEQ_FORMATS:
+            qs = [kq.quantize(x, fmt) for x in xs]
+            numel = shape[0] * shape[1]
+            q0 = qs[0]
+            byts = q0.data.nbytes + q0.scales.nbytes + (0 if q0.zero_points is None else q0.zero_points.nbytes) + \
+                numel * 2
+            dflt = kq.choose_dequantize_config(q0.fmt, shape[0], shape[1])
+            ref = kq.dequantize(q0, torch.bfloat16)
+            variants = [("default", dflt, False)] + [(f"{c[0]}x{c[1]}w{c[2]}", kq.QuantizeConfig(*c), False)
+                                                     for c in DEQ_CONFIGS if kq.QuantizeConfig(*c) != dflt]
+            if q0.fmt.element.bits == 4:
+                variants.append(("default+smem-store", dflt, True))
+            for label, cfg, smem in variants:
+                saved = kq._DEQ_SMEM_STORE
+                kq._DEQ_SMEM_STORE = smem
+                try:
+                    exact = bool(torch.equal(kq.dequantize(q0, torch.bfloat16, config=cfg).view(torch.int16),
+                                             ref.view(torch.int16)))
+                    ms = timer(lambda q: kq.dequantize(q, torch.bfloat16, config=cfg), qs)
+                finally:
+                    kq._DEQ_SMEM_STORE = saved
+                frac = byts / ms / 1e9 / (copy_bw / 1e12)
+                out.append(dict(fmt=fmt, shape=list(shape), config=label,
+                                tile=[cfg.tile_rows, cfg.tile_cols, cfg.num_warps], smem_store=smem, ms=ms, bytes=byts,
+                                frac_copy=frac, exact_vs_default=exact))
+                log(f"deq sweep {fmt:18s} {shape[0]}x{shape[1]} {label:20s} {ms * 1e3:8.1f} us  {frac:.3f} of copy"
+                    f"  exact_vs_default={exact}")
+            del qs, ref
+        del xs
+        if not DRY:
+            torch.cuda.empty_cache()
+    return out
+
+
+def deq_table(rows: list[dict], copy_bw: float, checks: list[dict]) -> None:
+    """Fraction of copy per format x shape (columns: configs), best marked with *."""
+    labels = []
+    for r in rows:
+        if r["config"] not in labels:
+            labels.append(r["config"])
+    print()
+    print(f"dequantize -> bf16, fraction of copy ({copy_bw / 1e12:.3f} TB/s); us for the default; * best;"
+          f" ! output differs from the default")
+    short = {lb: lb.replace("default+smem-store", "dflt+smem") for lb in labels}
+    print(f"{'format':18s} {'shape':>10s} {'us':>7s} " + " ".join(f"{short[lb]:>10s}" for lb in labels))
+    keys = []
+    for r in rows:
+        if (r["fmt"], tuple(r["shape"])) not in keys:
+            keys.append((r["fmt"], tuple(r["shape"])))
+    for fmt, shape in keys:
+        sel = {r["config"]: r for r in rows if r["fmt"] == fmt and tuple(r["shape"]) == shape}
+        best = max(sel.values(), key=lambda r: r["frac_copy"])["config"]
+        cells = []
+        for lb in labels:
+            r = sel.get(lb)
+            cells.append(f"{'':>10s}" if r is None else
+                         f"{r['frac_copy']:9.3f}{'*' if lb == best else '!' if not r['exact_vs_default'] else ' '}")
+        print(f"{fmt:18s} {shape[0]:>5d}x{shape[1]:<4d} {sel['default']['ms'] * 1e3:7.1f} " + " ".join(cells))
+    bad = [c for c in checks if not c.get("dequantize_exact", True)]
+    print(f"dequantize checks: {len(checks) - len(bad)}/{len(checks)} exact" + (f"; FAILED: {bad}" if bad else ""))
+
+
+def deq_main() -> int:
+    """DEQ_SWEEP=1: dequantize checks and sweep only (no quantize checks, timings or sweep)."""
+    t0 = time.time()
+    checks = dequant_checks()
+    log(f"dequantize checks: {sum(c['dequantize_exact'] for c in checks)}/{len(checks)} exact ({time.time() - t0:.0f}s)")
+    copy_bw = 1.0e12 if DRY else copy_bandwidth()
+    rows = dequant_sweep(copy_bw)
+    path = os.path.join(os.environ.get("OUT", "."), "dequant_sweep.json")
+    with open(path, "w") as f:
+        json.dump(dict(copy_tbps=copy_bw / 1e12, checks=checks, sweep=rows, log=LOG, s=time.time() - t0), f, indent=1)
+    deq_table(rows, copy_bw, checks)
+    print(f"DEQ_SWEEP done in {time.time() - t0:.0f}s")
+    return 0 if all(c["dequantize_exact"] for c in checks) and all(r["exact_vs_default"] for r in rows) else 1
+
 def torchao_peer(copy_bw: float) -> dict:
     try:
         from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor  # noqa: F401
@@ -337,6 +503,8 @@ def torchao_peer(copy_bw: float) -> dict:
 def main() -> int:
     import triton
 
+    if os.environ.get("DEQ_SWEEP") == "1" and os.environ.get("CHECKS_ONLY") != "1":
+        return deq_main()
     if DRY:
         checks = check_correctness()
         print(all(c.get("quantize_exact", True) and c.get("dequantize_exact", True) for c in checks))

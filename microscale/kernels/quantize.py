@@ -416,6 +416,13 @@ def quantize_for_gemm(
 # ----------------------------------------------------------------------------------
 
 
+# Table-decoded 4-bit formats store each thread's 64 decoded bytes straight from its
+# registers (one st.global.v4 per code word); True: Triton's store after a shared-memory
+# layout conversion to one 16-byte vector per lane (benchmarks/run_gpu_quantize.py DEQ_SWEEP
+# times both).
+_DEQ_SMEM_STORE = os.environ.get("MICROSCALE_DEQ_SMEM_STORE", "0") == "1"
+
+
 def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeConfig | None = None) -> torch.Tensor:
     """Decode ``q`` with the Triton kernel; bit-identical to the reference."""
     fmt = q.fmt
@@ -439,6 +446,16 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
     if g is not None:
         g = g.to(device=q.device, dtype=torch.float32).reshape(1)
     p32 = _pack32(fmt, cfg) and data.storage_offset() % 4 == 0
+    # 4-bit codes into 16-bit outputs: per-block tables and byte permutes (8 entries for
+    # sign-magnitude float codes, 16 otherwise); 8-bit codes: the byte path (hardware
+    # f8 -> f16 conversion for E4M3fn / E5M2 on the GPU)
+    lut = 0
+    if e.bits == 4 and p32 and fmt.block_rows == 1 and out.element_size() == 2:
+        lut = 8 if e.kind == "float" and e.signed else 16
+    hw8 = 0
+    if e.bits == 8:
+        hw8 = _hw_fp8(e, Rounding.NEAREST_EVEN, Overflow.SATURATE) or 3
+    even = R % cfg.tile_rows == 0 and K % cfg.tile_cols == 0
     _k._dequantize_kernel[grid](
         data.view(torch.int32) if p32 else data, scales, data if q.zero_points is None else q.zero_points.contiguous(), data if g is None else g,
         out, R, K, K // fmt.block_size,
@@ -447,7 +464,8 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
         POW=float(2.0 ** (127 - e.bias)), NAN_MIN=nan[0] if nan else -1,
         INF_CODE=e.inf_code if e.has_inf else -1,
         SCALE_KIND=skind, HAS_ZP=fmt.zero_point, HAS_GLOBAL=fmt.global_scale, MANUAL_BF16=_MANUAL_BF16,
-        PACK32=p32,
+        PACK32=p32, LUT=lut, HW8=hw8, EVEN=even, ASM=_ASM, KWD=4 if K % 32 == 0 else 2 if K % 16 == 0 else 1 if K % 8 == 0 else 0,
+        SMEM_STORE=_DEQ_SMEM_STORE,
         num_warps=cfg.num_warps, enable_fp_fusion=False,
     )
     if tuple(pshape) != tuple(q.shape):

@@ -3,6 +3,7 @@ the GPU when there is one). Shapes are tiny; realistic shapes run in
 ``benchmarks/run_gpu_quantize.py`` on the H200."""
 import pytest
 import torch
+import triton.language as tl
 
 from microscale import reference, reference_fused
 from microscale.formats import SCALE_LAYOUTS, get_format, get_scale_layout, pack_codes, registry, unpack_codes
@@ -481,3 +482,98 @@ def test_p2_fast_path_tiny_and_zero_blocks(name, gen):
         xz = xd.clone()
         xz[1:] = 0.0  # tiles of zero blocks and one normal row only: clean
         assert_same(kq.quantize(xz.to(DEV), name), reference.quantize(xz, name))
+
+
+# ---- dequantize paths: table-decoded 4-bit codes, the byte path of 8-bit codes ------------
+DEQ_PATHS = ["nvfp4", "mxfp4", "fp4_fp16", "int4_affine_g128", "int4_affine_g32", "int4_fp32", "mxint4",
+             "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "int8_affine_g32", "fp8_e4m3_block128x128"]
+
+
+def _random_codes(q, gen):
+    """``q`` with uniformly random element codes and random raw scales (every E8M0 byte
+    incl. 0 / 254 / 255, every UE4M3 byte incl. subnormals and NaN, wide-range floats)."""
+    fmt = q.fmt
+    bits = fmt.element.bits
+    codes = torch.randint(0, 1 << bits, tuple(q.padded_shape), generator=gen, dtype=torch.int64).to(torch.uint8)
+    q.data = pack_codes(codes, bits)
+    m = q.scales.numel()
+    if fmt.scale.name == "e8m0":
+        raw = torch.cat([torch.tensor([0, 1, 254, 255, 127], dtype=torch.uint8),
+                         torch.randint(0, 256, (m,), generator=gen, dtype=torch.uint8)])[:m]
+        q.scales = raw.reshape(q.scales.shape)
+    elif fmt.scale.name == "ue4m3":
+        raw = torch.cat([torch.tensor([0, 1, 7, 0x7E, 0x7F], dtype=torch.uint8),
+                         torch.randint(0, 256, (m,), generator=gen, dtype=torch.uint8)])[:m]
+        q.scales = raw.view(torch.float8_e4m3fn).reshape(q.scales.shape)
+    else:
+        q.scales = (torch.randn(m, generator=gen) * 2.0 ** torch.randint(-30, 30, (m,), generator=gen)).to(
+            q.scales.dtype).reshape(q.scales.shape)
+    if q.zero_points is not None:
+        q.zero_points = torch.randint(0, 256, tuple(q.zero_points.shape), generator=gen,
+                                      dtype=torch.int64).to(torch.uint8)
+    return q
+
+
+@pytest.mark.parametrize("name", DEQ_PATHS)
+@pytest.mark.parametrize("shape,config", [((16, 512), None),  # whole tiles (EVEN: no masks)
+                                          ((16, 512), (8, 256, 4)),
+                                          ((128, 256), (128, 128, 4)),
+                                          ((37, 384), (8, 256, 4)),  # ragged rows and columns (masked)
+                                          ((3, 4 * 128 + 128), None)])
+def test_dequantize_paths_random_codes(name, shape, config, gen):
+    """Random codes and raw scales (NaN / subnormal / huge scales, two-level global scale)
+    through every dequantize path, whole and ragged tiles, bf16 / f16 / f32 outputs."""
+    fmt = registry[name]
+    rows = max(shape[0], fmt.block_rows) // fmt.block_rows * fmt.block_rows
+    k = max(shape[1] // fmt.block_size, 1) * fmt.block_size
+    q = _random_codes(reference.quantize(torch.randn(rows, k, generator=gen), name), gen)
+    if q.global_scale is not None:
+        q.global_scale = torch.tensor(3.0e-3 * (1 + torch.rand((), generator=gen).item()))
+    cfg = None
+    if config is not None:
+        cfg = kq.QuantizeConfig(max(config[0], fmt.block_rows), max(config[1], fmt.block_size), config[2])
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert_same_values(kq.dequantize(q.to(DEV), dtype, config=cfg), reference.dequantize(q, dtype))
+
+
+def _prmt_spec(a: int, b: int, sel: int) -> int:
+    """PTX ISA, prmt.b32 default mode: bytes {b, a} numbered 0-7 (a = 0-3); for each result
+    byte i, selector nibble i: bits 0-2 pick the source byte, bit 3 replicates its sign."""
+    src = (a & 0xFFFFFFFF) | ((b & 0xFFFFFFFF) << 32)
+    d = 0
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        byt = (src >> (8 * (nib & 7))) & 0xFF
+        if nib & 8:
+            byt = 0xFF if byt & 0x80 else 0
+        d |= byt << (8 * i)
+    return d
+
+
+def _prmt_kernel(a_ptr, b_ptr, s_ptr, o_ptr, N: tl.constexpr):
+    from microscale.kernels import _quantize_kernels as _k
+    i = tl.arange(0, N)
+    tl.store(o_ptr + i, _k._prmt(tl.load(a_ptr + i), tl.load(b_ptr + i), tl.load(s_ptr + i)))
+
+
+def test_prmt_model(gen):
+    """The interpreter's model of prmt.b32 (what the GPU table decode runs) against the
+    PTX ISA's definition, on random words and selectors and the ones the decode uses."""
+    import triton
+    from microscale.kernels import _quantize_kernels as _k
+
+    if DEV != "cpu":
+        pytest.skip("interpreter model only")
+
+    kern = triton.jit(_prmt_kernel)
+
+    n = 256
+    a = torch.randint(-2**31, 2**31, (n,), generator=gen, dtype=torch.int64).to(torch.int32)
+    b = torch.randint(-2**31, 2**31, (n,), generator=gen, dtype=torch.int64).to(torch.int32)
+    s = torch.randint(0, 1 << 16, (n,), generator=gen, dtype=torch.int64).to(torch.int32)
+    s[:4] = torch.tensor([0x5140, 0x7362, 0x6420, 0x7531], dtype=torch.int32)
+    a[4], b[4], s[4] = -0x7F7F7F80, -0x7F7F7F80, 0x8F07  # 0x80808080, sign-replicate and copy
+    o = torch.empty(n, dtype=torch.int32)
+    kern[(1,)](a, b, s, o, N=n)
+    for i in range(n):
+        assert int(o[i]) & 0xFFFFFFFF == _prmt_spec(int(a[i]), int(b[i]), int(s[i])), i
