@@ -362,31 +362,61 @@ def _random_codes(q, g):
 
 def dequant_checks() -> list[dict]:
     """Each dequantize path on the GPU vs the CPU reference, bit for bit (NaNs as NaN):
-    random codes and raw scales, whole tiles (no masks) and ragged ones, bf16/f16/f32, and
-    the sweep's tile configs on the bench formats."""
+    random codes and raw scales; every format on a ragged tile (masks), the sweep formats
+    also on whole tiles (no masks) in bf16 / f16 / f32 and under every sweep config (the
+    timing runs' own specializations: 256 x 2048 tiles like 8192^2 exactly)."""
     res = []
     g = torch.Generator()
     g.manual_seed(5)
-    shapes = [(37, 384 + 128)] if DRY else [(32, 1024), (37, 384 + 128), (256, 2048)]
+    bf16 = (torch.bfloat16,)
     for name in DEQ_CHECK_FORMATS:
         fmt = registry[name]
-        for r, k in shapes:
+        cases = [((37, 384 + 128), None, (torch.bfloat16, torch.float16) if name in DEQ_FORMATS else bf16)]
+        if name in DEQ_FORMATS and not DRY:
+            cases.append(((256, 2048), None, (torch.bfloat16, torch.float16, torch.float32)))
+            cases += [((256, 2048), kq.QuantizeConfig(*c), bf16) for c in DEQ_CONFIGS]
+        for (r, k), cfg, dts in cases:
             r = max(r // fmt.block_rows, 1) * fmt.block_rows
             k = max(k // fmt.block_size, 1) * fmt.block_size
             q = _random_codes(reference.quantize(torch.randn(r, k, generator=g), name), g)
             qd = q.to(DEV)
-            cfgs = [None] + ([kq.QuantizeConfig(*c) for c in DEQ_CONFIGS] if name in DEQ_FORMATS else [])
             ok = True
-            for dt in (torch.bfloat16, torch.float16, torch.float32):
-                want = reference.dequantize(q, dt)
-                for cfg in cfgs:
-                    try:
-                        ok &= same_vals(kq.dequantize(qd, dt, config=cfg), want)
-                    except ValueError:  # config does not tile this format
-                        pass
-            res.append(dict(fmt=name, shape=[r, k], dequantize_exact=bool(ok), random_codes=True))
-            log(f"deq check {name:22s} {r}x{k} random codes/scales, bf16/f16/f32, {len(cfgs)} configs: exact={ok}")
+            for dt in dts:
+                ok &= same_vals(kq.dequantize(qd, dt, config=cfg), reference.dequantize(q, dt))
+            tile = "default" if cfg is None else f"{cfg.tile_rows}x{cfg.tile_cols}w{cfg.num_warps}"
+            res.append(dict(fmt=name, shape=[r, k], config=tile, dtypes=[str(d) for d in dts],
+                            dequantize_exact=bool(ok), random_codes=True))
+            log(f"deq check {name:22s} {r}x{k} {tile:10s} random codes/scales {len(dts)} dtypes: exact={ok}")
     return res
+
+
+def _precompile(fns) -> None:
+    """Compile every kernel specialization that ``fns`` launch, in parallel, into Triton's
+    cache (``tools/compile_check.py``'s launch interception, on CPU tensors), so that the
+    timed run does not compile ~60 specializations one after another. Call before CUDA is
+    initialised (the pool forks)."""
+    global DEV, log
+    import multiprocessing as mp
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    interpret = os.environ.get("TRITON_INTERPRET")
+    import compile_check as cc  # (it drops TRITON_INTERPRET from the environment)
+    if interpret is not None:
+        os.environ["TRITON_INTERPRET"] = interpret
+    t0 = time.time()
+    saved = DEV, log
+    DEV, log = "cpu", (lambda msg: None)
+    try:
+        with cc.intercept():
+            for f in fns:
+                f()
+    finally:
+        DEV, log = saved
+    specs = list(cc.SPECS.values())
+    with mp.get_context("fork").Pool(min(len(specs), os.cpu_count() or 1)) as pool:
+        done = pool.map(cc.compile_one, specs)
+    bad = [cc._label(s) for s, (ok, _, _) in zip(specs, done) if not ok]
+    log(f"precompiled {len(specs) - len(bad)}/{len(specs)} specializations ({time.time() - t0:.0f}s)"
+        + (f"; FAILED: {bad}" if bad else ""))
 
 
 def _time_eager(fn, inputs, reps=3) -> float:
@@ -396,18 +426,19 @@ def _time_eager(fn, inputs, reps=3) -> float:
     return (time.perf_counter() - t0) / reps * 1e3
 
 
-def dequant_sweep(copy_bw: float) -> list[dict]:
+def dequant_sweep(copy_bw: float, shapes=None, timer=None) -> list[dict]:
     """Default dequantize config and DEQ_CONFIGS (plus the shared-memory store variant of
     the 4-bit table path) for DEQ_FORMATS x DEQ_SHAPES -> bf16: CUDA-graph timings as a
     fraction of copy bandwidth (codes + scales read + output written); every variant's
     output compared bit for bit with the default's once."""
     out = []
-    shapes = ((64, 1024),) if DRY else DEQ_SHAPES
-    timer = _time_eager if DRY else graph_time
+    shapes = shapes or (((64, 1024),) if DRY else DEQ_SHAPES)
+    timer = timer or (_time_eager if DRY else graph_time)
     for shape in shapes:
         xs = [make_input(shape, 4000 + j, realistic=True) for j in range(2)]
+        gs = torch.tensor(float(xs[0].float().abs().amax()) / 2688.0, device=DEV)  # static: no amax pass
         for fmt in DEQ_FORMATS:
-            qs = [kq.quantize(x, fmt) for x in xs]
+            qs = [kq.quantize(x, fmt, global_scale=gs if registry[fmt].global_scale else None) for x in xs]
             numel = shape[0] * shape[1]
             q0 = qs[0]
             byts = q0.data.nbytes + q0.scales.nbytes + (0 if q0.zero_points is None else q0.zero_points.nbytes) + \
@@ -471,8 +502,11 @@ def deq_table(rows: list[dict], copy_bw: float, checks: list[dict]) -> None:
 def deq_main() -> int:
     """DEQ_SWEEP=1: dequantize checks and sweep only (no quantize checks, timings or sweep)."""
     t0 = time.time()
+    if not DRY:
+        _precompile([dequant_checks, lambda: dequant_sweep(1.0, shapes=((256, 2048),), timer=_time_eager)])
     checks = dequant_checks()
-    log(f"dequantize checks: {sum(c['dequantize_exact'] for c in checks)}/{len(checks)} exact ({time.time() - t0:.0f}s)")
+    n_ok = sum(c["dequantize_exact"] for c in checks)
+    log(f"dequantize checks: {n_ok}/{len(checks)} exact ({time.time() - t0:.0f}s)")
     copy_bw = 1.0e12 if DRY else copy_bandwidth()
     rows = dequant_sweep(copy_bw)
     path = os.path.join(os.environ.get("OUT", "."), "dequant_sweep.json")

@@ -762,7 +762,8 @@ def _lut_tables(s, zp, g, NE: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.const
     if ASM:  # two outputs per cvt.rn.{bf16,f16}x2.f32, byte planes by prmt: 1.5 instructions per entry
         CVT: tl.constexpr = "cvt.rn.bf16x2.f32" if out_ty == tl.bfloat16 else "cvt.rn.f16x2.f32"
         for q in tl.static_range(NE // 4):
-            v0 = _lut_value(s, zp, g, 4 * q, BITS, IS_INT, SIGNED, STEP, MBITS, POW, NAN_MIN, INF_CODE, HAS_ZP, HAS_GLOBAL)
+            v0 = _lut_value(s, zp, g, 4 * q, BITS, IS_INT, SIGNED, STEP, MBITS, POW, NAN_MIN, INF_CODE, HAS_ZP,
+                            HAS_GLOBAL)
             v1 = _lut_value(s, zp, g, 4 * q + 1, BITS, IS_INT, SIGNED, STEP, MBITS, POW, NAN_MIN, INF_CODE, HAS_ZP,
                             HAS_GLOBAL)
             v2 = _lut_value(s, zp, g, 4 * q + 2, BITS, IS_INT, SIGNED, STEP, MBITS, POW, NAN_MIN, INF_CODE, HAS_ZP,

@@ -202,8 +202,9 @@ def choose_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
 
 
 def choose_dequantize_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
-    """Dequantize tiling: 8K elements per program on 8 warps, 512 columns (the setting
-    measured on the H200: 0.67-0.81 of copy bandwidth for NVFP4/MXFP4/MXFP8 -> bf16)."""
+    """Dequantize tiling: 8K elements per program on 8 warps, 512 columns (32 elements per
+    thread; chosen on the H200 for the kernel before the table decode, 0.75-0.84 of copy;
+    ``DEQ_SWEEP=1 benchmarks/run_gpu_quantize.py`` times the alternatives)."""
     b, br = fmt.block_size, fmt.block_rows
     tk = max(b, min(512, triton.next_power_of_2(k)))
     tr = max(br, min(triton.next_power_of_2(max(rows, 1)), 8192 // tk))
