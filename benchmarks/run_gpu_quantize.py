@@ -427,8 +427,7 @@ def _time_eager(fn, inputs, reps=3) -> float:
 
 
 def dequant_sweep(copy_bw: float, shapes=None, timer=None) -> list[dict]:
-    """Default dequantize config and DEQ_CONFIGS (plus the shared-memory store variant of
-    the 4-bit table path) for DEQ_FORMATS x DEQ_SHAPES -> bf16: CUDA-graph timings as a
+    """Default dequantize config and DEQ_CONFIGS (plus the register-direct store variant) for DEQ_FORMATS x DEQ_SHAPES -> bf16: CUDA-graph timings as a
     fraction of copy bandwidth (codes + scales read + output written); every variant's
     output compared bit for bit with the default's once."""
     out = []
@@ -447,20 +446,19 @@ def dequant_sweep(copy_bw: float, shapes=None, timer=None) -> list[dict]:
             ref = kq.dequantize(q0, torch.bfloat16)
             variants = [("default", dflt, False)] + [(f"{c[0]}x{c[1]}w{c[2]}", kq.QuantizeConfig(*c), False)
                                                      for c in DEQ_CONFIGS if kq.QuantizeConfig(*c) != dflt]
-            if q0.fmt.element.bits == 4:
-                variants.append(("default+smem-store", dflt, True))
-            for label, cfg, smem in variants:
-                saved = kq._DEQ_SMEM_STORE
-                kq._DEQ_SMEM_STORE = smem
+            variants.append(("default+reg-store", dflt, True))
+            for label, cfg, reg in variants:
+                saved = kq._DEQ_REG_STORE
+                kq._DEQ_REG_STORE = reg
                 try:
                     exact = bool(torch.equal(kq.dequantize(q0, torch.bfloat16, config=cfg).view(torch.int16),
                                              ref.view(torch.int16)))
                     ms = timer(lambda q: kq.dequantize(q, torch.bfloat16, config=cfg), qs)
                 finally:
-                    kq._DEQ_SMEM_STORE = saved
+                    kq._DEQ_REG_STORE = saved
                 frac = byts / ms / 1e9 / (copy_bw / 1e12)
                 out.append(dict(fmt=fmt, shape=list(shape), config=label,
-                                tile=[cfg.tile_rows, cfg.tile_cols, cfg.num_warps], smem_store=smem, ms=ms, bytes=byts,
+                                tile=[cfg.tile_rows, cfg.tile_cols, cfg.num_warps], reg_store=reg, ms=ms, bytes=byts,
                                 frac_copy=frac, exact_vs_default=exact))
                 log(f"deq sweep {fmt:18s} {shape[0]}x{shape[1]} {label:20s} {ms * 1e3:8.1f} us  {frac:.3f} of copy"
                     f"  exact_vs_default={exact}")
@@ -480,7 +478,7 @@ def deq_table(rows: list[dict], copy_bw: float, checks: list[dict]) -> None:
     print()
     print(f"dequantize -> bf16, fraction of copy ({copy_bw / 1e12:.3f} TB/s); us for the default; * best;"
           f" ! output differs from the default")
-    short = {lb: lb.replace("default+smem-store", "dflt+smem") for lb in labels}
+    short = {lb: lb.replace("default+reg-store", "dflt+reg") for lb in labels}
     print(f"{'format':18s} {'shape':>10s} {'us':>7s} " + " ".join(f"{short[lb]:>10s}" for lb in labels))
     keys = []
     for r in rows:

@@ -1081,7 +1081,7 @@ def _dequantize_kernel(
         if HAS_GLOBAL:
             out = out * tl.load(gscale_ptr)
         out = tl.reshape(out, [TR, TK])
-        if ASM & (out_ptr.dtype.element_ty.primitive_bitwidth == 16) & (KWD > 0):  # 16-byte rows
+        if ASM & (not SMEM_STORE) & (out_ptr.dtype.element_ty.primitive_bitwidth == 16) & (KWD > 0):
             # eight outputs per st.global.v4 from the registers that hold them (Triton's store
             # would convert to 8 elements per lane through shared memory)
             o = tl.reshape(out, [TR, TK // 8, 2, 2, 2])
