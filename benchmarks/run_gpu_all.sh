@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call: every GPU correctness check, then the default benchmark suite.
+# One device call: every GPU correctness check, the quantize/dequantize timings and
+# dequantize tile sweep, then the default benchmark suite.
 #   bash benchmarks/run_gpu_all.sh            (on the GPU machine, repo root)
 # Logs under $OUT (or ./gpu_out); a short summary is printed last. Each step has its own
 # time limit so one slow step cannot eat the others' time.
@@ -7,21 +8,23 @@ set -u
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT"
-step() {  # name, seconds, command...
+step() {  # name, seconds, command...   (SKIP="gemv models": steps left out)
   local name=$1 secs=$2
   shift 2
+  case " ${SKIP:-} " in *" $name "*) echo "$name: skipped" | tee -a "$OUT/summary.txt"; return;; esac
   local t0=$SECONDS
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   echo "$name: rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
 }
 : > "$OUT/summary.txt"
-step quantize_checks 120 env CHECKS_ONLY=1 python benchmarks/run_gpu_quantize.py
+step quantize 300 env SWEEP=0 python benchmarks/run_gpu_quantize.py
+step deq_sweep 120 env DEQ_SWEEP=1 python benchmarks/run_gpu_quantize.py
 step gemv 200 python benchmarks/run_gpu_gemv.py --quick
 step prefill 150 env QUICK=1 python benchmarks/run_gpu_prefill.py
 step models 120 python benchmarks/run_gpu_models.py
 step bench 200 python -m microscale.bench --out "$OUT/bench"
 echo "--- summary"
 cat "$OUT/summary.txt"
-grep -h -E "correctness:|checks (all ok|FAILED)|FAIL" "$OUT"/*.log | head -20
+grep -h -E "correctness:|checks (all ok|FAILED)|FAIL|dequantize checks" "$OUT"/*.log | head -20
 tail -n 1 "$OUT/bench.log"
