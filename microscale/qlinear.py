@@ -45,9 +45,11 @@ the MMA's M side, the x tile a plain pipelined load, the weight tile decoded fro
 checkpoint layout once per K step for all tokens of the tile. A :class:`PackedLinearWeight`
 (the ``torch.compile`` route) always takes the split-K kernel.
 
-Note: the split-K kernel keeps a small fp32 workspace per (device, stream) that it
-leaves zeroed after each call; two calls racing on one stream cannot happen, calls on
-different streams use different workspaces.
+Note: the split-K kernels keep per-split fp32 partial tiles and per-tile counters in a
+workspace per (device, stream) (the counters are left zero after each call; the partials
+are summed in split order, so results do not depend on scheduling); two calls racing on
+one stream cannot happen, calls on different streams use different workspaces. The GEMV's
+own K split (small N only) adds with float32 atomics.
 """
 from __future__ import annotations
 
@@ -371,7 +373,7 @@ def _launch(x2: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None,
     stride_z = zp.stride(0) if pw.zero_points is not None else 0
     grid_n, grid_m = triton.cdiv(n, c.block_n), triton.cdiv(m, c.block_m)
     if c.split_k > 1:
-        ws, cnt = _workspace(x2.device, grid_n * grid_m * c.block_n * c.block_m, grid_n * grid_m)
+        ws, cnt = _workspace(x2.device, c.split_k * grid_n * grid_m * c.block_n * c.block_m, grid_n * grid_m)
     else:
         ws, cnt = dummy, dummy
     s = 32 // pw.container_bits

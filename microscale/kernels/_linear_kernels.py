@@ -6,10 +6,10 @@ different configs (``microscale.qlinear.choose_config``):
 
 * decode (few tokens): the weight tile is the MMA's M side and the tokens, zero-padded
   to 16, its N side, so the multiply-adds run on tensor cores while the CUDA cores only
-  decode; K is split across programs so all SMs stream the weight. Partial sums go to
-  an fp32 workspace with atomics; the last program of each output tile (a counter per
-  tile) applies global scale and bias, writes the output and zeroes the workspace and
-  counter again for the next call.
+  decode; K is split across programs so all SMs stream the weight. Each split stores
+  its fp32 partial tile in its own workspace slot; the last program of each output tile
+  (a counter per tile) sums them in split order (deterministic), applies global scale
+  and bias, writes the output and zeroes the counter again for the next call.
 * prefill: the same structure with 128 or 256 tokens per tile and no split, so each
   weight tile is decoded once per K-strip for all of them; loads software-pipelined
   (``num_stages``).
@@ -271,15 +271,20 @@ def _linear_splitk_kernel(
     if SPLIT_K == 1:
         _epilogue(acc, offs_n, offs_m, n_ok, out_mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS, HAS_BIAS)
     else:
+        # each split's partial in its own slot; the last to arrive sums them in split order
+        # (deterministic: no floating-point atomics)
+        tiles = tl.num_programs(0) * tl.num_programs(2)
         tile = pid_m * tl.num_programs(0) + pid_n
         loc = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        slot = (BLOCK_N * BLOCK_M) * tiles
         wsp = ws_ptr + tile * (BLOCK_N * BLOCK_M) + loc
-        tl.atomic_add(wsp, acc, mask=out_mask, sem="relaxed")
-        tl.debug_barrier()
+        tl.store(wsp + pid_k * slot, acc, mask=out_mask)
+        tl.debug_barrier()  # every thread's partial is stored before the release below
         count = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
         if count == SPLIT_K - 1:
-            tot = tl.load(wsp, mask=out_mask, other=0.0, cache_modifier=".cg")
-            tl.store(wsp, tl.zeros_like(acc), mask=out_mask)
+            tot = tl.zeros_like(acc)
+            for sk in tl.static_range(SPLIT_K):
+                tot += tl.load(wsp + sk * slot, mask=out_mask, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(cnt_ptr + tile, 0)
             _epilogue(tot, offs_n, offs_m, n_ok, out_mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS, HAS_BIAS)
 
