@@ -124,18 +124,7 @@ def test_dequantize_every_code(name, gen):
     codes = torch.arange(n, dtype=torch.int64).remainder(1 << bits)
     codes = codes[torch.randperm(n, generator=gen)].to(torch.uint8).reshape(q.padded_shape)
     q.data = pack_codes(codes, bits)
-    m = q.scales.numel()
-    if fmt.scale.name == "e8m0":
-        raw = torch.cat([torch.tensor([0, 1, 254, 255, 127], dtype=torch.uint8),
-                         torch.randint(0, 256, (m,), generator=gen, dtype=torch.uint8)])[:m]
-        q.scales = raw.reshape(q.scales.shape)
-    elif fmt.scale.name == "ue4m3":
-        raw = torch.cat([torch.tensor([0, 1, 7, 0x7E, 0x7F], dtype=torch.uint8),
-                         torch.randint(0, 128, (m,), generator=gen, dtype=torch.uint8)])[:m]
-        q.scales = raw.view(torch.float8_e4m3fn).reshape(q.scales.shape)
-    else:
-        q.scales = (torch.randn(m, generator=gen) * 2.0 ** torch.randint(-20, 20, (m,), generator=gen)).to(
-            q.scales.dtype).reshape(q.scales.shape)
+    q.scales = _random_raw_scales(q, gen, ue4m3_top=128, spread=20)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         assert_same_values(kq.dequantize(q.to(DEV), dtype), reference.dequantize(q, dtype))
 
@@ -489,6 +478,24 @@ DEQ_PATHS = ["nvfp4", "mxfp4", "fp4_fp16", "int4_affine_g128", "int4_affine_g32"
              "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "int8_affine_g32", "fp8_e4m3_block128x128"]
 
 
+def _random_raw_scales(q, gen, ue4m3_top: int, spread: int) -> torch.Tensor:
+    """Random raw scales shaped like q's: E8M0 every byte (0 / 1 / 254 / 255 first), UE4M3
+    bytes below ``ue4m3_top`` (subnormals and NaN first), other codecs normal values times
+    2^[-spread, spread)."""
+    fmt = q.fmt
+    m = q.scales.numel()
+    if fmt.scale.name == "e8m0":
+        raw = torch.cat([torch.tensor([0, 1, 254, 255, 127], dtype=torch.uint8),
+                         torch.randint(0, 256, (m,), generator=gen, dtype=torch.uint8)])[:m]
+        return raw.reshape(q.scales.shape)
+    if fmt.scale.name == "ue4m3":
+        raw = torch.cat([torch.tensor([0, 1, 7, 0x7E, 0x7F], dtype=torch.uint8),
+                         torch.randint(0, ue4m3_top, (m,), generator=gen, dtype=torch.uint8)])[:m]
+        return raw.view(torch.float8_e4m3fn).reshape(q.scales.shape)
+    return (torch.randn(m, generator=gen) * 2.0 ** torch.randint(-spread, spread, (m,), generator=gen)).to(
+        q.scales.dtype).reshape(q.scales.shape)
+
+
 def _random_codes(q, gen):
     """``q`` with uniformly random element codes and random raw scales (every E8M0 byte
     incl. 0 / 254 / 255, every UE4M3 byte incl. subnormals and NaN, wide-range floats)."""
@@ -496,18 +503,7 @@ def _random_codes(q, gen):
     bits = fmt.element.bits
     codes = torch.randint(0, 1 << bits, tuple(q.padded_shape), generator=gen, dtype=torch.int64).to(torch.uint8)
     q.data = pack_codes(codes, bits)
-    m = q.scales.numel()
-    if fmt.scale.name == "e8m0":
-        raw = torch.cat([torch.tensor([0, 1, 254, 255, 127], dtype=torch.uint8),
-                         torch.randint(0, 256, (m,), generator=gen, dtype=torch.uint8)])[:m]
-        q.scales = raw.reshape(q.scales.shape)
-    elif fmt.scale.name == "ue4m3":
-        raw = torch.cat([torch.tensor([0, 1, 7, 0x7E, 0x7F], dtype=torch.uint8),
-                         torch.randint(0, 256, (m,), generator=gen, dtype=torch.uint8)])[:m]
-        q.scales = raw.view(torch.float8_e4m3fn).reshape(q.scales.shape)
-    else:
-        q.scales = (torch.randn(m, generator=gen) * 2.0 ** torch.randint(-30, 30, (m,), generator=gen)).to(
-            q.scales.dtype).reshape(q.scales.shape)
+    q.scales = _random_raw_scales(q, gen, ue4m3_top=256, spread=30)
     if q.zero_points is not None:
         q.zero_points = torch.randint(0, 256, tuple(q.zero_points.shape), generator=gen,
                                       dtype=torch.int64).to(torch.uint8)
