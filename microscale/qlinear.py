@@ -320,6 +320,12 @@ _WS: dict = {}
 
 
 def _workspace(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partials (``floats``) and zeroed int32 tile counters (``tiles``) of a split-K
+    launch. The kernels leave the counters zero, so one pair per (device, stream) is
+    reused; a fresh pair while a CUDA graph is being captured (the graph then owns it)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return (torch.empty(max(floats, 1), dtype=torch.float32, device=device),
+                torch.zeros(max(tiles, 1), dtype=torch.int32, device=device))
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device, stream)
     ws, cnt = _WS.get(key, (None, None))
@@ -741,9 +747,8 @@ def prefill(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     cons = _format_constexprs(f, bool(f.element.has_nan or f.element.has_inf))
     tiles = triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n)
     ws = cnt = None
-    if c.split_k > 1:
-        ws = torch.empty((c.split_k, m, n), dtype=torch.float32, device=x2.device)
-        cnt = _split_counters(x2.device, tiles)
+    if c.split_k > 1:  # partials as [split_k, m, n]
+        ws, cnt = _workspace(x2.device, c.split_k * m * n, tiles)
     kern._linear_prefill_kernel[(tiles, c.split_k)](
         x2, q.data.contiguous(), scales, zp, gs, b, out, m, n, x2.stride(0), q.data.stride(0), scales.stride(0),
         zp.stride(0), out.stride(0), K=k, BITS=cons["BITS"], IS_FLOAT=cons["IS_FLOAT"], MBITS=cons["MBITS"],
@@ -763,19 +768,3 @@ def _word_rows(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     if t.dim() == 2 and row_bytes % 4 == 0 and t.data_ptr() % 4 == 0:
         return t.view(torch.int32), True
     return t, False
-
-
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def _split_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 tile counters for a split-K launch. The kernel leaves them zero, so
-    one buffer per (device, stream) is reused; a fresh one while a CUDA graph is being
-    captured (the graph then owns it)."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return torch.zeros(n, dtype=torch.int32, device=device)
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-    return buf

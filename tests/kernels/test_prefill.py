@@ -74,7 +74,7 @@ def test_prefill_pair_decode(name, gen):
 def test_prefill_split_k_and_wide_scales(name, block_k, split_k, pair, gen):
     """Split-K partials reduced by the last program of each tile (twice: the tile counters
     must come back to zero), with scales / zero points read as whole int32 words."""
-    from microscale.qlinear import _split_counters, _word_rows
+    from microscale.qlinear import _word_rows
     m, n, k = 19, 40, 512
     q = ms.quantize(torch.randn(n, k, generator=gen), name)
     assert _word_rows(q.scales.contiguous())[1]
