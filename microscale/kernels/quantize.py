@@ -202,12 +202,15 @@ def choose_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
 
 
 def choose_dequantize_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
-    """Dequantize tiling: 8K elements per program on 8 warps, 512 columns (32 elements per
-    thread; chosen on the H200 for the kernel before the table decode, 0.75-0.84 of copy;
-    ``DEQ_SWEEP=1 benchmarks/run_gpu_quantize.py`` times the alternatives)."""
+    """Dequantize tiling on 8 warps: 8K elements per program, 512 columns (32 elements per
+    thread) for codes under 8 bits; 32K elements, 1024 columns for 8-bit codes. From the
+    H200 ``DEQ_SWEEP`` (benchmarks/h200_2026-12-01b/final_deq_sweep.log, bf16 output):
+    NVFP4 / MXFP4 / int4 0.85-0.86 of copy at 16x512; MXFP8 0.868 / 0.892 at 32x1024
+    (8192^2 / 28672x8192) against 0.859 / 0.864 at 16x512."""
     b, br = fmt.block_size, fmt.block_rows
-    tk = max(b, min(512, triton.next_power_of_2(k)))
-    tr = max(br, min(triton.next_power_of_2(max(rows, 1)), 8192 // tk))
+    wide = fmt.element.bits == 8 and br == 1
+    tk = max(b, min(1024 if wide else 512, triton.next_power_of_2(k)))
+    tr = max(br, min(triton.next_power_of_2(max(rows, 1)), (32768 if wide else 8192) // tk))
     warps = 8 if tr * tk >= 8192 else 4
     return QuantizeConfig(tr, tk, warps)
 
