@@ -40,10 +40,12 @@ are read in the checkpoint layout and decoded into f16x2 pairs in PTX, tokens sh
 decode, activations are prepared per call (f16, one power of two per chunk).
 
 Prefill path: :func:`linear` on a QTensor with at least ``PREFILL_MIN_M`` tokens and 4- or
-8-bit codes runs :func:`prefill` (``_linear_kernels._linear_prefill_kernel``): tokens on
-the MMA's M side, the x tile a plain pipelined load, the weight tile decoded from the
-checkpoint layout once per K step for all tokens of the tile. A :class:`PackedLinearWeight`
-(the ``torch.compile`` route) always takes the split-K kernel.
+8-bit codes runs :func:`prefill` (``_linear_kernels._linear_prefill_kernel``): the x tile
+a plain pipelined load, the weight tile decoded from the checkpoint layout once per K
+step for all tokens of the tile (minifloats with E8M0/UE4M3 scales as bf16x2 pairs); for
+few tokens the weights are the MMA's register operand (tokens on its N side) and K is
+split across programs. A :class:`PackedLinearWeight` (the ``torch.compile`` route)
+always takes the split-K kernel.
 
 Note: the split-K kernels keep per-split fp32 partial tiles and per-tile counters in a
 workspace per (device, stream) (the counters are left zero after each call; the partials
