@@ -268,36 +268,48 @@ def _linear_splitk_kernel(
             acc = _mma(a, xt, acc, INTERP)
 
     out_mask = n_ok[:, None] & m_ok[None, :]
-    if SPLIT_K == 1:
-        _epilogue(acc, offs_n, offs_m, n_ok, out_mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS, HAS_BIAS)
-    else:
-        # each split's partial in its own slot; the last to arrive sums them in split order
-        # (deterministic: no floating-point atomics)
+    if SPLIT_K > 1:  # each split's partial in its own workspace slot, one [BLOCK_N, BLOCK_M] tile each
         tiles = tl.num_programs(0) * tl.num_programs(2)
         tile = pid_m * tl.num_programs(0) + pid_n
         loc = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-        slot = (BLOCK_N * BLOCK_M) * tiles
-        wsp = ws_ptr + tile * (BLOCK_N * BLOCK_M) + loc
-        tl.store(wsp + pid_k * slot, acc, mask=out_mask)
-        tl.debug_barrier()  # every thread's partial is stored before the release below
-        count = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-        if count == SPLIT_K - 1:
-            tot = tl.zeros_like(acc)
-            for sk in tl.static_range(SPLIT_K):
-                tot += tl.load(wsp + sk * slot, mask=out_mask, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(cnt_ptr + tile, 0)
-            _epilogue(tot, offs_n, offs_m, n_ok, out_mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS, HAS_BIAS)
+        acc, last = _split_sum(acc, ws_ptr + tile * (BLOCK_N * BLOCK_M) + loc, (BLOCK_N * BLOCK_M) * tiles,
+                               pid_k, out_mask, cnt_ptr + tile, SPLIT_K)
+        out_mask = out_mask & last
+    _epilogue(acc, offs_n, offs_m, n_ok, out_mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS, HAS_BIAS)
+
+
+@triton.jit
+def _split_sum(acc, wsp, slot, pid_k, mask, cnt_ptr, SPLIT_K: tl.constexpr):
+    """Split-K without floating-point atomics: store this split's partial ``acc`` at
+    ``wsp + pid_k * slot``; the last split of the tile to arrive (counter ``cnt_ptr``,
+    zero on entry and reset to zero) sums all partials in split order. Returns (the sum,
+    whether this program is that last one); the others get zeros and must not write."""
+    tl.store(wsp + pid_k * slot, acc, mask=mask)
+    tl.debug_barrier()  # every thread's partial is stored before the release below
+    last = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1
+    tot = tl.zeros_like(acc)
+    for s in tl.static_range(SPLIT_K):
+        tot += tl.load(wsp + s * slot, mask=mask & last, other=0.0, cache_modifier=".cg")
+    tl.store(cnt_ptr, 0, mask=last)  # ready for the next call
+    return tot, last
 
 
 @triton.jit
 def _epilogue(acc, offs_n, offs_m, n_ok, mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS: tl.constexpr,
-              HAS_BIAS: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] (out transposed) -> out[m, n] = acc * gs + bias."""
+              HAS_BIAS: tl.constexpr, N_ROWS: tl.constexpr = True):
+    """out[m, n] = acc * gs + bias in out's dtype; ``acc`` [BLOCK_N, BLOCK_M] (out
+    transposed) when ``N_ROWS``, else [BLOCK_M, BLOCK_N]; ``mask`` shaped like acc."""
     if HAS_GS:
         acc = acc * tl.load(gs_ptr)
-    if HAS_BIAS:
-        acc = acc + tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-    tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    if N_ROWS:
+        if HAS_BIAS:
+            acc = acc + tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
+    else:
+        if HAS_BIAS:
+            acc = acc + tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 
@@ -449,31 +461,11 @@ def _linear_prefill_kernel(
     if PAIR and SCALE_KIND == 2:
         acc = acc * (ELEM_C / UE4M3_FOLD)  # a power of two
     mask = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
-        _prefill_store(acc, offs_m, offs_n, n_ok, mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS, HAS_BIAS)
-    else:
+    if SPLIT_K > 1:  # partials as [SPLIT_K, M, N]
         part = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-        plane = M.to(tl.int64) * N
-        tl.store(ws_ptr + pid_k * plane + part, acc, mask=mask)
-        tl.debug_barrier()  # every thread's partial is stored before the release below
-        done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
-        if done == SPLIT_K - 1:  # the last split of this tile: sum in split order
-            tot = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):
-                tot += tl.load(ws_ptr + s * plane + part, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(cnt_ptr + pid, 0)  # ready for the next call
-            _prefill_store(tot, offs_m, offs_n, n_ok, mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS, HAS_BIAS)
-
-
-@triton.jit
-def _prefill_store(acc, offs_m, offs_n, n_ok, mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS: tl.constexpr,
-                   HAS_BIAS: tl.constexpr):
-    """out[m, n] = acc * global scale + bias, in out's dtype."""
-    if HAS_GS:
-        acc = acc * tl.load(gs_ptr)
-    if HAS_BIAS:
-        acc = acc + tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        acc, last = _split_sum(acc, ws_ptr + part, M.to(tl.int64) * N, pid_k, mask, cnt_ptr + pid, SPLIT_K)
+        mask = mask & last
+    _epilogue(acc, offs_n, offs_m, n_ok, mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS, HAS_BIAS, False)
 
 
 @triton.jit
