@@ -220,6 +220,136 @@ def _encode_mag_rne_p2(a, bb, MBITS: tl.constexpr, BIAS: tl.constexpr, MAX_CODE:
     return tl.minimum(code, MAX_CODE)
 
 
+# ---- two bf16 per int32 word (the packed MX path): 16-bit lanes, no carries across them
+@triton.jit
+def _u16x2(a, b, MAX: tl.constexpr, ASM: tl.constexpr):
+    """Lane-wise unsigned 16-bit maximum (``MAX``) or minimum of int32 words: PTX
+    ``max/min.u16x2`` (sm_90, one instruction), or its model."""
+    if ASM:
+        if MAX:
+            r = tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
+                                          pack=1)
+        else:
+            r = tl.inline_asm_elementwise("min.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
+                                          pack=1)
+    else:
+        al, bl = a & 0xFFFF, b & 0xFFFF
+        ah, bh = (a >> 16) & 0xFFFF, (b >> 16) & 0xFFFF
+        if MAX:
+            r = tl.maximum(al, bl) | (tl.maximum(ah, bh) << 16)
+        else:
+            r = tl.minimum(al, bl) | (tl.minimum(ah, bh) << 16)
+    return r
+
+
+@triton.jit
+def _fma_bf16x2(a, b, c, ASM: tl.constexpr):
+    """Lane-wise bf16 ``a * b + c`` of words of bf16 pairs, rounded once to nearest even:
+    PTX ``fma.rn.bf16x2``. The model computes in float32 and rounds to bf16: the same
+    result whenever the float32 value is exact (the encoder's: a power-of-two product plus
+    an 8-bit significand, <= 15 bits)."""
+    if ASM:
+        r = tl.inline_asm_elementwise("fma.rn.bf16x2 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                      is_pure=True, pack=1)
+    else:
+        lo = _bits(_flt(a << 16) * _flt(b << 16) + _flt(c << 16))
+        hi = _bits(_flt(a & -65536) * _flt(b & -65536) + _flt(c & -65536))
+        lo = (lo + 0x7FFF + ((lo >> 16) & 1)) >> 16
+        hi = (hi + 0x7FFF + ((hi >> 16) & 1)) >> 16
+        r = (lo & 0xFFFF) | (hi << 16)
+    return r
+
+
+@triton.jit
+def _encode_p2_bf16x2(a, sgn, lo2, BITS: tl.constexpr, MBITS: tl.constexpr, MAX_CODE: tl.constexpr,
+                      ASM: tl.constexpr):
+    """``_encode_mag_rne_p2`` on a word ``a`` of two non-negative bf16, in 16-bit lanes: each
+    lane's code in its top BITS bits, with the sign bit of that lane of ``sgn``.
+
+    bf16 has float32's exponent field, so the one-add encoder carries over with 7 mantissa
+    bits instead of 23: ``mb`` = max(exponent bits, LO) per lane (``lo2``: the floor
+    2^(emin + k), (bb + 1 - bias) << 7 in both lanes; k = 0 for an unscaled ``a``), and the
+    bf16 value a + mb 2^(7 - MBITS) (one ``fma.rn.bf16x2``; exact in float32,
+    a < 2^(e'+1)) rounds a to the scaled element grid. The integer steps are linear in the
+    32-bit word and every lane's result lies in [0, 2^16) (the codes before saturation are
+    < 2^BITS: a < 2^(k + emax + 1)), so one 32-bit op serves both lanes; the code is built
+    already shifted to the lane's top (times 2^(16 - BITS), where the sign bit is)."""
+    SH: tl.constexpr = 7 - MBITS
+    C2: tl.constexpr = (SH << 7) * 0x10001  # bits(M) - mb in both lanes
+    UP: tl.constexpr = 1 << (16 - BITS)
+    mb = _u16x2(a & 0x7F807F80, lo2, True, ASM)
+    s = _fma_bf16x2(mb, tl.full(mb.shape, (127 + SH) * 0x800080, tl.int32), a, ASM)  # mb 2^SH + a, both lanes
+    # code = s - bits(M) + (mb - lo2) >> SH, times UP (mb has no bits below 7: (mb >> SH) UP = mb (UP >> SH))
+    code = s * UP + (mb * ((UP >> SH) - UP) - ((C2 + (lo2 >> SH)) * UP))
+    code = _u16x2(code, (MAX_CODE * UP) * 0x10001, False, ASM)
+    return code | (sgn & -2147450880)  # | sign bits (0x80008000)
+
+
+@triton.jit
+def _rto_bf16x2(lo, hi, ASM: tl.constexpr):
+    """Two float32 -> one word of two bf16 rounded to odd (truncated; the lowest bit set
+    when inexact). Rounding to odd at >= 2 bits more than the element's significand, then
+    to nearest even, is rounding to nearest even once (E2M1: 8 bits against 2)."""
+    lb = _bits(lo)
+    hb = _bits(hi)
+    if ASM:
+        r = tl.inline_asm_elementwise(
+            "{\n.reg .b32 t, l, one;\nprmt.b32 t, $1, $2, 0x7632;\nprmt.b32 l, $1, $2, 0x5410;\n"
+            "mov.b32 one, 0x00010001;\nmin.u16x2 l, l, one;\nor.b32 $0, t, l;\n}",
+            "=r,r,r", [lb, hb], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        t = ((lb >> 16) & 0xFFFF) | (hb & -65536)
+        r = t | ((lb & 0xFFFF) != 0).to(tl.int32) | (((hb & 0xFFFF) != 0).to(tl.int32) << 16)
+    return r
+
+
+@triton.jit
+def _pk_codes(w, a, lo2, op, nop, r, TWO_LEVEL: tl.constexpr, DIV: tl.constexpr, MARKSTEIN: tl.constexpr,
+              BITS: tl.constexpr, MBITS: tl.constexpr, MAX_CODE: tl.constexpr, ASM: tl.constexpr):
+    """Codes of a word ``w`` of two bf16 (``a``: without sign bits) for the packed path. MX
+    (power-of-two) scales are folded into the encoder; the two-level formats first scale
+    in float32 as the general path does (Markstein's correctly rounded x / op, ``nop`` = -op,
+    ``r`` = RN(1/op); or x * op), then round the pair to odd in bf16 and encode unscaled."""
+    if TWO_LEVEL != 0:
+        xl = _flt(a << 16)
+        xh = _flt(a & -65536)
+        if DIV:
+            if MARKSTEIN:
+                ql = xl * r
+                qh = xh * r
+                ql = tl.math.fma(tl.math.fma(ql, nop, xl), r, ql)
+                qh = tl.math.fma(tl.math.fma(qh, nop, xh), r, qh)
+            else:  # the interpreter's fma rounds twice: divide
+                ql = tl.math.div_rn(xl, op + tl.zeros_like(xl))
+                qh = tl.math.div_rn(xh, op + tl.zeros_like(xh))
+        else:
+            ql = xl * op
+            qh = xh * op
+        a = _rto_bf16x2(ql, qh, ASM)
+    return _encode_p2_bf16x2(a, w, lo2, BITS, MBITS, MAX_CODE, ASM)
+
+
+@triton.jit
+def _split4(t):
+    """[M, N, 4] -> its four [M, N] slices (in-thread: the last axis is one 16-byte vector)."""
+    a, b = tl.split(tl.reshape(t, [t.shape[0], t.shape[1], 2, 2]))  # a: 0, 2; b: 1, 3
+    t0, t2 = tl.split(a)
+    t1, t3 = tl.split(b)
+    return t0, t1, t2, t3
+
+
+@triton.jit
+def _pack8_nibbles(c0, c1, c2, c3):
+    """Four words of two 4-bit codes (bits 12-15 and 28-31: elements 2i, 2i+1 of ``ci``) ->
+    one word of eight codes, element j in bits 4j..4j+3."""
+    # (c >> 12) + (c >> 24) in one high multiply (c has no bits below 12): byte 0 = both codes
+    t0 = tl.umulhi(c0.to(tl.uint32, bitcast=True), 0x100100).to(tl.int32, bitcast=True)
+    t1 = tl.umulhi(c1.to(tl.uint32, bitcast=True), 0x100100).to(tl.int32, bitcast=True)
+    t2 = tl.umulhi(c2.to(tl.uint32, bitcast=True), 0x100100).to(tl.int32, bitcast=True)
+    t3 = tl.umulhi(c3.to(tl.uint32, bitcast=True), 0x100100).to(tl.int32, bitcast=True)
+    return (t0 & 0xFF) | ((t1 & 0xFF) << 8) | ((t2 & 0xFF) << 16) | (t3 << 24)
+
+
 @triton.jit
 def _decode(code, BITS: tl.constexpr, IS_INT: tl.constexpr, SIGNED: tl.constexpr, STEP: tl.constexpr,
             MBITS: tl.constexpr, POW: tl.constexpr, NAN_MIN: tl.constexpr, INF_CODE: tl.constexpr):
@@ -436,6 +566,7 @@ def _quantize_kernel(
     # fused prologue: 0 none, 1 rmsnorm(x) * w, 2 silu(x) * y
     PROLOGUE: tl.constexpr, N_ITER: tl.constexpr, MANUAL_BF16: tl.constexpr, PACK32: tl.constexpr,
     FAST: tl.constexpr, MARKSTEIN: tl.constexpr, HW_FP8: tl.constexpr, ASM: tl.constexpr,
+    PK: tl.constexpr = False,
 ):
     RB: tl.constexpr = TR // BR
     NB: tl.constexpr = TK // B
@@ -482,7 +613,38 @@ def _quantize_kernel(
         cols = k0 + tl.arange(0, TK)
         cmask = cols < K
         m2 = rmask[:, None] & cmask[None, :]
-        if SPLIT:  # Q = B / VEC loads of [TR, NB, VEC]: the same layout, so one thread holds whole blocks
+        if PK:  # bf16 pairs as int32 words, QW loads of [TR, NB, 4]: one thread holds whole blocks
+            QW: tl.constexpr = B // 8
+            # (rows are contiguous and K a multiple of B: 8 | stride_x / 2 and k0 / 2)
+            wblk = tl.multiple_of(k0 // 2, 8) + tl.arange(0, NB)[None, :, None] * (B // 2)
+            pw = x_ptr.to(tl.pointer_type(tl.int32)) + rows64[:, None, None] * tl.multiple_of(stride_x // 2, 8) + \
+                wblk + tl.arange(0, 4)[None, None, :]
+            mw = rmask[:, None, None] & (wblk * 2 < K)
+            w0 = tl.load(pw, mask=mw, other=0)
+            w1 = tl.load(pw + 4, mask=mw, other=0)
+            a0 = w0 & 0x7FFF7FFF
+            a1 = w1 & 0x7FFF7FFF
+            am = _u16x2(a0, a1, True, ASM)
+            if QW == 4:
+                w2 = tl.load(pw + 8, mask=mw, other=0)
+                w3 = tl.load(pw + 12, mask=mw, other=0)
+                a2 = w2 & 0x7FFF7FFF
+                a3 = w3 & 0x7FFF7FFF
+                am = _u16x2(am, _u16x2(a2, a3, True, ASM), True, ASM)
+            m0, m1, m2_, m3_ = _split4(am)
+            am = _u16x2(_u16x2(m0, m1, True, ASM), _u16x2(m2_, m3_, True, ASM), True, ASM)
+            # block amax: its bf16 bits (NaN > Inf > finite, as the float bits below)
+            amax = _flt(tl.reshape(tl.maximum(am & 0xFFFF, (am >> 16) & 0xFFFF) << 16, [RB, NB]))
+            # float32 x (element order of the row) for the general path of tiles that are not clean
+            x0 = tl.reshape(tl.join(_flt(w0 << 16), _flt(w0 & -65536)), [TR, NB, 8])
+            x1 = tl.reshape(tl.join(_flt(w1 << 16), _flt(w1 & -65536)), [TR, NB, 8])
+            if QW == 2:
+                x = tl.reshape(tl.permute(tl.join(x0, x1), (0, 1, 3, 2)), [TR, TK])
+            else:
+                x2 = tl.reshape(tl.join(_flt(w2 << 16), _flt(w2 & -65536)), [TR, NB, 8])
+                x3 = tl.reshape(tl.join(_flt(w3 << 16), _flt(w3 & -65536)), [TR, NB, 8])
+                x = tl.reshape(tl.permute(tl.join(tl.join(x0, x1), tl.join(x2, x3)), (0, 1, 4, 3, 2)), [TR, TK])
+        elif SPLIT:  # Q = B / VEC loads of [TR, NB, VEC]: the same layout, so one thread holds whole blocks
             c3 = k0 + tl.arange(0, NB)[None, :, None] * B + tl.arange(0, VEC)[None, None, :]
             p3 = x_ptr + rows64[:, None, None] * stride_x + c3
             m3 = rmask[:, None, None] & (c3 < K)
@@ -511,7 +673,8 @@ def _quantize_kernel(
         xb = tl.reshape(x, [RB, BR, NB, B])
         # block amax on the float bits (NaN > Inf > finite: propagates like torch.amax)
         ab = _bits(xb) & 0x7FFFFFFF
-        amax = _flt(tl.max(tl.max(ab, axis=3), axis=1))  # [RB, NB]
+        if not PK:
+            amax = _flt(tl.max(tl.max(ab, axis=3), axis=1))  # [RB, NB]
 
         if RULE == 5:  # ---- affine (minmax): unsigned codes, x = (code - zp) * s
             hasnan = tl.max(tl.max((xb != xb).to(tl.int32), axis=3), axis=1) != 0
@@ -590,49 +753,90 @@ def _quantize_kernel(
                 bad = _bits(amax) >= 0x71800000
                 if P2ENC:  # the scale folded into the encoder needs 2^(emin + k) normal (or an all-zero block)
                     bad = bad | ((raw < BIAS) & (amax != 0))
-            clean = tl.max(tl.max(bad.to(tl.int32), axis=0), axis=0) == 0  # rows first: in-thread, then lanes
-            if FAST & (NONFIN != 2) & clean:
-                if FAST_ENC:  # magnitudes (op > 0); the sign bit comes from x
-                    xa = _flt(ab)
-                else:
-                    xa = xb
+            if PK & (TWO_LEVEL != 0):  # the packed encoder's lanes hold codes of |x op| < 32 (< 2^(emax+4))
                 if DIV:
-                    if MARKSTEIN:
-                        if ASM:  # rcp.rn.f32 is IEEE RN(1/op), as div.rn 1/op, with a shorter expansion
-                            r = tl.inline_asm_elementwise("rcp.rn.f32 $0, $1;", "=f,f", [op], dtype=tl.float32,
-                                                          is_pure=True, pack=1)[:, None, :, None]
+                    bad = bad | (amax >= 32.0 * op)
+                else:
+                    bad = bad | (amax * op >= 32.0)
+            # one flag per thread first (any order), then one shuffle tree
+            clean = tl.max(tl.reshape(bad.to(tl.int32), [RB * NB], can_reorder=True), axis=0) == 0
+            if FAST & (NONFIN != 2) & clean:
+                if PK:  # two codes per 32-bit op, stored as one 16-/8-byte vector per block
+                    if TWO_LEVEL == 0:  # the E8M0 scale folded into the encoder
+                        lo16 = tl.maximum(raw + (1 - BIAS), 1) << 7
+                        lo2 = tl.reshape(lo16 | (lo16 << 16), [TR, NB])[:, :, None]
+                        opw = tl.zeros([TR, NB, 1], tl.float32)
+                        nopw = opw
+                        rw = opw
+                    else:
+                        lo2 = tl.full([TR, NB, 1], ((128 - BIAS) << 7) * 0x10001, tl.int32)
+                        opw = tl.reshape(op, [TR, NB])[:, :, None]
+                        nopw = 0.0 - opw
+                        if DIV & MARKSTEIN & ASM:
+                            rw = tl.inline_asm_elementwise("rcp.rn.f32 $0, $1;", "=f,f", [opw], dtype=tl.float32,
+                                                           is_pure=True, pack=1)
                         else:
-                            r = tl.math.div_rn(tl.full(op.shape, 1.0, tl.float32), op)[:, None, :, None]
-                        q0 = xa * r
-                        e = tl.math.fma(q0, (0.0 - op)[:, None, :, None], xa)  # (-q0 would be an extra 0 - q0)
-                        xs = tl.math.fma(e, r, q0)
-                        if not FAST_ENC:  # x = -0: e = +0 and +0 + -0 = +0; x / d keeps x's sign (d > 0)
-                            xs = _flt(_bits(xs) | (_bits(xa) & -2147483648))
-                    else:  # the interpreter's fma rounds twice: divide
-                        xs = tl.math.div_rn(xa, opb)
-                elif P2ENC:
-                    xs = xa  # (unused: the encoder applies the scale)
-                else:
-                    xs = xa * opb
-                if HW_FP8 == 1:
-                    codes = xs.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-                elif HW_FP8 == 2:
-                    codes = xs.to(tl.float8e5).to(tl.uint8, bitcast=True)
-                elif P2ENC:
-                    codes = _encode_mag_rne_p2(xa, raw[:, None, :, None], MBITS, BIAS, MAX_CODE, ASM) | \
-                        ((_bits(xb) >> (32 - BITS)) & (1 << (BITS - 1)))
-                elif FAST_ENC:
-                    codes = _encode_mag_rne(xs, MBITS, BIAS, MAX_CODE) | ((_bits(xb) >> (32 - BITS)) & (1 << (BITS - 1)))
-                else:
-                    codes = _encode(xs, BITS, IS_INT, SIGNED, FRAC_SCALE, MBITS, BIAS, MAX_CODE, NAN_CODE, OVF_CODE,
-                                    MIN_NORMAL, SUB_C, SUB_C_BITS, INV_MIN_SUB, ROUNDING, 3)
-                if BITS == 8:  # bytes straight to memory (no int32 words, no packing)
-                    cols8 = k0 + tl.arange(0, TK)
-                    tl.store(data_ptr.to(tl.pointer_type(tl.uint8)) + rows64[:, None] * K + cols8[None, :],
-                             tl.reshape(codes.to(tl.uint8), [TR, TK]), mask=m2)
+                            rw = tl.math.div_rn(tl.full(opw.shape, 1.0, tl.float32), opw)
+                    o0 = _pack8_nibbles(*_split4(_pk_codes(w0, a0, lo2, opw, nopw, rw, TWO_LEVEL, DIV, MARKSTEIN, BITS,
+                                                           MBITS, MAX_CODE, ASM)))
+                    o1 = _pack8_nibbles(*_split4(_pk_codes(w1, a1, lo2, opw, nopw, rw, TWO_LEVEL, DIV, MARKSTEIN, BITS,
+                                                           MBITS, MAX_CODE, ASM)))
+                    blk = k0 + tl.arange(0, NB) * B
+                    pdw = data_ptr + rows64[:, None, None] * tl.multiple_of(K // 8, QW) + \
+                        tl.multiple_of(blk // 8, QW)[None, :, None]
+                    pmask = rmask[:, None, None] & (blk < K)[None, :, None]
+                    if QW == 2:
+                        tl.store(pdw + tl.arange(0, 2)[None, None, :], tl.join(o0, o1), mask=pmask)
+                    else:
+                        o2 = _pack8_nibbles(*_split4(_pk_codes(w2, a2, lo2, opw, nopw, rw, TWO_LEVEL, DIV, MARKSTEIN,
+                                                               BITS, MBITS, MAX_CODE, ASM)))
+                        o3 = _pack8_nibbles(*_split4(_pk_codes(w3, a3, lo2, opw, nopw, rw, TWO_LEVEL, DIV, MARKSTEIN,
+                                                               BITS, MBITS, MAX_CODE, ASM)))
+                        ow = tl.permute(tl.join(tl.join(o0, o1), tl.join(o2, o3)), (0, 1, 3, 2))
+                        tl.store(pdw + tl.arange(0, 4)[None, None, :], tl.reshape(ow, [TR, NB, 4]), mask=pmask)
                     codes = ab  # (stored)
                 else:
-                    codes = codes.to(tl.int32)
+                    if FAST_ENC:  # magnitudes (op > 0); the sign bit comes from x
+                        xa = _flt(ab)
+                    else:
+                        xa = xb
+                    if DIV:
+                        if MARKSTEIN:
+                            if ASM:  # rcp.rn.f32 is IEEE RN(1/op), as div.rn 1/op, with a shorter expansion
+                                r = tl.inline_asm_elementwise("rcp.rn.f32 $0, $1;", "=f,f", [op], dtype=tl.float32,
+                                                              is_pure=True, pack=1)[:, None, :, None]
+                            else:
+                                r = tl.math.div_rn(tl.full(op.shape, 1.0, tl.float32), op)[:, None, :, None]
+                            q0 = xa * r
+                            e = tl.math.fma(q0, (0.0 - op)[:, None, :, None], xa)  # (-q0 would be an extra 0 - q0)
+                            xs = tl.math.fma(e, r, q0)
+                            if not FAST_ENC:  # x = -0: e = +0 and +0 + -0 = +0; x / d keeps x's sign (d > 0)
+                                xs = _flt(_bits(xs) | (_bits(xa) & -2147483648))
+                        else:  # the interpreter's fma rounds twice: divide
+                            xs = tl.math.div_rn(xa, opb)
+                    elif P2ENC:
+                        xs = xa  # (unused: the encoder applies the scale)
+                    else:
+                        xs = xa * opb
+                    if HW_FP8 == 1:
+                        codes = xs.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+                    elif HW_FP8 == 2:
+                        codes = xs.to(tl.float8e5).to(tl.uint8, bitcast=True)
+                    elif P2ENC:
+                        codes = _encode_mag_rne_p2(xa, raw[:, None, :, None], MBITS, BIAS, MAX_CODE, ASM) | \
+                            ((_bits(xb) >> (32 - BITS)) & (1 << (BITS - 1)))
+                    elif FAST_ENC:
+                        codes = _encode_mag_rne(xs, MBITS, BIAS, MAX_CODE) | ((_bits(xb) >> (32 - BITS)) & (1 << (BITS - 1)))
+                    else:
+                        codes = _encode(xs, BITS, IS_INT, SIGNED, FRAC_SCALE, MBITS, BIAS, MAX_CODE, NAN_CODE, OVF_CODE,
+                                        MIN_NORMAL, SUB_C, SUB_C_BITS, INV_MIN_SUB, ROUNDING, 3)
+                    if BITS == 8:  # bytes straight to memory (no int32 words, no packing)
+                        cols8 = k0 + tl.arange(0, TK)
+                        tl.store(data_ptr.to(tl.pointer_type(tl.uint8)) + rows64[:, None] * K + cols8[None, :],
+                                 tl.reshape(codes.to(tl.uint8), [TR, TK]), mask=m2)
+                        codes = ab  # (stored)
+                    else:
+                        codes = codes.to(tl.int32)
             else:
                 if DIV:
                     xs = _nan_rule(tl.math.div_rn(xb, opb), xb, opb, DEFAULT_NAN)
@@ -653,7 +857,7 @@ def _quantize_kernel(
         # (unlike the interpreter) needs every variable assigned in a branch to keep its
         # type and shape, hence new names (``cg``) instead of reshaping ``codes`` in place;
         # likewise ``bad`` / ``bad_enc`` above. tools/compile_check.py compiles them all.)
-        if (BITS == 8) & (RULE != 5) & FAST & (NONFIN != 2) & clean:
+        if ((BITS == 8) | PK) & (RULE != 5) & FAST & (NONFIN != 2) & clean:
             pass
         elif SPLIT & PACK32 & (BITS == 4) & (VEC == 8):  # a block's QV words side by side in one thread
             cq = tl.reshape(codes, [TR, NB, QV, VEC])

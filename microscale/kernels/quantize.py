@@ -79,6 +79,8 @@ _MANUAL_BF16 = _INTERPRET
 _MARKSTEIN = not _INTERPRET
 # PTX inline assembly (the interpreter cannot run it) where it pins an instruction choice
 _ASM = not _INTERPRET
+# the packed bf16 path of the quantize kernel (``_packed_bf16``); off: the float32 path
+_PACKED = os.environ.get("MICROSCALE_QUANT_PACKED", "1") == "1"
 _RULES = {ScaleRule.FLOOR: 0, ScaleRule.CEIL: 1, ScaleRule.EVEN: 2, ScaleRule.RCEIL: 3, ScaleRule.AMAX: 4,
           ScaleRule.MINMAX: 5}
 _TWO_LEVEL = {TwoLevel.MODELOPT: 1, TwoLevel.TORCHAO: 2, TwoLevel.COMPRESSED_TENSORS: 3}
@@ -148,6 +150,23 @@ def _hw_fp8(e: ElementCodec, rounding: Rounding, overflow: Overflow) -> int:
     if (e.ebits, e.mbits, e.bias, e.inf_code) == (5, 2, 15, 0x7C):
         return 2
     return 0
+
+
+def _packed_bf16(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflow, nonfinite: NonFinite,
+                 prologue: int, p32: bool) -> bool:
+    """The quantize kernel's packed path (``PK``): bf16 input read as int32 words of two
+    elements, encoded two per 32-bit operation (``_encode_p2_bf16x2``). For 4-bit float
+    elements with an E8M0 (power-of-two) scale or the two-level NVFP4 scheme, RNE and
+    saturation, NaN propagation, whole blocks of 16 or 32 elements in 4-byte aligned rows;
+    everything else keeps the float32 path."""
+    e = fmt.element
+    scale_ok = (fmt.scale.power_of_two and _RULES[fmt.scale_rule] <= 3) if not fmt.global_scale else \
+        fmt.two_level in _TWO_LEVEL
+    return (x2.dtype == torch.bfloat16 and prologue == 0 and p32 and fmt.block_rows == 1 and scale_ok
+            and e.kind == "float" and e.bits == 4 and e.signed and rounding is Rounding.NEAREST_EVEN
+            and (overflow is Overflow.SATURATE or _element_params(e, overflow)["OVF_CODE"] == e.max_code)
+            and nonfinite is NonFinite.PROPAGATE and fmt.block_size in (16, 32)
+            and x2.shape[1] % fmt.block_size == 0 and x2.stride(0) % 2 == 0 and x2.data_ptr() % 4 == 0)
 
 
 def _pack32(fmt: Format, cfg: QuantizeConfig) -> bool:
@@ -330,6 +349,7 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         DEFAULT_NAN=_DEFAULT_NAN, MUL_NAN_SECOND=_MUL_NAN_SECOND, PROLOGUE=prologue, N_ITER=k_per_prog // cfg.tile_cols,
         MANUAL_BF16=_MANUAL_BF16, PACK32=p32, FAST=True, MARKSTEIN=_MARKSTEIN,
         HW_FP8=_hw_fp8(elem, rounding, overflow), ASM=_ASM,
+        PK=_PACKED and _packed_bf16(x2, fmt, rounding, overflow, nonfinite, prologue, p32),
         num_warps=cfg.num_warps, enable_fp_fusion=False,
     )
     g = None

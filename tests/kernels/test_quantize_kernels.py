@@ -454,6 +454,100 @@ def test_encode_mag_rne_p2_every_bf16_and_scale(elem):
                                  f"want {want[bad[0, 0], bad[0, 1]].item()}"
 
 
+def _encode_p2_bf16x2_model(w: torch.Tensor, bb: torch.Tensor, e) -> torch.Tensor:
+    """``_k._encode_p2_bf16x2`` operation for operation on int32 words of two bf16 (int64
+    torch, wrapped to 32 bits where the kernel's int32 ops wrap; the bf16 fma is exact in
+    float32 and rounded to bf16 on the bits, as the hardware's single rounding)."""
+    def wrap(v):
+        return ((v + 2**31) % 2**32) - 2**31
+
+    def lanes(v):
+        return v & 0xFFFF, (v >> 16) & 0xFFFF
+
+    def u16(a, b, op):
+        (al, ah), (bl, bh) = lanes(a), lanes(b)
+        return wrap(op(al, bl) | (op(ah, bh) << 16))
+
+    def bf16_rne(f):
+        b = f.view(torch.int32).to(torch.int64)
+        return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+
+    def f32(v):
+        return (v << 16).to(torch.int32).view(torch.float32)
+
+    sh, up = 7 - e.mbits, 1 << (16 - e.bits)
+    c2 = (sh << 7) * 0x10001
+    w = w.to(torch.int64)
+    a = w & 0x7FFF7FFF
+    lo16 = torch.clamp(bb + (1 - e.bias), min=1) << 7
+    lo2 = lo16 | (lo16 << 16)
+    mb = u16(w & 0x7F807F80, lo2, torch.maximum)
+    (ml, mh), (al, ah) = lanes(mb), lanes(a)
+    s = bf16_rne(f32(ml) * 2.0 ** sh + f32(al)) | (bf16_rne(f32(mh) * 2.0 ** sh + f32(ah)) << 16)
+    code = wrap(wrap(s * up) + wrap(mb * ((up >> sh) - up) - wrap((c2 + (lo2 >> sh)) * up)))
+    code = u16(code, torch.tensor((e.max_code * up) * 0x10001), torch.minimum)
+    return code | (w & 0x80008000)
+
+
+def test_encode_p2_bf16x2_every_bf16_and_scale(gen):
+    """The packed MXFP4 path's encoder (two bf16 per 32-bit word, the scale folded in, codes
+    at the top of each 16-bit lane with x's sign) gives ElementCodec.encode(x / 2^k) for
+    every scale byte the fast path takes and every bf16 x that a block with that scale can
+    hold (|x| < 2^(k + emax + 1) under every E8M0 rule, below 2^100; x = 0 alone when the
+    byte is below the bias: an all-zero block), both signs, in either lane."""
+    e = ELEMENTS["e2m1"]
+    for bb in range(0, 228 - e.emax):
+        top = min((bb + e.emax + 1) << 7, 0x7180) if bb >= e.bias else 1
+        mag = torch.arange(0, top, dtype=torch.int64)
+        lo = mag | ((mag % 2) << 15)
+        hi = mag[torch.randperm(top, generator=gen)] | ((torch.rand(top, generator=gen) < 0.5).long() << 15)
+        got = _encode_p2_bf16x2_model(lo | (hi << 16), torch.tensor(bb), e)
+        got = torch.stack([(got >> 12) & 0xF, (got >> 28) & 0xF])
+        vals = torch.stack([lo, hi]).to(torch.int16).view(torch.bfloat16).float()
+        want = e.encode(vals / 2.0 ** (bb - 127), "nearest_even", "saturate", "propagate").to(torch.int64)
+        bad = (got != want).nonzero()
+        assert bad.numel() == 0, f"bb={bb}: {bad.shape[0]} mismatches, first (lane, index) {bad[0].tolist()}"
+
+
+def test_round_to_odd_bf16_then_packed_encoder(gen):
+    """The packed path of the two-level formats rounds each float32 x / op to odd in bf16
+    (``_rto_bf16x2``: truncate, set the last bit when inexact) before the bf16 encoder:
+    equal to ElementCodec.encode on the float32 for values around every E2M1 grid point
+    and midpoint (+-300 ulps), float32 subnormals and random values below 32."""
+    e = ELEMENTS["e2m1"]
+    pts = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 16.0])
+    near = (pts.view(torch.int32)[:, None] + torch.arange(-300, 301, dtype=torch.int32)[None, :]).reshape(-1)
+    rnd = (torch.rand(200000, generator=gen) * 32.0).view(torch.int32)
+    sub = torch.randint(0, 1 << 23, (1000,), generator=gen, dtype=torch.int32)
+    xs = torch.cat([near[near >= 0], rnd, sub]).view(torch.float32)
+    xs = xs[xs < 32.0]
+    xs = torch.cat([xs, xs.flip(0)])[: xs.numel() // 2 * 2]  # pairs: one per lane
+    b = xs.view(torch.int32).to(torch.int64)
+    rto = ((b >> 16) & 0xFFFF) | ((b & 0xFFFF) != 0).long()
+    lo, hi = rto[0::2], rto[1::2]
+    got = _encode_p2_bf16x2_model(lo | (hi << 16), torch.tensor(127), e)
+    got = torch.stack([(got >> 12) & 0xF, (got >> 28) & 0xF], dim=1).reshape(-1)
+    want = e.encode(xs, "nearest_even", "saturate", "propagate").to(torch.int64)
+    bad = (got != want).nonzero()
+    assert bad.numel() == 0, f"{bad.numel()} mismatches, first x={xs[bad[0]].item()!r}"
+
+
+def test_packed_path_every_bf16_magnitude(gen):
+    """The kernel's packed bf16 path on blocks that hold every bf16 magnitude below 2^100
+    (both signs, grid ties included) next to a block maximum that sets the scale, for
+    every E8M0 rule: bit-identical to the reference."""
+    mag = torch.arange(0, 0x7180 // 31 * 31, dtype=torch.int32)
+    v = (mag | ((mag % 3 == 1).to(torch.int32) << 15)).to(torch.int16).view(torch.bfloat16)
+    x = v.reshape(-1, 31)
+    amax = x.float().abs().amax(dim=1, keepdim=True)
+    x = torch.cat([x, (amax * (1 + torch.rand(amax.shape, generator=gen))).to(torch.bfloat16)], dim=1)
+    x = x[: x.shape[0] // 8 * 8].reshape(-1, 256)  # 8 blocks of 32 per row
+    assert kq._packed_bf16(x, get_format("mxfp4"), kq.Rounding.NEAREST_EVEN, kq.Overflow.SATURATE,
+                           kq.NonFinite.PROPAGATE, 0, True)
+    for rule in ("floor", "ceil", "even", "rceil"):
+        assert_same(kq.quantize(x.to(DEV), "mxfp4", scale_rule=rule), reference.quantize(x, "mxfp4", scale_rule=rule))
+
+
 @pytest.mark.parametrize("name", ["mxfp4", "mxfp6_e3m2", "mxfp6_e2m3"])
 def test_p2_fast_path_tiny_and_zero_blocks(name, gen):
     """Blocks whose E8M0 scale is below the element bias (amax near 2^-125) leave the
