@@ -262,6 +262,35 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 2 / (ms * 1e-3)
 
 
+def traffic_ceilings(copy_bw: float) -> list[dict]:
+    """torch's own elementwise kernels with the traffic mix of quantize (2 bytes read per
+    1 written) and dequantize (1 read per 2 written) and a pure write (``fill_``), each as a
+    fraction of the copy: what "memory speed" means for those mixes on this device."""
+    n = 1 << 28
+    x16 = torch.randn(n, device=DEV).to(torch.bfloat16)
+    x8 = torch.randint(0, 255, (n,), device=DEV, dtype=torch.uint8)
+    out = []
+    for label, fn, byts in (("fill_ bf16 (write only)", lambda: x16.fill_(1.0), 2 * n),
+                            ("bf16 -> uint8 (read 2 : write 1)", lambda: x16.to(torch.uint8), 3 * n),
+                            ("uint8 -> bf16 (read 1 : write 2)", lambda: x8.to(torch.bfloat16), 3 * n)):
+        for _ in range(3):
+            fn()
+        ts = []
+        for _ in range(10):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b))
+        ms = statistics.median(ts)
+        out.append(dict(op=label, ms=ms, tbps=byts / ms / 1e9, frac_copy=byts / ms / 1e9 / (copy_bw / 1e12)))
+        log(f"ceiling {label:34s}: {ms:.4f} ms {out[-1]['tbps']:.3f} TB/s {out[-1]['frac_copy']:.3f} of copy")
+    del x16, x8
+    torch.cuda.empty_cache()
+    return out
+
+
 def q_bytes(fmt, n: int, in_bytes: int = 2) -> int:
     f = get_format(fmt)
     return n * in_bytes + n * f.element.bits // 8 + (n // (f.block_size * f.block_rows)) * f.scale.storage.itemsize
@@ -299,7 +328,7 @@ def run_timings(copy_bw: float) -> list[dict]:
 
 
 SWEEP_Q = {  # quantize tiles timed by the sweep (the default first, always)
-    "nvfp4": ((16, 512, 4), (32, 256, 8), (8, 256, 2)),
+    "nvfp4": ((16, 512, 4), (32, 256, 4), (32, 512, 4), (32, 512, 8), (64, 256, 8)),
     "mxfp4": ((16, 512, 4), (32, 256, 4), (32, 512, 4), (32, 512, 8), (64, 256, 8), (16, 1024, 8), (8, 256, 2)),
     "mxfp8_e4m3": ((16, 512, 4), (32, 256, 8)),
 }
@@ -314,10 +343,10 @@ def config_sweep(copy_bw: float) -> list[dict]:
     out = []
     for fmt in ("nvfp4", "mxfp4", "mxfp8_e4m3"):
         kw = {"global_scale": gs} if fmt == "nvfp4" else {}
-        ref = kq.quantize(xs[0], fmt, **kw)
+        ref = kq.quantize(xs[0], fmt, **kw).to("cpu")
         variants = [("default", None, True)] + [(f"{c[0]}x{c[1]}w{c[2]}", kq.QuantizeConfig(*c), True)
                                                  for c in SWEEP_Q[fmt]]
-        if fmt == "mxfp4":
+        if fmt in ("mxfp4", "nvfp4"):
             variants.append(("default, packed off", None, False))
         for label, cfg, packed in variants:
             saved, kq._PACKED = kq._PACKED, packed
@@ -568,6 +597,11 @@ def main() -> int:
     except Exception:  # noqa: BLE001
         pass
     log(str(info))
+    if os.environ.get("SWEEP_ONLY") == "1":  # the tile sweep alone (no checks, no timings table)
+        bw = copy_bandwidth()
+        traffic_ceilings(bw)
+        config_sweep(bw)
+        return 0
     t0 = time.time()
     checks = check_correctness()
     log(f"correctness: {sum(c.get('quantize_exact', True) and c.get('dequantize_exact', True) for c in checks)}"
