@@ -328,9 +328,9 @@ def run_timings(copy_bw: float) -> list[dict]:
 
 
 SWEEP_Q = {  # quantize tiles timed by the sweep (the default first, always)
-    "nvfp4": ((16, 512, 4), (32, 256, 4), (32, 512, 4), (32, 512, 8), (64, 256, 8)),
-    "mxfp4": ((16, 512, 4), (32, 256, 4), (32, 512, 4), (32, 512, 8), (64, 256, 8), (16, 1024, 8), (8, 256, 2)),
-    "mxfp8_e4m3": ((16, 512, 4), (32, 256, 8)),
+    "nvfp4": ((16, 512, 4), (8, 256, 4), (16, 256, 8)),
+    "mxfp4": ((16, 256, 4), (16, 1024, 8), (8, 512, 4), (16, 512, 8)),
+    "mxfp8_e4m3": ((16, 256, 4), (16, 1024, 8)),
 }
 
 
@@ -344,29 +344,39 @@ def config_sweep(copy_bw: float) -> list[dict]:
     for fmt in ("nvfp4", "mxfp4", "mxfp8_e4m3"):
         kw = {"global_scale": gs} if fmt == "nvfp4" else {}
         ref = kq.quantize(xs[0], fmt, **kw).to("cpu")
-        variants = [("default", None, True)] + [(f"{c[0]}x{c[1]}w{c[2]}", kq.QuantizeConfig(*c), True)
-                                                 for c in SWEEP_Q[fmt]]
+        variants = [("default", None, True, False)] + [(f"{c[0]}x{c[1]}w{c[2]}", kq.QuantizeConfig(*c), True, False)
+                                                        for c in SWEEP_Q[fmt]]
         if fmt in ("mxfp4", "nvfp4"):
-            variants.append(("default, packed off", None, False))
-        for label, cfg, packed in variants:
-            saved, kq._PACKED = kq._PACKED, packed
+            variants += [("default, packed off", None, False, False), ("default, cache hints", None, True, True)]
+        for label, cfg, packed, hints in variants:
+            saved = kq._PACKED, kq._HINTS
+            kq._PACKED, kq._HINTS = packed, hints
             try:
                 same = same_q(kq.quantize(xs[0], fmt, config=cfg, **kw), ref)
                 ms = graph_time(lambda x: kq.quantize(x, fmt, config=cfg, **kw), xs)
             finally:
-                kq._PACKED = saved
+                kq._PACKED, kq._HINTS = saved
             byts = q_bytes(fmt, n * n)
             out.append(dict(op=f"quantize {fmt} {label}", shape=[n, n], ms=ms, tbps=byts / ms / 1e9,
                             frac_copy=byts / ms / 1e9 / (copy_bw / 1e12), same_as_default=same))
             log(f"sweep {out[-1]['op']:36s}: {ms:.4f} ms {out[-1]['frac_copy']:.3f} of copy"
                 f"{'' if same else '  OUTPUT DIFFERS FROM THE DEFAULT'}")
         q = [kq.quantize(x, fmt, **kw) for x in xs]
-        for cfg in (kq.QuantizeConfig(16, 512, 4), kq.QuantizeConfig(32, 512, 4)):
-            ms = graph_time(lambda qq: kq.dequantize(qq, torch.bfloat16, config=cfg), q)
+        dref = kq.dequantize(q[0], torch.bfloat16)
+        for label, cfg, hints in (("default", None, False), ("default, cache hints", None, True),
+                                  ("16x512w4", kq.QuantizeConfig(16, 512, 4), False),
+                                  ("16x512w4, cache hints", kq.QuantizeConfig(16, 512, 4), True)):
+            saved, kq._HINTS = kq._HINTS, hints
+            try:
+                same = torch.equal(kq.dequantize(q[0], torch.bfloat16, config=cfg), dref)
+                ms = graph_time(lambda qq: kq.dequantize(qq, torch.bfloat16, config=cfg), q)
+            finally:
+                kq._HINTS = saved
             byts = q_bytes(fmt, n * n)
-            out.append(dict(op=f"dequantize {fmt} cfg {cfg.tile_rows}x{cfg.tile_cols}w{cfg.num_warps}", shape=[n, n],
-                            ms=ms, tbps=byts / ms / 1e9, frac_copy=byts / ms / 1e9 / (copy_bw / 1e12)))
-            log(f"sweep {out[-1]['op']:36s}: {ms:.4f} ms {out[-1]['frac_copy']:.3f} of copy")
+            out.append(dict(op=f"dequantize {fmt} {label}", shape=[n, n], ms=ms, tbps=byts / ms / 1e9,
+                            frac_copy=byts / ms / 1e9 / (copy_bw / 1e12), same_as_default=same))
+            log(f"sweep {out[-1]['op']:36s}: {ms:.4f} ms {out[-1]['frac_copy']:.3f} of copy"
+                f"{'' if same else '  OUTPUT DIFFERS FROM THE DEFAULT'}")
         del q
     return out
 

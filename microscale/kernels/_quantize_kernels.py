@@ -566,7 +566,7 @@ def _quantize_kernel(
     # fused prologue: 0 none, 1 rmsnorm(x) * w, 2 silu(x) * y
     PROLOGUE: tl.constexpr, N_ITER: tl.constexpr, MANUAL_BF16: tl.constexpr, PACK32: tl.constexpr,
     FAST: tl.constexpr, MARKSTEIN: tl.constexpr, HW_FP8: tl.constexpr, ASM: tl.constexpr,
-    PK: tl.constexpr = False,
+    PK: tl.constexpr = False, EVEN: tl.constexpr = False, HINTS: tl.constexpr = False,
 ):
     RB: tl.constexpr = TR // BR
     NB: tl.constexpr = TK // B
@@ -620,14 +620,28 @@ def _quantize_kernel(
             pw = x_ptr.to(tl.pointer_type(tl.int32)) + rows64[:, None, None] * tl.multiple_of(stride_x // 2, 8) + \
                 wblk + tl.arange(0, 4)[None, None, :]
             mw = rmask[:, None, None] & (wblk * 2 < K)
-            w0 = tl.load(pw, mask=mw, other=0)
-            w1 = tl.load(pw + 4, mask=mw, other=0)
+            if EVEN & HINTS:  # (HINTS: streaming loads / stores, a sweep variant)
+                w0 = tl.load(pw, eviction_policy="evict_first")
+                w1 = tl.load(pw + 4, eviction_policy="evict_first")
+            elif EVEN:  # whole tiles: no masks (no zero fills before predicated loads)
+                w0 = tl.load(pw)
+                w1 = tl.load(pw + 4)
+            else:
+                w0 = tl.load(pw, mask=mw, other=0)
+                w1 = tl.load(pw + 4, mask=mw, other=0)
             a0 = w0 & 0x7FFF7FFF
             a1 = w1 & 0x7FFF7FFF
             am = _u16x2(a0, a1, True, ASM)
             if QW == 4:
-                w2 = tl.load(pw + 8, mask=mw, other=0)
-                w3 = tl.load(pw + 12, mask=mw, other=0)
+                if EVEN & HINTS:
+                    w2 = tl.load(pw + 8, eviction_policy="evict_first")
+                    w3 = tl.load(pw + 12, eviction_policy="evict_first")
+                elif EVEN:
+                    w2 = tl.load(pw + 8)
+                    w3 = tl.load(pw + 12)
+                else:
+                    w2 = tl.load(pw + 8, mask=mw, other=0)
+                    w3 = tl.load(pw + 12, mask=mw, other=0)
                 a2 = w2 & 0x7FFF7FFF
                 a3 = w3 & 0x7FFF7FFF
                 am = _u16x2(am, _u16x2(a2, a3, True, ASM), True, ASM)
@@ -785,7 +799,11 @@ def _quantize_kernel(
                     pdw = data_ptr + rows64[:, None, None] * tl.multiple_of(K // 8, QW) + \
                         tl.multiple_of(blk // 8, QW)[None, :, None]
                     pmask = rmask[:, None, None] & (blk < K)[None, :, None]
-                    if QW == 2:
+                    if EVEN:
+                        pmask = None
+                    if (QW == 2) & HINTS:
+                        tl.store(pdw + tl.arange(0, 2)[None, None, :], tl.join(o0, o1), mask=pmask, cache_modifier=".cs")
+                    elif QW == 2:
                         tl.store(pdw + tl.arange(0, 2)[None, None, :], tl.join(o0, o1), mask=pmask)
                     else:
                         o2 = _pack8_nibbles(*_split4(_pk_codes(w2, a2, lo2, opw, nopw, rw, TWO_LEVEL, DIV, MARKSTEIN,
@@ -793,7 +811,11 @@ def _quantize_kernel(
                         o3 = _pack8_nibbles(*_split4(_pk_codes(w3, a3, lo2, opw, nopw, rw, TWO_LEVEL, DIV, MARKSTEIN,
                                                                BITS, MBITS, MAX_CODE, ASM)))
                         ow = tl.permute(tl.join(tl.join(o0, o1), tl.join(o2, o3)), (0, 1, 3, 2))
-                        tl.store(pdw + tl.arange(0, 4)[None, None, :], tl.reshape(ow, [TR, NB, 4]), mask=pmask)
+                        if HINTS:
+                            tl.store(pdw + tl.arange(0, 4)[None, None, :], tl.reshape(ow, [TR, NB, 4]), mask=pmask,
+                                     cache_modifier=".cs")
+                        else:
+                            tl.store(pdw + tl.arange(0, 4)[None, None, :], tl.reshape(ow, [TR, NB, 4]), mask=pmask)
                     codes = ab  # (stored)
                 else:
                     if FAST_ENC:  # magnitudes (op > 0); the sign bit comes from x
@@ -1182,6 +1204,7 @@ def _dequantize_kernel(
     SCALE_KIND: tl.constexpr, HAS_ZP: tl.constexpr, HAS_GLOBAL: tl.constexpr, MANUAL_BF16: tl.constexpr,
     PACK32: tl.constexpr, LUT: tl.constexpr = 0, HW8: tl.constexpr = 0, EVEN: tl.constexpr = False,
     ASM: tl.constexpr = False, KWD: tl.constexpr = 1, SMEM_STORE: tl.constexpr = False,
+    HINTS: tl.constexpr = False,
 ):
     """Three ways, chosen by the host per format (all bit-identical to the reference):
 
@@ -1217,7 +1240,9 @@ def _dequantize_kernel(
         blk = (k0 // B) + tl.arange(0, NB)
         soff = rows64[:, None] * SC + blk[None, :]
         bm = rmask[:, None] & (blk < SC)[None, :]
-        if EVEN:
+        if EVEN & HINTS:  # (HINTS: streaming loads / stores, a sweep variant)
+            words = tl.load(data_ptr + woff, eviction_policy="evict_first")
+        elif EVEN:
             words = tl.load(data_ptr + woff)
         else:
             words = tl.load(data_ptr + woff, mask=rmask[:, None] & (wcol < kw)[None, :], other=0)
@@ -1256,7 +1281,9 @@ def _dequantize_kernel(
             pairs = tl.reshape(tl.join(tl.join(p0, p2), tl.join(p1, p3)), [TR, TK // 2])
             pcol = (k0 // 2) + tl.arange(0, TK // 2)
             ooff = rows64[:, None] * k2 + pcol[None, :]
-            if EVEN:
+            if EVEN & HINTS:
+                tl.store(out32 + ooff, pairs, cache_modifier=".cs")
+            elif EVEN:
                 tl.store(out32 + ooff, pairs)
             else:
                 tl.store(out32 + ooff, pairs, mask=rmask[:, None] & (pcol < k2)[None, :])
@@ -1267,7 +1294,9 @@ def _dequantize_kernel(
         soff = (rows // BR).to(tl.int64)[:, None] * SC + bo[None, :]
         cm = rmask[:, None] & (cols < K)[None, :]
         bm = rmask[:, None] & (bo < SC)[None, :]
-        if EVEN:
+        if EVEN & HINTS:
+            byts = tl.load(data8 + off, eviction_policy="evict_first")
+        elif EVEN:
             byts = tl.load(data8 + off)
         else:
             byts = tl.load(data8 + off, mask=cm, other=0)
@@ -1302,7 +1331,9 @@ def _dequantize_kernel(
             _st16x8(addr, f0, f1, f2, f3, f4, f5, f6, f7, ok, out_ptr.dtype.element_ty == tl.bfloat16, EVEN)
         else:
             res = _cast(out, out_ptr.dtype.element_ty, MANUAL_BF16)
-            if EVEN:
+            if EVEN & HINTS:
+                tl.store(out_ptr + off, res, cache_modifier=".cs")
+            elif EVEN:
                 tl.store(out_ptr + off, res)
             else:
                 tl.store(out_ptr + off, res, mask=cm)

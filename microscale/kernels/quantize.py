@@ -81,6 +81,8 @@ _MARKSTEIN = not _INTERPRET
 _ASM = not _INTERPRET
 # the packed bf16 path of the quantize kernel (``_packed_bf16``); off: the float32 path
 _PACKED = os.environ.get("MICROSCALE_QUANT_PACKED", "1") == "1"
+# streaming cache hints (evict-first loads, .cs stores) on the big streams of whole tiles
+_HINTS = os.environ.get("MICROSCALE_CACHE_HINTS", "0") == "1"
 _RULES = {ScaleRule.FLOOR: 0, ScaleRule.CEIL: 1, ScaleRule.EVEN: 2, ScaleRule.RCEIL: 3, ScaleRule.AMAX: 4,
           ScaleRule.MINMAX: 5}
 _TWO_LEVEL = {TwoLevel.MODELOPT: 1, TwoLevel.TORCHAO: 2, TwoLevel.COMPRESSED_TENSORS: 3}
@@ -210,12 +212,16 @@ class QuantizeConfig:
 
 
 def choose_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
-    """Heuristic: 4K elements per program on 4 warps, 256 columns (at least one block).
-    Measured on the H200 (16384^2 bf16): 16x256/4 warps beat 16x512/8 warps by 10-15%
-    for MXFP4/MXFP8 quantize (benchmarks/run_gpu_quantize.py sweep)."""
+    """Heuristic: 16 rows per program on 4 warps; 512 columns for one-level 4- and 8-bit float
+    formats, 256 otherwise (at least one block). Measured on the H200 (16384^2 bf16,
+    benchmarks/h200_2026-12-01c): MXFP4 (packed path) 0.885 of copy at 16x512 against
+    0.858 at 16x256, MXFP8 0.892 against 0.873; NVFP4 0.632 at 16x256 against 0.571;
+    16x256/4 warps beat 16x512/8 warps by 10-15% in an earlier sweep."""
     b, br = fmt.block_size, fmt.block_rows
-    tk = max(b, min(256, triton.next_power_of_2(k)))
-    tr = max(br, min(triton.next_power_of_2(max(rows, 1)), 4096 // tk))
+    e = fmt.element
+    wide = br == 1 and not fmt.global_scale and e.kind == "float" and e.bits in (4, 8)
+    tk = max(b, min(512 if wide else 256, triton.next_power_of_2(k)))
+    tr = max(br, min(triton.next_power_of_2(max(rows, 1)), (8192 if wide else 4096) // tk))
     warps = 8 if tr * tk >= 8192 else 4
     return QuantizeConfig(tr, tk, warps)
 
@@ -350,6 +356,7 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         MANUAL_BF16=_MANUAL_BF16, PACK32=p32, FAST=True, MARKSTEIN=_MARKSTEIN,
         HW_FP8=_hw_fp8(elem, rounding, overflow), ASM=_ASM,
         PK=_PACKED and _packed_bf16(x2, fmt, rounding, overflow, nonfinite, prologue, p32),
+        EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0, HINTS=_HINTS,
         num_warps=cfg.num_warps, enable_fp_fusion=False,
     )
     g = None
@@ -489,7 +496,7 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
         INF_CODE=e.inf_code if e.has_inf else -1,
         SCALE_KIND=skind, HAS_ZP=fmt.zero_point, HAS_GLOBAL=fmt.global_scale, MANUAL_BF16=_MANUAL_BF16,
         PACK32=p32, LUT=lut, HW8=hw8, EVEN=even, ASM=_ASM, KWD=4 if K % 32 == 0 else 2 if K % 16 == 0 else 1 if K % 8 == 0 else 0,
-        SMEM_STORE=not _DEQ_REG_STORE,
+        SMEM_STORE=not _DEQ_REG_STORE, HINTS=_HINTS,
         num_warps=cfg.num_warps, enable_fp_fusion=False,
     )
     if tuple(pshape) != tuple(q.shape):
