@@ -327,56 +327,68 @@ def run_timings(copy_bw: float) -> list[dict]:
     return rows
 
 
-SWEEP_Q = {  # quantize tiles timed by the sweep (the default first, always)
-    "nvfp4": ((16, 512, 4), (8, 256, 4), (16, 256, 8)),
-    "mxfp4": ((16, 256, 4), (16, 1024, 8), (8, 512, 4), (16, 512, 8)),
-    "mxfp8_e4m3": ((16, 256, 4), (16, 1024, 8)),
+SWEEP_Q = {  # quantize tiles timed by the sweep, besides the default
+    "nvfp4": ((16, 512, 8), (4, 256, 4)),
+    "mxfp4": ((8, 1024, 4), (8, 2048, 8), (16, 2048, 8), (4, 1024, 4), (8, 512, 4)),
+    "mxfp8_e4m3": ((8, 512, 4), (8, 1024, 4), (16, 1024, 8)),
 }
+SWEEP_D = ((32, 512, 8), (16, 1024, 8), (8, 512, 4), (8, 1024, 4), (32, 256, 8))  # dequantize, with hints
+SWEEP_ROUNDS = int(os.environ.get("SWEEP_ROUNDS", "3"))
 
 
 def config_sweep(copy_bw: float) -> list[dict]:
-    """Quantize tiles (``SWEEP_Q``; MXFP4 also with the packed bf16 path off) and a few
-    dequantize tiles at 16384^2; every variant's output compared bit for bit with the default's."""
+    """Quantize tiles (``SWEEP_Q``; NVFP4 / MXFP4 also with the packed bf16 path off) and
+    dequantize tiles (``SWEEP_D``, cache hints on; the default also without), at 16384^2. Every
+    variant's output is compared bit for bit with the default's; the variants of a format
+    are timed ``SWEEP_ROUNDS`` times in interleaved order (run-to-run drift of a few
+    percent showed between single timings); min and median reported."""
     n = 16384
     xs = [make_input((n, n), 2000 + j, realistic=True) for j in range(2)]
     gs = torch.tensor(float(xs[0].float().abs().amax()) / 2688.0, device=DEV)
     out = []
     for fmt in ("nvfp4", "mxfp4", "mxfp8_e4m3"):
         kw = {"global_scale": gs} if fmt == "nvfp4" else {}
+        byts = q_bytes(fmt, n * n)
         ref = kq.quantize(xs[0], fmt, **kw).to("cpu")
-        variants = [("default", None, True, False)] + [(f"{c[0]}x{c[1]}w{c[2]}", kq.QuantizeConfig(*c), True, False)
-                                                        for c in SWEEP_Q[fmt]]
-        if fmt in ("mxfp4", "nvfp4"):
-            variants += [("default, packed off", None, False, False), ("default, cache hints", None, True, True)]
-        for label, cfg, packed, hints in variants:
-            saved = kq._PACKED, kq._HINTS
-            kq._PACKED, kq._HINTS = packed, hints
-            try:
-                same = same_q(kq.quantize(xs[0], fmt, config=cfg, **kw), ref)
-                ms = graph_time(lambda x: kq.quantize(x, fmt, config=cfg, **kw), xs)
-            finally:
-                kq._PACKED, kq._HINTS = saved
-            byts = q_bytes(fmt, n * n)
-            out.append(dict(op=f"quantize {fmt} {label}", shape=[n, n], ms=ms, tbps=byts / ms / 1e9,
-                            frac_copy=byts / ms / 1e9 / (copy_bw / 1e12), same_as_default=same))
-            log(f"sweep {out[-1]['op']:36s}: {ms:.4f} ms {out[-1]['frac_copy']:.3f} of copy"
-                f"{'' if same else '  OUTPUT DIFFERS FROM THE DEFAULT'}")
         q = [kq.quantize(x, fmt, **kw) for x in xs]
         dref = kq.dequantize(q[0], torch.bfloat16)
-        for label, cfg, hints in (("default", None, False), ("default, cache hints", None, True),
-                                  ("16x512w4", kq.QuantizeConfig(16, 512, 4), False),
-                                  ("16x512w4, cache hints", kq.QuantizeConfig(16, 512, 4), True)):
-            saved, kq._HINTS = kq._HINTS, hints
-            try:
-                same = torch.equal(kq.dequantize(q[0], torch.bfloat16, config=cfg), dref)
-                ms = graph_time(lambda qq: kq.dequantize(qq, torch.bfloat16, config=cfg), q)
-            finally:
-                kq._HINTS = saved
-            byts = q_bytes(fmt, n * n)
-            out.append(dict(op=f"dequantize {fmt} {label}", shape=[n, n], ms=ms, tbps=byts / ms / 1e9,
-                            frac_copy=byts / ms / 1e9 / (copy_bw / 1e12), same_as_default=same))
-            log(f"sweep {out[-1]['op']:36s}: {ms:.4f} ms {out[-1]['frac_copy']:.3f} of copy"
-                f"{'' if same else '  OUTPUT DIFFERS FROM THE DEFAULT'}")
+        variants = []  # (label, run(x or q), check() -> bool, flags)
+        for c in (None,) + SWEEP_Q[fmt]:
+            cfg = None if c is None else kq.QuantizeConfig(*c)
+            name = "default" if c is None else f"{c[0]}x{c[1]}w{c[2]}"
+            variants.append((f"quantize {fmt} {name}", "q", cfg, True, False))
+        if fmt in ("mxfp4", "nvfp4"):
+            variants.append((f"quantize {fmt} default, packed off", "q", None, False, False))
+        variants.append((f"dequantize {fmt} default, no hints", "d", None, True, False))
+        for c in (None,) + SWEEP_D:
+            name = "default" if c is None else f"{c[0]}x{c[1]}w{c[2]}"
+            variants.append((f"dequantize {fmt} {name}", "d", None if c is None else kq.QuantizeConfig(*c), True, True))
+        times = {v[0]: [] for v in variants}
+        same = {}
+        for rnd in range(SWEEP_ROUNDS):
+            for label, kind, cfg, packed, hints in variants:
+                saved = kq._PACKED, kq._Q_HINTS, kq._DEQ_HINTS
+                kq._PACKED, kq._Q_HINTS, kq._DEQ_HINTS = packed, False, hints
+                try:
+                    if kind == "q":
+                        if rnd == 0:
+                            same[label] = same_q(kq.quantize(xs[0], fmt, config=cfg, **kw), ref)
+                        times[label].append(graph_time(lambda x: kq.quantize(x, fmt, config=cfg, **kw), xs))
+                    else:
+                        if rnd == 0:
+                            same[label] = torch.equal(kq.dequantize(q[0], torch.bfloat16, config=cfg), dref)
+                        times[label].append(graph_time(lambda qq: kq.dequantize(qq, torch.bfloat16, config=cfg), q))
+                finally:
+                    kq._PACKED, kq._Q_HINTS, kq._DEQ_HINTS = saved
+        for label, *_ in variants:
+            ts = times[label]
+            ms = min(ts)
+            out.append(dict(op=label, shape=[n, n], ms=ms, ms_all=ts, tbps=byts / ms / 1e9,
+                            frac_copy=byts / ms / 1e9 / (copy_bw / 1e12),
+                            frac_copy_median=byts / statistics.median(ts) / 1e9 / (copy_bw / 1e12),
+                            same_as_default=same[label]))
+            log(f"sweep {label:42s}: {ms:.4f} ms  {out[-1]['frac_copy']:.3f} of copy (best of {len(ts)}; "
+                f"median {out[-1]['frac_copy_median']:.3f})" + ("" if same[label] else "  OUTPUT DIFFERS"))
         del q
     return out
 

@@ -82,7 +82,8 @@ _ASM = not _INTERPRET
 # the packed bf16 path of the quantize kernel (``_packed_bf16``); off: the float32 path
 _PACKED = os.environ.get("MICROSCALE_QUANT_PACKED", "1") == "1"
 # streaming cache hints (evict-first loads, .cs stores) on the big streams of whole tiles
-_HINTS = os.environ.get("MICROSCALE_CACHE_HINTS", "0") == "1"
+_Q_HINTS = os.environ.get("MICROSCALE_QUANT_CACHE_HINTS", "0") == "1"  # H200: no gain (sweep)
+_DEQ_HINTS = os.environ.get("MICROSCALE_DEQ_CACHE_HINTS", "1") == "1"  # H200: +2-3% of copy (sweep)
 _RULES = {ScaleRule.FLOOR: 0, ScaleRule.CEIL: 1, ScaleRule.EVEN: 2, ScaleRule.RCEIL: 3, ScaleRule.AMAX: 4,
           ScaleRule.MINMAX: 5}
 _TWO_LEVEL = {TwoLevel.MODELOPT: 1, TwoLevel.TORCHAO: 2, TwoLevel.COMPRESSED_TENSORS: 3}
@@ -212,17 +213,19 @@ class QuantizeConfig:
 
 
 def choose_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
-    """Heuristic: 16 rows per program on 4 warps; 512 columns for one-level 4- and 8-bit float
-    formats, 256 otherwise (at least one block). Measured on the H200 (16384^2 bf16,
-    benchmarks/h200_2026-12-01c): MXFP4 (packed path) 0.885 of copy at 16x512 against
-    0.858 at 16x256, MXFP8 0.892 against 0.873; NVFP4 0.632 at 16x256 against 0.571;
-    16x256/4 warps beat 16x512/8 warps by 10-15% in an earlier sweep."""
+    """Heuristic: 16 rows per program; 1024 columns on 8 warps for one-level 4-bit float
+    formats, 512 on 4 warps for one-level 8-bit float formats, 256 on 4 warps otherwise
+    (at least one block). From the H200 sweeps (16384^2 bf16, best of 3 interleaved,
+    benchmarks/h200_2026-12-01c/sweep3.log): MXFP4 (packed path) 0.872 of copy at 16x1024w8
+    against 0.847 at 16x256w4; MXFP8 0.891 at 16x512w4 against 0.874 at 16x256w4 and 0.770
+    at 16x512w8; NVFP4 0.634 at 16x256w4 against 0.597 at 8x256w4."""
     b, br = fmt.block_size, fmt.block_rows
     e = fmt.element
     wide = br == 1 and not fmt.global_scale and e.kind == "float" and e.bits in (4, 8)
-    tk = max(b, min(512 if wide else 256, triton.next_power_of_2(k)))
-    tr = max(br, min(triton.next_power_of_2(max(rows, 1)), (8192 if wide else 4096) // tk))
-    warps = 8 if tr * tk >= 8192 else 4
+    cols = (1024 if e.bits == 4 else 512) if wide else 256
+    tk = max(b, min(cols, triton.next_power_of_2(k)))
+    tr = max(br, min(triton.next_power_of_2(max(rows, 1)), (16 * cols) // tk))
+    warps = 8 if tr * tk > 8192 else 4
     return QuantizeConfig(tr, tk, warps)
 
 
@@ -356,7 +359,7 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         MANUAL_BF16=_MANUAL_BF16, PACK32=p32, FAST=True, MARKSTEIN=_MARKSTEIN,
         HW_FP8=_hw_fp8(elem, rounding, overflow), ASM=_ASM,
         PK=_PACKED and _packed_bf16(x2, fmt, rounding, overflow, nonfinite, prologue, p32),
-        EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0, HINTS=_HINTS,
+        EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0, HINTS=_Q_HINTS,
         num_warps=cfg.num_warps, enable_fp_fusion=False,
     )
     g = None
@@ -496,7 +499,7 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
         INF_CODE=e.inf_code if e.has_inf else -1,
         SCALE_KIND=skind, HAS_ZP=fmt.zero_point, HAS_GLOBAL=fmt.global_scale, MANUAL_BF16=_MANUAL_BF16,
         PACK32=p32, LUT=lut, HW8=hw8, EVEN=even, ASM=_ASM, KWD=4 if K % 32 == 0 else 2 if K % 16 == 0 else 1 if K % 8 == 0 else 0,
-        SMEM_STORE=not _DEQ_REG_STORE, HINTS=_HINTS,
+        SMEM_STORE=not _DEQ_REG_STORE, HINTS=_DEQ_HINTS,
         num_warps=cfg.num_warps, enable_fp_fusion=False,
     )
     if tuple(pshape) != tuple(q.shape):
