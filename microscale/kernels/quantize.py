@@ -212,31 +212,36 @@ class QuantizeConfig:
     num_warps: int = 4
 
 
-def choose_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
-    """Heuristic: 16 rows per program; 1024 columns on 8 warps for one-level 4-bit float
-    formats, 512 on 4 warps for one-level 8-bit float formats, 256 on 4 warps otherwise
-    (at least one block). From the H200 sweeps (16384^2 bf16, best of 3 interleaved,
-    benchmarks/h200_2026-12-01c/sweep3.log): MXFP4 (packed path) 0.872 of copy at 16x1024w8
-    against 0.847 at 16x256w4; MXFP8 0.891 at 16x512w4 against 0.874 at 16x256w4 and 0.770
-    at 16x512w8; NVFP4 0.634 at 16x256w4 against 0.597 at 8x256w4."""
+def choose_config(fmt: Format, rows: int, k: int, packed: bool = False) -> QuantizeConfig:
+    """Tiling heuristic, from the H200 sweeps (16384^2 bf16, best of 3 interleaved rounds;
+    ``benchmarks/h200_2026-12-01c/sweep5.log``): few rows and wide columns move memory best.
+
+    * The packed bf16 path (``packed``; MXFP4 / NVFP4) and one-level 8-bit float formats:
+      4K elements per program on 4 warps, up to 2048 columns (2 x 2048). MXFP4 0.98 of copy
+      (16 x 256: 0.85), NVFP4 0.77 (0.63), MXFP8 0.96 (0.87-0.89).
+    * Everything else (the float32 path): 16 x 256 on 4 warps, as measured for it before.
+    """
     b, br = fmt.block_size, fmt.block_rows
     e = fmt.element
-    wide = br == 1 and not fmt.global_scale and e.kind == "float" and e.bits in (4, 8)
-    cols = (1024 if e.bits == 4 else 512) if wide else 256
-    tk = max(b, min(cols, triton.next_power_of_2(k)))
-    tr = max(br, min(triton.next_power_of_2(max(rows, 1)), (16 * cols) // tk))
+    wide = br == 1 and (packed or (not fmt.global_scale and e.kind == "float" and e.bits == 8))
+    tk = max(b, min(2048 if wide else 256, triton.next_power_of_2(k)))
+    tr = max(br, min(triton.next_power_of_2(max(rows, 1)), 4096 // tk))
     warps = 8 if tr * tk > 8192 else 4
     return QuantizeConfig(tr, tk, warps)
 
 
 def choose_dequantize_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
-    """Dequantize tiling on 8 warps: 8K elements per program, 512 columns (32 elements per
-    thread) for codes under 8 bits; 32K elements, 1024 columns for 8-bit codes. From the
-    H200 ``DEQ_SWEEP`` (benchmarks/h200_2026-12-01b/final_deq_sweep.log, bf16 output):
-    NVFP4 / MXFP4 / int4 0.85-0.86 of copy at 16x512; MXFP8 0.868 / 0.892 at 32x1024
-    (8192^2 / 28672x8192) against 0.859 / 0.864 at 16x512."""
+    """Dequantize tiling: 8K elements per program on 4 warps, up to 2048 columns (4 x 2048)
+    for 1-row blocks; 2-D blocks 16 x 512 (32 x 1024 for 8-bit codes) on 8 warps. From the
+    H200 sweep (``benchmarks/h200_2026-12-01c/sweep5.log``, 16384^2 -> bf16, cache hints on):
+    NVFP4 / MXFP4 / MXFP8 0.908 / 0.906 / 0.916 of copy at 4 x 2048 against 0.883 / 0.891 /
+    0.910 at the earlier 16 x 512 (32 x 1024)."""
     b, br = fmt.block_size, fmt.block_rows
-    wide = fmt.element.bits == 8 and br == 1
+    if br == 1:
+        tk = max(b, min(2048, triton.next_power_of_2(k)))
+        tr = max(1, min(triton.next_power_of_2(max(rows, 1)), 8192 // tk))
+        return QuantizeConfig(tr, tk, 8 if tr * tk > 8192 else 4)
+    wide = fmt.element.bits == 8
     tk = max(b, min(1024 if wide else 512, triton.next_power_of_2(k)))
     tr = max(br, min(triton.next_power_of_2(max(rows, 1)), (32768 if wide else 8192) // tk))
     warps = 8 if tr * tk >= 8192 else 4
@@ -301,7 +306,9 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         y2 = y2.contiguous()
     R, K = x2.shape
     elem, B, BR = fmt.element, fmt.block_size, fmt.block_rows
-    cfg = config or choose_config(fmt, R, K)
+    p32 = _pack32(fmt, config or choose_config(fmt, R, K))
+    pk = _PACKED and _packed_bf16(x2, fmt, rounding, overflow, nonfinite, prologue, p32)
+    cfg = config or choose_config(fmt, R, K, packed=pk)
     _check_config(cfg, fmt)
     SR, SC = R // BR, K // B
     data = _empty((R, packed_len(K, elem.bits)), torch.uint8, dev)
@@ -358,7 +365,7 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         DEFAULT_NAN=_DEFAULT_NAN, MUL_NAN_SECOND=_MUL_NAN_SECOND, PROLOGUE=prologue, N_ITER=k_per_prog // cfg.tile_cols,
         MANUAL_BF16=_MANUAL_BF16, PACK32=p32, FAST=True, MARKSTEIN=_MARKSTEIN,
         HW_FP8=_hw_fp8(elem, rounding, overflow), ASM=_ASM,
-        PK=_PACKED and _packed_bf16(x2, fmt, rounding, overflow, nonfinite, prologue, p32),
+        PK=pk and p32,
         EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0, HINTS=_Q_HINTS,
         num_warps=cfg.num_warps, enable_fp_fusion=False,
     )
