@@ -280,7 +280,12 @@ def _encode_p2_bf16x2(a, sgn, lo2, BITS: tl.constexpr, MBITS: tl.constexpr, MAX_
     mb = _u16x2(a & 0x7F807F80, lo2, True, ASM)
     s = _fma_bf16x2(mb, tl.full(mb.shape, (127 + SH) * 0x800080, tl.int32), a, ASM)  # mb 2^SH + a, both lanes
     # code = s - bits(M) + (mb - lo2) >> SH, times UP (mb has no bits below 7: (mb >> SH) UP = mb (UP >> SH))
-    code = s * UP + (mb * ((UP >> SH) - UP) - ((C2 + (lo2 >> SH)) * UP))
+    t = mb * ((UP >> SH) - UP) - ((C2 + (lo2 >> SH)) * UP)
+    if ASM:  # one mad (LLVM would split a constant t into an IMAD and an add)
+        code = tl.inline_asm_elementwise(f"mad.lo.s32 $0, $1, {UP}, $2;", "=r,r,r", [s, t], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        code = s * UP + t
     code = _u16x2(code, (MAX_CODE * UP) * 0x10001, False, ASM)
     return code | (sgn & -2147450880)  # | sign bits (0x80008000)
 
@@ -327,6 +332,19 @@ def _pk_codes(w, a, lo2, op, nop, r, TWO_LEVEL: tl.constexpr, DIV: tl.constexpr,
             qh = xh * op
         a = _rto_bf16x2(ql, qh, ASM)
     return _encode_p2_bf16x2(a, w, lo2, BITS, MBITS, MAX_CODE, ASM)
+
+
+@triton.jit
+def _st_u8(ptr, v, mask, EVEN: tl.constexpr):
+    """GPU: ``tl.store(ptr, v.to(uint8), mask)`` by ``st.global.u8`` in the layout of ``v``."""
+    addr = ptr.to(tl.int64, bitcast=True)
+    if EVEN:
+        tl.inline_asm_elementwise("st.global.u8 [$1], $2;\nmov.b32 $0, 0;", "=r,l,r", [addr, v], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise("{\n.reg .pred p;\nsetp.ne.b32 p, $3, 0;\n@p st.global.u8 [$1], $2;\n"
+                                  "mov.b32 $0, 0;\n}", "=r,l,r,r", [addr, v, mask.to(tl.int32)], dtype=tl.int32,
+                                  is_pure=False, pack=1)
 
 
 @triton.jit
@@ -455,11 +473,14 @@ def _scale_encode(v, SCALE_KIND: tl.constexpr, SCALE_MAX: tl.constexpr, st_ty: t
         isnan = v != v
         nanb = ((_bits(v) >> 31) << 31) | 0x7FC00000
         if HW:  # the GPU's cvt.rn.satfinite.e4m3x2.f32 is E4M3 RNE with saturation (Inf too); NaN as _encode
-            hw = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+            h8 = v.to(tl.float8e4nv)
+            hw = h8.to(tl.uint8, bitcast=True).to(tl.int32)
             raw = tl.where(isnan, 0x7F | ((_bits(v) >> 24) & 0x80), hw)
+            dec = h8.to(tl.float32)  # the exact hardware widening (E4M3 -> f16 -> f32)
         else:
             raw = _e4m3_encode(v)
-        val = tl.where(isnan, _flt(nanb), _decode(raw, 8, False, True, 1.0, 3, 1.329227995784916e36, -1, -1))
+            dec = _decode(raw, 8, False, True, 1.0, 3, 1.329227995784916e36, -1, -1)
+        val = tl.where(isnan, _flt(nanb), dec)
     else:
         raw = _cast(_clamp_nan(v, -SCALE_MAX, SCALE_MAX), st_ty, MANUAL_BF16)
         val = raw.to(tl.float32)
@@ -927,6 +948,8 @@ def _quantize_kernel(
         soff = _scale_offset(srow[:, None].to(tl.int64), scol[None, :], SC, LAYOUT)
         if SCALE_KIND == 2:
             tl.store(scale_ptr + soff, raw, mask=smask)
+        elif PK & ASM:  # a byte per block from the thread that owns it (tl.store: a shared-memory relayout)
+            _st_u8(scale_ptr + soff, raw, smask, EVEN)
         else:
             tl.store(scale_ptr + soff, raw.to(tl.uint8), mask=smask)
         if RULE == 5:
