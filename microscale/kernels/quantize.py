@@ -216,13 +216,19 @@ def choose_config(fmt: Format, rows: int, k: int, packed: bool = False) -> Quant
     """Tiling heuristic, from the H200 sweeps (16384^2 bf16, best of 3 interleaved rounds;
     ``benchmarks/h200_2026-12-01c/sweep5.log``): few rows and wide columns move memory best.
 
-    * The packed bf16 path (``packed``; MXFP4 / NVFP4) and one-level 8-bit float formats:
-      4K elements per program on 4 warps, up to 2048 columns (2 x 2048). MXFP4 0.98 of copy
-      (16 x 256: 0.85), NVFP4 0.77 (0.63), MXFP8 0.96 (0.87-0.89).
+    * The packed bf16 path (``packed``) for MXFP4 and one-level 8-bit float formats: 4K
+      elements per program on 4 warps, up to 2048 columns (2 x 2048). MXFP4 0.98-1.02 of
+      copy (16 x 256: 0.85), MXFP8 0.96-0.98 (0.87-0.89).
+    * The packed path for the two-level NVFP4: 1 x 1024 on one warp (its per-tile "all
+      blocks clean" vote is then one warp reduction): 0.88 of copy (2 x 2048 on 4 warps:
+      0.83; 16 x 256: 0.54-0.64; ``sweep6.log``).
     * Everything else (the float32 path): 16 x 256 on 4 warps, as measured for it before.
     """
     b, br = fmt.block_size, fmt.block_rows
     e = fmt.element
+    if packed and fmt.global_scale:  # NVFP4: one warp, 1 x 1024
+        tk = max(b, min(1024, triton.next_power_of_2(k)))
+        return QuantizeConfig(max(1, min(triton.next_power_of_2(max(rows, 1)), 1024 // tk)), tk, 1)
     wide = br == 1 and (packed or (not fmt.global_scale and e.kind == "float" and e.bits == 8))
     tk = max(b, min(2048 if wide else 256, triton.next_power_of_2(k)))
     tr = max(br, min(triton.next_power_of_2(max(rows, 1)), 4096 // tk))
