@@ -55,6 +55,7 @@ own K split (small N only) adds with float32 atomics.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -503,6 +504,7 @@ class GemvConfig:
     prefetch: bool = False
 
 
+@functools.lru_cache(maxsize=256)
 def _gemv_kind(fmt: Format) -> int | None:
     """The GEMV's element kind for a format, or None when it has no decode for it."""
     from .kernels import _gemv_kernels as kern
@@ -539,6 +541,7 @@ def gemv_supported(q: QTensor, x: torch.Tensor, max_m: int = GEMV_MAX_M) -> bool
             and tuple(q.padded_shape) == tuple(q.shape))
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of its arguments, asked on every call
 def choose_gemv_config(n: int, k: int, device: torch.device, m: int = 1, bits: int = 4) -> GemvConfig:
     """Few rows and long K strips per program, the next step's loads issued early for
     4-bit weights, and a programmatic dependent launch on Hopper (best of the H200 sweeps,
