@@ -232,8 +232,14 @@ def choose_config(fmt: Format, rows: int, k: int, packed: bool = False) -> Quant
     wide = br == 1 and (packed or (not fmt.global_scale and e.kind == "float" and e.bits == 8))
     tk = max(b, min(2048 if wide else 256, triton.next_power_of_2(k)))
     tr = max(br, min(triton.next_power_of_2(max(rows, 1)), 4096 // tk))
-    warps = 8 if tr * tk > 8192 else 4
-    return QuantizeConfig(tr, tk, warps)
+    return QuantizeConfig(tr, tk, _warps(tr * tk, 8 if tr * tk > 8192 else 4))
+
+
+def _warps(elements: int, warps: int) -> int:
+    """``warps``, halved while a thread would get fewer than 4 of a (small) tile's elements."""
+    while warps > 1 and elements < 128 * warps:
+        warps //= 2
+    return warps
 
 
 def choose_dequantize_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
@@ -246,12 +252,11 @@ def choose_dequantize_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
     if br == 1:
         tk = max(b, min(2048, triton.next_power_of_2(k)))
         tr = max(1, min(triton.next_power_of_2(max(rows, 1)), 8192 // tk))
-        return QuantizeConfig(tr, tk, 8 if tr * tk > 8192 else 4)
+        return QuantizeConfig(tr, tk, _warps(tr * tk, 8 if tr * tk > 8192 else 4))
     wide = fmt.element.bits == 8
     tk = max(b, min(1024 if wide else 512, triton.next_power_of_2(k)))
     tr = max(br, min(triton.next_power_of_2(max(rows, 1)), (32768 if wide else 8192) // tk))
-    warps = 8 if tr * tk >= 8192 else 4
-    return QuantizeConfig(tr, tk, warps)
+    return QuantizeConfig(tr, tk, _warps(tr * tk, 8 if tr * tk >= 8192 else 4))
 
 
 def _check_config(cfg: QuantizeConfig, fmt: Format) -> None:

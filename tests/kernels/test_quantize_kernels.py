@@ -240,6 +240,21 @@ def test_config_override(gen):
         kq.quantize(x, "mxfp4", config=kq.QuantizeConfig(3, 64))
 
 
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3", "int4_affine_g128", "fp8_e4m3_block128x128"])
+def test_default_configs_tile_every_shape(name):
+    """The default tilings (quantize, packed or not; dequantize) are valid for the format and
+    bounded in work per program, from one row / one block up to wide tensors."""
+    fmt = registry[name]
+    b, br = fmt.block_size, fmt.block_rows
+    for rows in (br, 3 * br, 1000 * br, 16384):
+        for k in (b, 3 * b, 4096 + b, 16384):
+            for cfg in (kq.choose_config(fmt, rows, k), kq.choose_config(fmt, rows, k, packed=True),
+                        kq.choose_dequantize_config(fmt, rows, k)):
+                kq._check_config(cfg, fmt)
+                assert cfg.tile_rows * cfg.tile_cols <= max(32768, br * 1024) and cfg.num_warps in (1, 2, 4, 8)
+                assert cfg.tile_rows * cfg.tile_cols >= 128 * cfg.num_warps or cfg.num_warps == 1  # >= 4 per thread
+
+
 # ---- fused quantizers ------------------------------------------------------------------
 def _close_codes(got, want, max_frac=0.01):
     """Fused prologues round differently from the torch reference in float32 (reduction
