@@ -367,8 +367,8 @@ def config_sweep(copy_bw: float) -> list[dict]:
         same = {}
         for rnd in range(SWEEP_ROUNDS):
             for label, kind, cfg, packed, hints in variants:
-                saved = kq._PACKED, kq._Q_HINTS, kq._DEQ_HINTS
-                kq._PACKED, kq._Q_HINTS, kq._DEQ_HINTS = packed, False, hints
+                saved = kq._PACKED, kq._DEQ_HINTS
+                kq._PACKED, kq._DEQ_HINTS = packed, hints
                 try:
                     if kind == "q":
                         if rnd == 0:
@@ -379,7 +379,7 @@ def config_sweep(copy_bw: float) -> list[dict]:
                             same[label] = torch.equal(kq.dequantize(q[0], torch.bfloat16, config=cfg), dref)
                         times[label].append(graph_time(lambda qq: kq.dequantize(qq, torch.bfloat16, config=cfg), q))
                 finally:
-                    kq._PACKED, kq._Q_HINTS, kq._DEQ_HINTS = saved
+                    kq._PACKED, kq._DEQ_HINTS = saved
         for label, *_ in variants:
             ts = times[label]
             ms = min(ts)

@@ -587,7 +587,7 @@ def _quantize_kernel(
     # fused prologue: 0 none, 1 rmsnorm(x) * w, 2 silu(x) * y
     PROLOGUE: tl.constexpr, N_ITER: tl.constexpr, MANUAL_BF16: tl.constexpr, PACK32: tl.constexpr,
     FAST: tl.constexpr, MARKSTEIN: tl.constexpr, HW_FP8: tl.constexpr, ASM: tl.constexpr,
-    PK: tl.constexpr = False, EVEN: tl.constexpr = False, HINTS: tl.constexpr = False,
+    PK: tl.constexpr = False, EVEN: tl.constexpr = False,
 ):
     RB: tl.constexpr = TR // BR
     NB: tl.constexpr = TK // B
@@ -641,10 +641,7 @@ def _quantize_kernel(
             pw = x_ptr.to(tl.pointer_type(tl.int32)) + rows64[:, None, None] * tl.multiple_of(stride_x // 2, 8) + \
                 wblk + tl.arange(0, 4)[None, None, :]
             mw = rmask[:, None, None] & (wblk * 2 < K)
-            if EVEN & HINTS:  # (HINTS: streaming loads / stores, a sweep variant)
-                w0 = tl.load(pw, eviction_policy="evict_first")
-                w1 = tl.load(pw + 4, eviction_policy="evict_first")
-            elif EVEN:  # whole tiles: no masks (no zero fills before predicated loads)
+            if EVEN:  # whole tiles: no masks (no zero fills before predicated loads)
                 w0 = tl.load(pw)
                 w1 = tl.load(pw + 4)
             else:
@@ -654,10 +651,7 @@ def _quantize_kernel(
             a1 = w1 & 0x7FFF7FFF
             am = _u16x2(a0, a1, True, ASM)
             if QW == 4:
-                if EVEN & HINTS:
-                    w2 = tl.load(pw + 8, eviction_policy="evict_first")
-                    w3 = tl.load(pw + 12, eviction_policy="evict_first")
-                elif EVEN:
+                if EVEN:
                     w2 = tl.load(pw + 8)
                     w3 = tl.load(pw + 12)
                 else:
@@ -822,9 +816,7 @@ def _quantize_kernel(
                     pmask = rmask[:, None, None] & (blk < K)[None, :, None]
                     if EVEN:
                         pmask = None
-                    if (QW == 2) & HINTS:
-                        tl.store(pdw + tl.arange(0, 2)[None, None, :], tl.join(o0, o1), mask=pmask, cache_modifier=".cs")
-                    elif QW == 2:
+                    if QW == 2:
                         tl.store(pdw + tl.arange(0, 2)[None, None, :], tl.join(o0, o1), mask=pmask)
                     else:
                         o2 = _pack8_nibbles(*_split4(_pk_codes(w2, a2, lo2, opw, nopw, rw, TWO_LEVEL, DIV, MARKSTEIN,
@@ -832,11 +824,7 @@ def _quantize_kernel(
                         o3 = _pack8_nibbles(*_split4(_pk_codes(w3, a3, lo2, opw, nopw, rw, TWO_LEVEL, DIV, MARKSTEIN,
                                                                BITS, MBITS, MAX_CODE, ASM)))
                         ow = tl.permute(tl.join(tl.join(o0, o1), tl.join(o2, o3)), (0, 1, 3, 2))
-                        if HINTS:
-                            tl.store(pdw + tl.arange(0, 4)[None, None, :], tl.reshape(ow, [TR, NB, 4]), mask=pmask,
-                                     cache_modifier=".cs")
-                        else:
-                            tl.store(pdw + tl.arange(0, 4)[None, None, :], tl.reshape(ow, [TR, NB, 4]), mask=pmask)
+                        tl.store(pdw + tl.arange(0, 4)[None, None, :], tl.reshape(ow, [TR, NB, 4]), mask=pmask)
                     codes = ab  # (stored)
                 else:
                     if FAST_ENC:  # magnitudes (op > 0); the sign bit comes from x
@@ -1263,7 +1251,7 @@ def _dequantize_kernel(
         blk = (k0 // B) + tl.arange(0, NB)
         soff = rows64[:, None] * SC + blk[None, :]
         bm = rmask[:, None] & (blk < SC)[None, :]
-        if EVEN & HINTS:  # (HINTS: streaming loads / stores, a sweep variant)
+        if EVEN & HINTS:  # (HINTS: streaming loads / stores: evict-first codes, .cs outputs)
             words = tl.load(data_ptr + woff, eviction_policy="evict_first")
         elif EVEN:
             words = tl.load(data_ptr + woff)

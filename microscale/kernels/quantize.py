@@ -81,9 +81,9 @@ _MARKSTEIN = not _INTERPRET
 _ASM = not _INTERPRET
 # the packed bf16 path of the quantize kernel (``_packed_bf16``); off: the float32 path
 _PACKED = os.environ.get("MICROSCALE_QUANT_PACKED", "1") == "1"
-# streaming cache hints (evict-first loads, .cs stores) on the big streams of whole tiles
-_Q_HINTS = os.environ.get("MICROSCALE_QUANT_CACHE_HINTS", "0") == "1"  # H200: no gain (sweep)
-_DEQ_HINTS = os.environ.get("MICROSCALE_DEQ_CACHE_HINTS", "1") == "1"  # H200: +2-3% of copy (sweep)
+# dequantize's streaming cache hints (evict-first code loads, .cs stores) on whole tiles: H200
+# +2-3% of copy (sweep); the same hints gave quantize nothing (+-1%) and were dropped there
+_DEQ_HINTS = os.environ.get("MICROSCALE_DEQ_CACHE_HINTS", "1") == "1"
 _RULES = {ScaleRule.FLOOR: 0, ScaleRule.CEIL: 1, ScaleRule.EVEN: 2, ScaleRule.RCEIL: 3, ScaleRule.AMAX: 4,
           ScaleRule.MINMAX: 5}
 _TWO_LEVEL = {TwoLevel.MODELOPT: 1, TwoLevel.TORCHAO: 2, TwoLevel.COMPRESSED_TENSORS: 3}
@@ -156,7 +156,7 @@ def _hw_fp8(e: ElementCodec, rounding: Rounding, overflow: Overflow) -> int:
 
 
 def _packed_bf16(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflow, nonfinite: NonFinite,
-                 prologue: int, p32: bool) -> bool:
+                 prologue: int) -> bool:
     """The quantize kernel's packed path (``PK``): bf16 input read as int32 words of two
     elements, encoded two per 32-bit operation (``_encode_p2_bf16x2``). For 4-bit float
     elements with an E8M0 (power-of-two) scale or the two-level NVFP4 scheme, RNE and
@@ -165,7 +165,7 @@ def _packed_bf16(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Ov
     e = fmt.element
     scale_ok = (fmt.scale.power_of_two and _RULES[fmt.scale_rule] <= 3) if not fmt.global_scale else \
         fmt.two_level in _TWO_LEVEL
-    return (x2.dtype == torch.bfloat16 and prologue == 0 and p32 and fmt.block_rows == 1 and scale_ok
+    return (x2.dtype == torch.bfloat16 and prologue == 0 and fmt.block_rows == 1 and scale_ok
             and e.kind == "float" and e.bits == 4 and e.signed and rounding is Rounding.NEAREST_EVEN
             and (overflow is Overflow.SATURATE or _element_params(e, overflow)["OVF_CODE"] == e.max_code)
             and nonfinite is NonFinite.PROPAGATE and fmt.block_size in (16, 32)
@@ -317,8 +317,7 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         y2 = y2.contiguous()
     R, K = x2.shape
     elem, B, BR = fmt.element, fmt.block_size, fmt.block_rows
-    p32 = _pack32(fmt, config or choose_config(fmt, R, K))
-    pk = _PACKED and _packed_bf16(x2, fmt, rounding, overflow, nonfinite, prologue, p32)
+    pk = _PACKED and _packed_bf16(x2, fmt, rounding, overflow, nonfinite, prologue)
     cfg = config or choose_config(fmt, R, K, packed=pk)
     _check_config(cfg, fmt)
     SR, SC = R // BR, K // B
@@ -376,8 +375,8 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         DEFAULT_NAN=_DEFAULT_NAN, MUL_NAN_SECOND=_MUL_NAN_SECOND, PROLOGUE=prologue, N_ITER=k_per_prog // cfg.tile_cols,
         MANUAL_BF16=_MANUAL_BF16, PACK32=p32, FAST=True, MARKSTEIN=_MARKSTEIN,
         HW_FP8=_hw_fp8(elem, rounding, overflow), ASM=_ASM,
-        PK=pk and p32,
-        EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0, HINTS=_Q_HINTS,
+        PK=pk and p32,  # (a user config whose columns split a word of codes keeps the float32 path)
+        EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0,
         num_warps=cfg.num_warps, enable_fp_fusion=False,
     )
     g = None

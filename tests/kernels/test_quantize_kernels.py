@@ -558,7 +558,7 @@ def test_packed_path_every_bf16_magnitude(gen):
     x = torch.cat([x, (amax * (1 + torch.rand(amax.shape, generator=gen))).to(torch.bfloat16)], dim=1)
     x = x[: x.shape[0] // 8 * 8].reshape(-1, 256)  # 8 blocks of 32 per row
     assert kq._packed_bf16(x, get_format("mxfp4"), kq.Rounding.NEAREST_EVEN, kq.Overflow.SATURATE,
-                           kq.NonFinite.PROPAGATE, 0, True)
+                           kq.NonFinite.PROPAGATE, 0)
     for rule in ("floor", "ceil", "even", "rceil"):
         assert_same(kq.quantize(x.to(DEV), "mxfp4", scale_rule=rule), reference.quantize(x, "mxfp4", scale_rule=rule))
 
