@@ -327,10 +327,10 @@ def run_timings(copy_bw: float) -> list[dict]:
     return rows
 
 
-SWEEP_Q = {  # quantize tiles timed by the sweep, besides the default
-    "nvfp4": ((1, 512, 1), (1, 2048, 1), (2, 1024, 1), (2, 2048, 4)),
-    "mxfp4": ((2, 1024, 2),),
-    "mxfp8_e4m3": ((2, 1024, 2),),
+SWEEP_Q = {  # quantize tiles (rows, cols, warps[, column tiles per program]) timed by the sweep, besides the default
+    "nvfp4": ((1, 1024, 1), (1, 1024, 1, 2), (1, 1024, 1, 8), (1, 1024, 1, 16), (1, 512, 1, 8), (1, 2048, 2, 4)),
+    "mxfp4": ((2, 2048, 4, 2), (2, 2048, 4, 4), (2, 1024, 2, 4)),
+    "mxfp8_e4m3": ((2, 2048, 4, 2), (2, 2048, 4, 4), (2, 1024, 2, 4)),
 }
 SWEEP_D = ((2, 2048, 2),)  # dequantize, hints
 SWEEP_ROUNDS = int(os.environ.get("SWEEP_ROUNDS", "3"))
@@ -352,13 +352,18 @@ def config_sweep(copy_bw: float) -> list[dict]:
         ref = kq.quantize(xs[0], fmt, **kw).to("cpu")
         q = [kq.quantize(x, fmt, **kw) for x in xs]
         dref = kq.dequantize(q[0], torch.bfloat16)
-        variants = []  # (label, run(x or q), check() -> bool, flags)
+        variants = []  # (label, "q"/"qdyn"/"d", config, packed path, dequantize hints)
         for c in (None,) + SWEEP_Q[fmt]:
             cfg = None if c is None else kq.QuantizeConfig(*c)
-            name = "default" if c is None else f"{c[0]}x{c[1]}w{c[2]}"
+            name = "default" if c is None else f"{c[0]}x{c[1]}w{c[2]}" + (f"k{c[3]}" if len(c) > 3 else "")
             variants.append((f"quantize {fmt} {name}", "q", cfg, True, False))
         if fmt in ("mxfp4", "nvfp4"):
             variants.append((f"quantize {fmt} default, packed off", "q", None, False, False))
+        if fmt == "nvfp4":  # dynamic (global amax pass + quantize): bytes counted once, as in the table
+            dyn_ref = kq.quantize(xs[0], fmt).to("cpu")
+            for c in (None, (1, 1024, 1)):
+                name = "default" if c is None else f"{c[0]}x{c[1]}w{c[2]}"
+                variants.append((f"quantize {fmt} dynamic {name}", "qdyn", c and kq.QuantizeConfig(*c), True, False))
         variants.append((f"dequantize {fmt} default, no hints", "d", None, True, False))
         for c in (None,) + SWEEP_D:
             name = "default" if c is None else f"{c[0]}x{c[1]}w{c[2]}"
@@ -374,6 +379,10 @@ def config_sweep(copy_bw: float) -> list[dict]:
                         if rnd == 0:
                             same[label] = same_q(kq.quantize(xs[0], fmt, config=cfg, **kw), ref)
                         times[label].append(graph_time(lambda x: kq.quantize(x, fmt, config=cfg, **kw), xs))
+                    elif kind == "qdyn":
+                        if rnd == 0:
+                            same[label] = same_q(kq.quantize(xs[0], fmt, config=cfg), dyn_ref)
+                        times[label].append(graph_time(lambda x: kq.quantize(x, fmt, config=cfg), xs))
                     else:
                         if rnd == 0:
                             same[label] = torch.equal(kq.dequantize(q[0], torch.bfloat16, config=cfg), dref)

@@ -292,32 +292,53 @@ def _encode_p2_bf16x2(a, sgn, lo2, BITS: tl.constexpr, MBITS: tl.constexpr, MAX_
 
 @triton.jit
 def _rto_bf16x2(lo, hi, ASM: tl.constexpr):
-    """Two float32 -> one word of two bf16 rounded to odd (truncated; the lowest bit set
-    when inexact). Rounding to odd at >= 2 bits more than the element's significand, then
-    to nearest even, is rounding to nearest even once (E2M1: 8 bits against 2)."""
+    """Two float32 -> one word of the two magnitudes as bf16 rounded to odd (truncated; the
+    lowest bit set when inexact; sign bits cleared). Rounding to odd at >= 2 bits more
+    than the element's significand, then to nearest even, is rounding to nearest even once
+    (E2M1: 8 bits against 2)."""
     lb = _bits(lo)
     hb = _bits(hi)
     if ASM:
         r = tl.inline_asm_elementwise(
             "{\n.reg .b32 t, l, one;\nprmt.b32 t, $1, $2, 0x7632;\nprmt.b32 l, $1, $2, 0x5410;\n"
-            "mov.b32 one, 0x00010001;\nmin.u16x2 l, l, one;\nor.b32 $0, t, l;\n}",
+            "mov.b32 one, 0x00010001;\nmin.u16x2 l, l, one;\nor.b32 t, t, l;\nand.b32 $0, t, 0x7FFF7FFF;\n}",
             "=r,r,r", [lb, hb], dtype=tl.int32, is_pure=True, pack=1)
     else:
         t = ((lb >> 16) & 0xFFFF) | (hb & -65536)
         r = t | ((lb & 0xFFFF) != 0).to(tl.int32) | (((hb & 0xFFFF) != 0).to(tl.int32) << 16)
+        r = r & 0x7FFF7FFF
+    return r
+
+
+@triton.jit
+def _absmax_bf16x2(a, b, ASM: tl.constexpr):
+    """Lane-wise larger magnitude of words of bf16 pairs, NaN winning (PTX
+    ``max.NaN.xorsign.abs.bf16x2``; its sign bits, the XOR of the inputs', are not
+    meaningful: callers clear them). The model: ``max.u16x2`` of the magnitudes' bits (NaN
+    > Inf > finite; a NaN's payload may differ from the hardware's canonical one)."""
+    if ASM:
+        r = tl.inline_asm_elementwise("max.NaN.xorsign.abs.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
+                                      is_pure=True, pack=1)
+    else:
+        r = _u16x2(a & 0x7FFF7FFF, b & 0x7FFF7FFF, True, False)
     return r
 
 
 @triton.jit
 def _pk_codes(w, a, lo2, op, nop, r, TWO_LEVEL: tl.constexpr, DIV: tl.constexpr, MARKSTEIN: tl.constexpr,
               BITS: tl.constexpr, MBITS: tl.constexpr, MAX_CODE: tl.constexpr, ASM: tl.constexpr):
-    """Codes of a word ``w`` of two bf16 (``a``: without sign bits) for the packed path. MX
+    """Codes of a word ``w`` of two bf16 (``a``: without sign bits; MX only) for the packed path. MX
     (power-of-two) scales are folded into the encoder; the two-level formats first scale
     in float32 as the general path does (Markstein's correctly rounded x / op, ``nop`` = -op,
     ``r`` = RN(1/op); or x * op), then round the pair to odd in bf16 and encode unscaled."""
-    if TWO_LEVEL != 0:
-        xl = _flt(a << 16)
-        xh = _flt(a & -65536)
+    if TWO_LEVEL != 0:  # (``a`` is unused: the signed x, whose sign ``_rto_bf16x2`` clears)
+        if ASM:  # (opaque to LLVM: the general path's identical unpack must not be merged with this
+            # one and hoisted above the clean-tile branch, which costs ~25 registers per thread)
+            xl, xh = tl.inline_asm_elementwise("{\nshl.b32 $0, $2, 16;\nand.b32 $1, $2, 0xFFFF0000;\n}", "=r,=r,r",
+                                               [w], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+        else:
+            xl = _flt(w << 16)
+            xh = _flt(w & -65536)
         if DIV:
             if MARKSTEIN:
                 ql = xl * r
@@ -332,6 +353,51 @@ def _pk_codes(w, a, lo2, op, nop, r, TWO_LEVEL: tl.constexpr, DIV: tl.constexpr,
             qh = xh * op
         a = _rto_bf16x2(ql, qh, ASM)
     return _encode_p2_bf16x2(a, w, lo2, BITS, MBITS, MAX_CODE, ASM)
+
+
+@triton.jit
+def _rcp_rn_normal(d):
+    """RN(1/d) for d in [2^-100, 2^100] (GPU only): the in-range branch of ``rcp.rn.f32``
+    (an approximate reciprocal and one Newton step, as ptxas expands it), without its
+    range test and out-of-line slow path."""
+    return tl.inline_asm_elementwise(
+        "{\n.reg .f32 y, t;\nrcp.approx.ftz.f32 y, $1;\nfma.rn.f32 t, $1, y, 0fBF800000;\nneg.f32 t, t;\n"
+        "fma.rn.f32 $0, y, t, y;\n}", "=f,f", [d], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _markstein_div(a, d, r, nd):
+    """RN(a / d) from r = RN(1/d) and nd = -d: q = RN(a r), e = a - q d (exact by fma),
+    RN(q + e r). This is ``div.rn.f32``'s own sequence where its range check passes (a = 0
+    or a in [2^-60, 2^60), d in [2^-40, 2^60] are well inside it); GPU only (the
+    interpreter's fma rounds twice)."""
+    q = a * r
+    return tl.math.fma(tl.math.fma(q, nd, a), r, q)
+
+
+@triton.jit
+def _modelopt_scale(amax, s_dec, d6, rd6, FBS: tl.constexpr, SCALE_KIND: tl.constexpr, SCALE_MAX: tl.constexpr,
+                    st_ty: tl.constexpr, SNAN: tl.constexpr, SIBITS: tl.constexpr, MANUAL_BF16: tl.constexpr,
+                    ASM: tl.constexpr):
+    """ModelOpt's block scale: (raw, op, sbf) with sbf = amax / (6 s_dec) (0 -> 1), raw =
+    E4M3(sbf) and op = decode(raw) s_dec, the divisor of the block's elements.
+
+    ``FBS`` (GPU): the division by Markstein's sequence with the program's ``rd6`` = RN(1 /
+    d6), d6 = 6 s_dec, and the hardware's E4M3 conversion without NaN handling: exact for
+    blocks whose sbf lies in (2^-10, 2048) when s_dec is in [2^-30, 2^50] (the caller's
+    fast-path test; amax then lies in [2^-37, 2^64) and Markstein's range holds). The
+    zero test is on amax: an sbf that underflows to 0 fails that test instead of becoming 1."""
+    if FBS:
+        sbf = _markstein_div(amax, d6, rd6, 0.0 - d6)
+        sbf = tl.where(amax == 0, 1.0, sbf)
+        h8 = sbf.to(tl.float8e4nv)  # cvt.rn.satfinite: E4M3 RNE, saturating
+        raw = h8.to(tl.uint8, bitcast=True).to(tl.int32)
+        f = h8.to(tl.float32)
+    else:
+        sbf = tl.math.div_rn(amax, (6.0 * s_dec) + tl.zeros_like(amax))
+        sbf = tl.where(sbf == 0, 1.0, sbf)
+        raw, f = _scale_encode(sbf, SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16, ASM)
+    return raw, f * s_dec, sbf
 
 
 @triton.jit
@@ -357,7 +423,7 @@ def _split4(t):
 
 
 @triton.jit
-def _pack8_nibbles(c0, c1, c2, c3):
+def _pack8_nibbles(c0, c1, c2, c3, ASM: tl.constexpr):
     """Four words of two 4-bit codes (bits 12-15 and 28-31: elements 2i, 2i+1 of ``ci``) ->
     one word of eight codes, element j in bits 4j..4j+3."""
     # (c >> 12) + (c >> 24) in one high multiply (c has no bits below 12): byte 0 = both codes
@@ -365,7 +431,13 @@ def _pack8_nibbles(c0, c1, c2, c3):
     t1 = tl.umulhi(c1.to(tl.uint32, bitcast=True), 0x100100).to(tl.int32, bitcast=True)
     t2 = tl.umulhi(c2.to(tl.uint32, bitcast=True), 0x100100).to(tl.int32, bitcast=True)
     t3 = tl.umulhi(c3.to(tl.uint32, bitcast=True), 0x100100).to(tl.int32, bitcast=True)
-    return (t0 & 0xFF) | ((t1 & 0xFF) << 8) | ((t2 & 0xFF) << 16) | (t3 << 24)
+    if ASM:  # the four bytes 0 by three byte permutes
+        r = tl.inline_asm_elementwise(
+            "{\n.reg .b32 u, v;\nprmt.b32 u, $1, $2, 0x0040;\nprmt.b32 v, $3, $4, 0x0040;\n"
+            "prmt.b32 $0, u, v, 0x5410;\n}", "=r,r,r,r,r", [t0, t1, t2, t3], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        r = (t0 & 0xFF) | ((t1 & 0xFF) << 8) | ((t2 & 0xFF) << 16) | (t3 << 24)
+    return r
 
 
 @triton.jit
@@ -617,6 +689,16 @@ def _quantize_kernel(
         else:
             s_dec = tl.load(gscale_ptr)
             gs = tl.math.div_rn(1.0, s_dec)
+    # ModelOpt's block scales amax / (6 s_dec) by Markstein's sequence with one reciprocal per
+    # program (FBS; the GPU's packed path), where its range holds (else the tile is not clean)
+    FBS: tl.constexpr = PK & MARKSTEIN & ASM & (TWO_LEVEL == 1) & (SCALE_KIND == 1)
+    d6 = 0.0
+    rd6 = 0.0
+    sdec_ok = True
+    if FBS:
+        d6 = 6.0 * s_dec
+        rd6 = tl.math.div_rn(1.0, d6)
+        sdec_ok = (s_dec >= 9.313225746154785e-10) & (s_dec <= 1125899906842624.0)  # [2^-30, 2^50]; not NaN
 
     # ---- row-wise prologue statistics
     if PROLOGUE == 1:
@@ -647,9 +729,6 @@ def _quantize_kernel(
             else:
                 w0 = tl.load(pw, mask=mw, other=0)
                 w1 = tl.load(pw + 4, mask=mw, other=0)
-            a0 = w0 & 0x7FFF7FFF
-            a1 = w1 & 0x7FFF7FFF
-            am = _u16x2(a0, a1, True, ASM)
             if QW == 4:
                 if EVEN:
                     w2 = tl.load(pw + 8)
@@ -657,13 +736,30 @@ def _quantize_kernel(
                 else:
                     w2 = tl.load(pw + 8, mask=mw, other=0)
                     w3 = tl.load(pw + 12, mask=mw, other=0)
-                a2 = w2 & 0x7FFF7FFF
-                a3 = w3 & 0x7FFF7FFF
-                am = _u16x2(am, _u16x2(a2, a3, True, ASM), True, ASM)
-            m0, m1, m2_, m3_ = _split4(am)
-            am = _u16x2(_u16x2(m0, m1, True, ASM), _u16x2(m2_, m3_, True, ASM), True, ASM)
             # block amax: its bf16 bits (NaN > Inf > finite, as the float bits below)
-            amax = _flt(tl.reshape(tl.maximum(am & 0xFFFF, (am >> 16) & 0xFFFF) << 16, [RB, NB]))
+            if TWO_LEVEL != 0:  # magnitudes by the abs-max of bf16 pairs (the encoder takes signed words)
+                a0 = w0
+                a1 = w1
+                am = _absmax_bf16x2(w0, w1, ASM)
+                if QW == 4:
+                    a2 = w2
+                    a3 = w3
+                    am = _absmax_bf16x2(am, _absmax_bf16x2(w2, w3, ASM), ASM)
+                m0, m1, m2_, m3_ = _split4(am)
+                am = _absmax_bf16x2(_absmax_bf16x2(m0, m1, ASM), _absmax_bf16x2(m2_, m3_, ASM), ASM)
+                am = _absmax_bf16x2(am, (am >> 16) & 0xFFFF, ASM)  # lane 0: the block's
+                amax = _flt(tl.reshape((am & 0x7FFF) << 16, [RB, NB]))
+            else:  # the masked words feed the MX encoder too
+                a0 = w0 & 0x7FFF7FFF
+                a1 = w1 & 0x7FFF7FFF
+                am = _u16x2(a0, a1, True, ASM)
+                if QW == 4:
+                    a2 = w2 & 0x7FFF7FFF
+                    a3 = w3 & 0x7FFF7FFF
+                    am = _u16x2(am, _u16x2(a2, a3, True, ASM), True, ASM)
+                m0, m1, m2_, m3_ = _split4(am)
+                am = _u16x2(_u16x2(m0, m1, True, ASM), _u16x2(m2_, m3_, True, ASM), True, ASM)
+                amax = _flt(tl.reshape(tl.maximum(am & 0xFFFF, (am >> 16) & 0xFFFF) << 16, [RB, NB]))
             # float32 x (element order of the row) for the general path of tiles that are not clean
             x0 = tl.reshape(tl.join(_flt(w0 << 16), _flt(w0 & -65536)), [TR, NB, 8])
             x1 = tl.reshape(tl.join(_flt(w1 << 16), _flt(w1 & -65536)), [TR, NB, 8])
@@ -731,10 +827,8 @@ def _quantize_kernel(
         else:
             # per-block operand: DIV -> xs = x / op (IEEE), else xs = x * op
             if TWO_LEVEL == 1:  # ModelOpt
-                sbf = tl.math.div_rn(amax, (6.0 * s_dec) + tl.zeros_like(amax))
-                sbf = tl.where(sbf == 0, 1.0, sbf)
-                raw, f = _scale_encode(sbf, SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16, ASM)
-                op = f * s_dec
+                raw, op, sbf = _modelopt_scale(amax, s_dec, d6, rd6, FBS, SCALE_KIND, SCALE_MAX, st_ty, SNAN,
+                                               SIBITS, MANUAL_BF16, ASM)
             elif TWO_LEVEL == 2:  # torchao
                 sbf = tl.math.div_rn(tl.math.div_rn(amax, 6.0 + tl.zeros_like(amax)), s_dec + tl.zeros_like(amax))
                 sbf = _clamp_nan(sbf, 0.015625, 448.0)
@@ -772,7 +866,9 @@ def _quantize_kernel(
             # e = x - q d exact by fma, RN(q + e r) = RN(x/d)), hardware FP8 conversion or the
             # one-add RNE encoder of magnitudes (``_encode_mag_rne``). One tile reduction of
             # a per-block flag decides it.
-            if DIV:
+            if FBS:  # sbf in (2^-10, 2048): raw != 0, op in [2^-39, 2^59], amax < 32 op (see _modelopt_scale)
+                bad = (_bits(sbf) - 0x3A800001).to(tl.uint32, bitcast=True) > (0x45000000 - 0x3A800001)
+            elif DIV:
                 opi = _bits(op)  # op > 0 in clean blocks: its bits order as the values; NaN/negative are out of range
                 bad = (_bits(amax) >= 0x5D800000) | (opi < 0x2B800000) | (opi > 0x5D800000)
             elif TWO_LEVEL == 2:
@@ -782,13 +878,15 @@ def _quantize_kernel(
                 bad = _bits(amax) >= 0x71800000
                 if P2ENC:  # the scale folded into the encoder needs 2^(emin + k) normal (or an all-zero block)
                     bad = bad | ((raw < BIAS) & (amax != 0))
-            if PK & (TWO_LEVEL != 0):  # the packed encoder's lanes hold codes of |x op| < 32 (< 2^(emax+4))
+            if PK & (TWO_LEVEL != 0) & (not FBS):  # the packed encoder's lanes hold codes of |x op| < 32 (< 2^(emax+4))
                 if DIV:
                     bad = bad | (amax >= 32.0 * op)
                 else:
                     bad = bad | (amax * op >= 32.0)
             # one flag per thread first (any order), then one shuffle tree
             clean = tl.max(tl.reshape(bad.to(tl.int32), [RB * NB], can_reorder=True), axis=0) == 0
+            if FBS:
+                clean = clean & sdec_ok
             if FAST & (NONFIN != 2) & clean:
                 if PK:  # two codes per 32-bit op, stored as one 16-/8-byte vector per block
                     if TWO_LEVEL == 0:  # the E8M0 scale folded into the encoder
@@ -802,14 +900,13 @@ def _quantize_kernel(
                         opw = tl.reshape(op, [TR, NB])[:, :, None]
                         nopw = 0.0 - opw
                         if DIV & MARKSTEIN & ASM:
-                            rw = tl.inline_asm_elementwise("rcp.rn.f32 $0, $1;", "=f,f", [opw], dtype=tl.float32,
-                                                           is_pure=True, pack=1)
+                            rw = _rcp_rn_normal(opw)
                         else:
                             rw = tl.math.div_rn(tl.full(opw.shape, 1.0, tl.float32), opw)
                     o0 = _pack8_nibbles(*_split4(_pk_codes(w0, a0, lo2, opw, nopw, rw, TWO_LEVEL, DIV, MARKSTEIN, BITS,
-                                                           MBITS, MAX_CODE, ASM)))
+                                                           MBITS, MAX_CODE, ASM)), ASM)
                     o1 = _pack8_nibbles(*_split4(_pk_codes(w1, a1, lo2, opw, nopw, rw, TWO_LEVEL, DIV, MARKSTEIN, BITS,
-                                                           MBITS, MAX_CODE, ASM)))
+                                                           MBITS, MAX_CODE, ASM)), ASM)
                     blk = k0 + tl.arange(0, NB) * B
                     pdw = data_ptr + rows64[:, None, None] * tl.multiple_of(K // 8, QW) + \
                         tl.multiple_of(blk // 8, QW)[None, :, None]
@@ -820,9 +917,9 @@ def _quantize_kernel(
                         tl.store(pdw + tl.arange(0, 2)[None, None, :], tl.join(o0, o1), mask=pmask)
                     else:
                         o2 = _pack8_nibbles(*_split4(_pk_codes(w2, a2, lo2, opw, nopw, rw, TWO_LEVEL, DIV, MARKSTEIN,
-                                                               BITS, MBITS, MAX_CODE, ASM)))
+                                                               BITS, MBITS, MAX_CODE, ASM)), ASM)
                         o3 = _pack8_nibbles(*_split4(_pk_codes(w3, a3, lo2, opw, nopw, rw, TWO_LEVEL, DIV, MARKSTEIN,
-                                                               BITS, MBITS, MAX_CODE, ASM)))
+                                                               BITS, MBITS, MAX_CODE, ASM)), ASM)
                         ow = tl.permute(tl.join(tl.join(o0, o1), tl.join(o2, o3)), (0, 1, 3, 2))
                         tl.store(pdw + tl.arange(0, 4)[None, None, :], tl.reshape(ow, [TR, NB, 4]), mask=pmask)
                     codes = ab  # (stored)
@@ -833,9 +930,8 @@ def _quantize_kernel(
                         xa = xb
                     if DIV:
                         if MARKSTEIN:
-                            if ASM:  # rcp.rn.f32 is IEEE RN(1/op), as div.rn 1/op, with a shorter expansion
-                                r = tl.inline_asm_elementwise("rcp.rn.f32 $0, $1;", "=f,f", [op], dtype=tl.float32,
-                                                              is_pure=True, pack=1)[:, None, :, None]
+                            if ASM:  # RN(1/op) (op in [2^-40, 2^60] here)
+                                r = _rcp_rn_normal(op)[:, None, :, None]
                             else:
                                 r = tl.math.div_rn(tl.full(op.shape, 1.0, tl.float32), op)[:, None, :, None]
                             q0 = xa * r
@@ -869,6 +965,10 @@ def _quantize_kernel(
                     else:
                         codes = codes.to(tl.int32)
             else:
+                if FBS:  # the block scales again, by IEEE division (Markstein's range may not hold here)
+                    raw, op, sbf = _modelopt_scale(amax, s_dec, d6, rd6, False, SCALE_KIND, SCALE_MAX, st_ty, SNAN,
+                                                   SIBITS, MANUAL_BF16, ASM)
+                    opb = op[:, None, :, None]
                 if DIV:
                     xs = _nan_rule(tl.math.div_rn(xb, opb), xb, opb, DEFAULT_NAN)
                 elif (TWO_LEVEL == 2) & MUL_NAN_SECOND:  # which NaN the host's broadcast multiply keeps

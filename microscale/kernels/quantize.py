@@ -210,6 +210,8 @@ class QuantizeConfig:
     tile_rows: int
     tile_cols: int
     num_warps: int = 4
+    #: quantize only: column tiles one program loops over (amortizes its fixed work)
+    k_tiles: int = 1
 
 
 def choose_config(fmt: Format, rows: int, k: int, packed: bool = False) -> QuantizeConfig:
@@ -220,15 +222,18 @@ def choose_config(fmt: Format, rows: int, k: int, packed: bool = False) -> Quant
       elements per program on 4 warps, up to 2048 columns (2 x 2048). MXFP4 0.98-1.02 of
       copy (16 x 256: 0.85), MXFP8 0.96-0.98 (0.87-0.89).
     * The packed path for the two-level NVFP4: 1 x 1024 on one warp (its per-tile "all
-      blocks clean" vote is then one warp reduction): 0.88 of copy (2 x 2048 on 4 warps:
-      0.83; 16 x 256: 0.54-0.64; ``sweep6.log``).
+      blocks clean" vote is then one warp reduction), each program looping over up to 4
+      such tiles along the row (``k_tiles``): 0.95 of copy (one tile per program 0.89,
+      two 0.93; 2 x 2048 on 4 warps: 0.83; ``h200_2026-12-01d/sweep2.log``).
     * Everything else (the float32 path): 16 x 256 on 4 warps, as measured for it before.
     """
     b, br = fmt.block_size, fmt.block_rows
     e = fmt.element
-    if packed and fmt.global_scale:  # NVFP4: one warp, 1 x 1024
+    if packed and fmt.global_scale:  # NVFP4: one warp, 1 x 1024, up to 4 tiles per program
         tk = max(b, min(1024, triton.next_power_of_2(k)))
-        return QuantizeConfig(max(1, min(triton.next_power_of_2(max(rows, 1)), 1024 // tk)), tk, 1)
+        nt = triton.cdiv(k, tk)
+        kt = next(t for t in (4, 2, 1) if nt % t == 0)  # (whole spans: no masked tiles)
+        return QuantizeConfig(max(1, min(triton.next_power_of_2(max(rows, 1)), 1024 // tk)), tk, 1, kt)
     wide = br == 1 and (packed or (not fmt.global_scale and e.kind == "float" and e.bits == 8))
     tk = max(b, min(2048 if wide else 256, triton.next_power_of_2(k)))
     tr = max(br, min(triton.next_power_of_2(max(rows, 1)), 4096 // tk))
@@ -259,10 +264,12 @@ def choose_dequantize_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
     return QuantizeConfig(tr, tk, _warps(tr * tk, 8 if tr * tk >= 8192 else 4))
 
 
-def _check_config(cfg: QuantizeConfig, fmt: Format) -> None:
+def _check_config(cfg: QuantizeConfig, fmt: Format, dequantize: bool = False) -> None:
     if not (_pow2(cfg.tile_rows) and _pow2(cfg.tile_cols)) or cfg.tile_rows % fmt.block_rows or \
             cfg.tile_cols % max(fmt.block_size, 8):
         raise ValueError(f"config {cfg} does not tile {fmt.name} blocks of {fmt.block_rows}x{fmt.block_size}")
+    if cfg.k_tiles < 1 or (dequantize and cfg.k_tiles != 1):
+        raise ValueError(f"config {cfg}: k_tiles must be >= 1 (and 1 for dequantize)")
 
 
 # ----------------------------------------------------------------------------------
@@ -354,7 +361,7 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         n_part, np_ = 1, 1
         _k._finite_amax_partials_kernel[(progs,)](x2, parts, n, BLOCK=BLOCK, ITERS=iters, ATOMIC=True, num_warps=8)
         gs_out = torch.empty(2, dtype=torch.float32, device=dev)
-    k_per_prog = triton.cdiv(K, cfg.tile_cols) * cfg.tile_cols if prologue == 1 else cfg.tile_cols
+    k_per_prog = triton.cdiv(K, cfg.tile_cols) * cfg.tile_cols if prologue == 1 else cfg.tile_cols * cfg.k_tiles
     grid = (triton.cdiv(R, cfg.tile_rows), triton.cdiv(K, k_per_prog))
     ep = _element_params(elem, overflow)
     frac_scale = float(2.0 ** elem.frac_bits)
@@ -485,7 +492,7 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
     K = pshape[-1]
     R = q.data.numel() // max(q.data.shape[-1], 1)
     cfg = config or choose_dequantize_config(fmt, R, K)
-    _check_config(cfg, fmt)
+    _check_config(cfg, fmt, dequantize=True)
     out = _empty(pshape, dtype, q.device)
     skind = _scale_kind(fmt)
     scales = q.scales.contiguous()

@@ -240,6 +240,22 @@ def test_config_override(gen):
         kq.quantize(x, "mxfp4", config=kq.QuantizeConfig(3, 64))
 
 
+@pytest.mark.parametrize("name,kw", [("nvfp4", {}), ("nvfp4", {"global_scale": 0.01}), ("mxfp4", {}),
+                                     ("mxfp8_e4m3", {}), ("int4_affine_g128", {})])
+def test_program_loops(name, kw, gen):
+    """Programs that loop over several column tiles (``k_tiles``; K not a multiple of their
+    span: a masked tail) give the reference's bits."""
+    x = adversarial(gen, (6, 5 * 128), registry[name])
+    for kt in (1, 2, 3):
+        cfg = kq.QuantizeConfig(tile_rows=2, tile_cols=128, num_warps=1, k_tiles=kt)
+        assert_same(kq.quantize(x, name, config=cfg, **kw), reference.quantize(x.cpu(), name, **kw))
+    with pytest.raises(ValueError, match="k_tiles"):
+        kq.quantize(x, name, config=kq.QuantizeConfig(2, 128, 1, k_tiles=0), **kw)
+    q = reference.quantize(x.cpu(), name, **kw).to(DEV)
+    with pytest.raises(ValueError, match="k_tiles"):
+        kq.dequantize(q, config=kq.QuantizeConfig(2, 128, 1, k_tiles=2))
+
+
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3", "int4_affine_g128", "fp8_e4m3_block128x128"])
 def test_default_configs_tile_every_shape(name):
     """The default tilings (quantize, packed or not; dequantize) are valid for the format and
@@ -253,6 +269,8 @@ def test_default_configs_tile_every_shape(name):
                 kq._check_config(cfg, fmt)
                 assert cfg.tile_rows * cfg.tile_cols <= max(32768, br * 1024) and cfg.num_warps in (1, 2, 4, 8)
                 assert cfg.tile_rows * cfg.tile_cols >= 128 * cfg.num_warps or cfg.num_warps == 1  # >= 4 per thread
+                assert 1 <= cfg.k_tiles <= -(-k // cfg.tile_cols)  # no program past the last column
+            assert kq.choose_dequantize_config(fmt, rows, k).k_tiles == 1
 
 
 # ---- fused quantizers ------------------------------------------------------------------
@@ -682,3 +700,39 @@ def test_prmt_model(gen):
     kern[(1,)](a, b, s, o, N=n)
     for i in range(n):
         assert int(o[i]) & 0xFFFFFFFF == _prmt_spec(int(a[i]), int(b[i]), int(s[i])), i
+
+
+@triton.jit
+def _div_probe(a_ptr, d_ptr, r_ptr, q_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    a = tl.load(a_ptr + i, mask=m, other=1.0)
+    d = tl.load(d_ptr + i, mask=m, other=1.0)
+    r = _k._rcp_rn_normal(d)
+    tl.store(r_ptr + i, r, mask=m)
+    tl.store(q_ptr + i, _k._markstein_div(a, d, r, 0.0 - d), mask=m)
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="PTX inline assembly: GPU only")
+def test_reciprocal_and_markstein_division_are_ieee_on_the_gpu(gen):
+    """``_rcp_rn_normal`` (the in-range branch of rcp.rn) is RN(1/d) for every float32
+    significand at the ends of the ranges the kernels use it on, and ``_markstein_div``
+    with it is RN(a/d) (torch's CUDA division is IEEE) for every positive finite bf16 a
+    in [2^-60, 2^64) against divisors spread over [2^-40, 2^60]."""
+    sig = torch.arange(1 << 23, dtype=torch.int32, device=DEV)
+    for e in (-100, -40, -1, 0, 1, 59, 100):
+        d = ((sig | ((e + 127) << 23)).view(torch.float32))
+        r = torch.empty_like(d)
+        q = torch.empty_like(d)
+        n = d.numel()
+        _div_probe[(triton.cdiv(n, 1024),)](torch.ones_like(d), d, r, q, n, BLOCK=1024)
+        assert torch.equal(r.view(torch.int32), (1.0 / d).view(torch.int32)), e
+    a = (torch.arange(0x2180, 0x5F80, dtype=torch.int32, device=DEV) << 16).view(torch.float32)
+    for _ in range(8):
+        ex = torch.randint(-40, 61, a.shape, generator=gen, dtype=torch.int32).to(DEV)
+        m = torch.randint(0, 1 << 23, a.shape, generator=gen, dtype=torch.int32).to(DEV)
+        d = ((m | ((ex + 127) << 23)).view(torch.float32))
+        r = torch.empty_like(d)
+        q = torch.empty_like(d)
+        _div_probe[(triton.cdiv(a.numel(), 1024),)](a, d, r, q, a.numel(), BLOCK=1024)
+        assert torch.equal(q.view(torch.int32), (a / d).view(torch.int32))
