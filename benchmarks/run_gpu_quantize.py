@@ -18,6 +18,10 @@ dequantize path on the GPU vs the reference (random codes and raw scales), then 
 default config and ``DEQ_CONFIGS`` for NVFP4 / MXFP4 / MXFP8 / int4-affine at 8192^2 and
 28672x8192 -> bf16 (JSON ``$OUT/dequant_sweep.json``; table last; well under 90 s).
 ``BENCH_DRY=1 DEQ_SWEEP=1 TRITON_INTERPRET=1``: the same on the CPU at tiny shapes.
+
+``SWEEP_ONLY=1``: the traffic ceilings (torch's own kernels) and the tile sweep alone, at
+``SWEEP_N``^2 (default 16384) for ``SWEEP_FORMATS`` (default nvfp4,mxfp4,mxfp8_e4m3),
+``SWEEP_ROUNDS`` interleaved rounds (default 3).
 """
 from __future__ import annotations
 
@@ -287,6 +291,16 @@ def traffic_ceilings(copy_bw: float) -> list[dict]:
         out.append(dict(op=label, ms=ms, tbps=byts / ms / 1e9, frac_copy=byts / ms / 1e9 / (copy_bw / 1e12)))
         log(f"ceiling {label:34s}: {ms:.4f} ms {out[-1]['tbps']:.3f} TB/s {out[-1]['frac_copy']:.3f} of copy")
     del x16, x8
+    for m in (8192, 16384):  # an elementwise copy (read 2 B, write 2 B per element) in a CUDA graph, as the
+        xs = [torch.randn(m, m, device=DEV).to(torch.bfloat16) for _ in range(2)]  # kernels are timed
+        ys = [torch.empty_like(x) for x in xs]
+        ms = graph_time(lambda x: torch.mul(x, 1.0, out=ys[0] if x is xs[0] else ys[1]), xs)
+        byts = 4 * m * m
+        out.append(dict(op=f"graph elementwise copy {m}^2", ms=ms, tbps=byts / ms / 1e9,
+                        frac_copy=byts / ms / 1e9 / (copy_bw / 1e12)))
+        log(f"ceiling graph elementwise copy {m}^2 bf16   : {ms:.4f} ms {out[-1]['tbps']:.3f} TB/s "
+            f"{out[-1]['frac_copy']:.3f} of copy")
+        del xs, ys
     torch.cuda.empty_cache()
     return out
 
@@ -328,7 +342,7 @@ def run_timings(copy_bw: float) -> list[dict]:
 
 
 SWEEP_Q = {  # quantize tiles (rows, cols, warps[, column tiles per program]) timed by the sweep, besides the default
-    "nvfp4": ((1, 1024, 1), (1, 1024, 1, 2), (1, 1024, 1, 8), (1, 1024, 1, 16), (1, 512, 1, 8), (1, 2048, 2, 4)),
+    "nvfp4": ((1, 1024, 1), (1, 1024, 1, 2), (1, 1024, 1, 8), (2, 1024, 2, 2), (1, 2048, 2, 2), (2, 1024, 2)),
     "mxfp4": ((2, 2048, 4, 2), (2, 2048, 4, 4), (2, 1024, 2, 4)),
     "mxfp8_e4m3": ((2, 2048, 4, 2), (2, 2048, 4, 4), (2, 1024, 2, 4)),
 }
@@ -342,11 +356,11 @@ def config_sweep(copy_bw: float) -> list[dict]:
     variant's output is compared bit for bit with the default's; the variants of a format
     are timed ``SWEEP_ROUNDS`` times in interleaved order (run-to-run drift of a few
     percent showed between single timings); min and median reported."""
-    n = 16384
+    n = int(os.environ.get("SWEEP_N", "16384"))
     xs = [make_input((n, n), 2000 + j, realistic=True) for j in range(2)]
     gs = torch.tensor(float(xs[0].float().abs().amax()) / 2688.0, device=DEV)
     out = []
-    for fmt in ("nvfp4", "mxfp4", "mxfp8_e4m3"):
+    for fmt in os.environ.get("SWEEP_FORMATS", "nvfp4,mxfp4,mxfp8_e4m3").split(","):
         kw = {"global_scale": gs} if fmt == "nvfp4" else {}
         byts = q_bytes(fmt, n * n)
         ref = kq.quantize(xs[0], fmt, **kw).to("cpu")
