@@ -342,10 +342,11 @@ def run_timings(copy_bw: float) -> list[dict]:
 
 
 SWEEP_Q = {  # quantize tiles (rows, cols, warps[, column tiles per program]) timed by the sweep, besides the default
-    "nvfp4": ((1, 1024, 1), (1, 1024, 1, 2), (1, 1024, 1, 8), (2, 1024, 2, 2), (1, 2048, 2, 2), (2, 1024, 2)),
+    "nvfp4": ((1, 1024, 1), (1, 1024, 1, 2), (1, 1024, 1, 8), (1, 512, 1, 4), (1, 512, 1, 8)),
     "mxfp4": ((2, 2048, 4, 2), (2, 2048, 4, 4), (2, 1024, 2, 4)),
     "mxfp8_e4m3": ((2, 2048, 4, 2), (2, 2048, 4, 4), (2, 1024, 2, 4)),
 }
+PREFETCH_OFF = {"nvfp4": ((1, 1024, 1, 4), (1, 1024, 1, 2)), "mxfp4": ((2, 2048, 4, 2),)}
 SWEEP_D = ((2, 2048, 2),)  # dequantize, hints
 SWEEP_ROUNDS = int(os.environ.get("SWEEP_ROUNDS", "3"))
 
@@ -373,6 +374,9 @@ def config_sweep(copy_bw: float) -> list[dict]:
             variants.append((f"quantize {fmt} {name}", "q", cfg, True, False))
         if fmt in ("mxfp4", "nvfp4"):
             variants.append((f"quantize {fmt} default, packed off", "q", None, False, False))
+            for c in PREFETCH_OFF.get(fmt, ()):  # the same tiles without the next tile's prefetch
+                name = f"{c[0]}x{c[1]}w{c[2]}k{c[3]}"
+                variants.append((f"quantize {fmt} {name}, no prefetch", "qnp", kq.QuantizeConfig(*c), True, False))
         if fmt == "nvfp4":  # dynamic (global amax pass + quantize): bytes counted once, as in the table
             dyn_ref = kq.quantize(xs[0], fmt).to("cpu")
             for c in (None, (1, 1024, 1)):
@@ -393,6 +397,14 @@ def config_sweep(copy_bw: float) -> list[dict]:
                         if rnd == 0:
                             same[label] = same_q(kq.quantize(xs[0], fmt, config=cfg, **kw), ref)
                         times[label].append(graph_time(lambda x: kq.quantize(x, fmt, config=cfg, **kw), xs))
+                    elif kind == "qnp":
+                        saved_p, kq._PREFETCH = kq._PREFETCH, False
+                        try:
+                            if rnd == 0:
+                                same[label] = same_q(kq.quantize(xs[0], fmt, config=cfg, **kw), ref)
+                            times[label].append(graph_time(lambda x: kq.quantize(x, fmt, config=cfg, **kw), xs))
+                        finally:
+                            kq._PREFETCH = saved_p
                     elif kind == "qdyn":
                         if rnd == 0:
                             same[label] = same_q(kq.quantize(xs[0], fmt, config=cfg), dyn_ref)

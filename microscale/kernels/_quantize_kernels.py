@@ -401,6 +401,16 @@ def _modelopt_scale(amax, s_dec, d6, rd6, FBS: tl.constexpr, SCALE_KIND: tl.cons
 
 
 @triton.jit
+def _pk_words(x_ptr, rows64, stride_x, k0, NB: tl.constexpr, B: tl.constexpr):
+    """Pointers to the packed path's first int32 word of each 4-word vector of a tile's
+    blocks, ``[TR, NB, 4]`` (bf16 pairs; rows contiguous, K a multiple of B: 8 divides
+    stride_x / 2 and k0 / 2). Words +4, +8, +12 are the rest of each block."""
+    wblk = tl.multiple_of(k0 // 2, 8) + tl.arange(0, NB)[None, :, None] * (B // 2)
+    return x_ptr.to(tl.pointer_type(tl.int32)) + rows64[:, None, None] * tl.multiple_of(stride_x // 2, 8) + \
+        wblk + tl.arange(0, 4)[None, None, :]
+
+
+@triton.jit
 def _st_u8(ptr, v, mask, EVEN: tl.constexpr):
     """GPU: ``tl.store(ptr, v.to(uint8), mask)`` by ``st.global.u8`` in the layout of ``v``."""
     addr = ptr.to(tl.int64, bitcast=True)
@@ -659,7 +669,7 @@ def _quantize_kernel(
     # fused prologue: 0 none, 1 rmsnorm(x) * w, 2 silu(x) * y
     PROLOGUE: tl.constexpr, N_ITER: tl.constexpr, MANUAL_BF16: tl.constexpr, PACK32: tl.constexpr,
     FAST: tl.constexpr, MARKSTEIN: tl.constexpr, HW_FP8: tl.constexpr, ASM: tl.constexpr,
-    PK: tl.constexpr = False, EVEN: tl.constexpr = False,
+    PK: tl.constexpr = False, EVEN: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
     RB: tl.constexpr = TR // BR
     NB: tl.constexpr = TK // B
@@ -711,17 +721,38 @@ def _quantize_kernel(
         rstd = tl.math.div_rn(tl.full([TR], 1.0, tl.float32), tl.sqrt_rn(ss / K + eps))
 
     k_lo = pid_k * k_per_prog
+    QW: tl.constexpr = B // 8
+    # PREF: the packed path loads the next column tile's words before encoding this one's
+    # (twice the bytes in flight per warp; whole tiles only)
+    PREF: tl.constexpr = PK & EVEN & (N_ITER > 1) & PREFETCH
+    if PREF:
+        pw = _pk_words(x_ptr, rows64, stride_x, k_lo, NB, B)
+        w0n = tl.load(pw)
+        w1n = tl.load(pw + 4)
+        if QW == 4:
+            w2n = tl.load(pw + 8)
+            w3n = tl.load(pw + 12)
     for it in range(0, N_ITER):  # columns >= K are masked
         k0 = k_lo + it * TK
         cols = k0 + tl.arange(0, TK)
         cmask = cols < K
         m2 = rmask[:, None] & cmask[None, :]
-        if PK:  # bf16 pairs as int32 words, QW loads of [TR, NB, 4]: one thread holds whole blocks
-            QW: tl.constexpr = B // 8
-            # (rows are contiguous and K a multiple of B: 8 | stride_x / 2 and k0 / 2)
+        if PREF:
+            w0 = w0n
+            w1 = w1n
+            if QW == 4:
+                w2 = w2n
+                w3 = w3n
+            # the next tile's words (the last iteration reloads its own: cache hits, no branch)
+            pw = _pk_words(x_ptr, rows64, stride_x, k0 + tl.where(it + 1 < N_ITER, TK, 0), NB, B)
+            w0n = tl.load(pw)
+            w1n = tl.load(pw + 4)
+            if QW == 4:
+                w2n = tl.load(pw + 8)
+                w3n = tl.load(pw + 12)
+        elif PK:  # bf16 pairs as int32 words, QW loads of [TR, NB, 4]: one thread holds whole blocks
+            pw = _pk_words(x_ptr, rows64, stride_x, k0, NB, B)
             wblk = tl.multiple_of(k0 // 2, 8) + tl.arange(0, NB)[None, :, None] * (B // 2)
-            pw = x_ptr.to(tl.pointer_type(tl.int32)) + rows64[:, None, None] * tl.multiple_of(stride_x // 2, 8) + \
-                wblk + tl.arange(0, 4)[None, None, :]
             mw = rmask[:, None, None] & (wblk * 2 < K)
             if EVEN:  # whole tiles: no masks (no zero fills before predicated loads)
                 w0 = tl.load(pw)
@@ -736,6 +767,7 @@ def _quantize_kernel(
                 else:
                     w2 = tl.load(pw + 8, mask=mw, other=0)
                     w3 = tl.load(pw + 12, mask=mw, other=0)
+        if PK:
             # block amax: its bf16 bits (NaN > Inf > finite, as the float bits below)
             if TWO_LEVEL != 0:  # magnitudes by the abs-max of bf16 pairs (the encoder takes signed words)
                 a0 = w0

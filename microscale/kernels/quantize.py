@@ -84,6 +84,9 @@ _PACKED = os.environ.get("MICROSCALE_QUANT_PACKED", "1") == "1"
 # dequantize's streaming cache hints (evict-first code loads, .cs stores) on whole tiles: H200
 # +2-3% of copy (sweep); the same hints gave quantize nothing (+-1%) and were dropped there
 _DEQ_HINTS = os.environ.get("MICROSCALE_DEQ_CACHE_HINTS", "1") == "1"
+# the packed path's programs that loop over column tiles load the next tile before encoding
+# the current one (``PREF`` in the kernel)
+_PREFETCH = os.environ.get("MICROSCALE_QUANT_PREFETCH", "1") == "1"
 _RULES = {ScaleRule.FLOOR: 0, ScaleRule.CEIL: 1, ScaleRule.EVEN: 2, ScaleRule.RCEIL: 3, ScaleRule.AMAX: 4,
           ScaleRule.MINMAX: 5}
 _TWO_LEVEL = {TwoLevel.MODELOPT: 1, TwoLevel.TORCHAO: 2, TwoLevel.COMPRESSED_TENSORS: 3}
@@ -382,7 +385,7 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         DEFAULT_NAN=_DEFAULT_NAN, MUL_NAN_SECOND=_MUL_NAN_SECOND, PROLOGUE=prologue, N_ITER=k_per_prog // cfg.tile_cols,
         MANUAL_BF16=_MANUAL_BF16, PACK32=p32, FAST=True, MARKSTEIN=_MARKSTEIN,
         HW_FP8=_hw_fp8(elem, rounding, overflow), ASM=_ASM,
-        PK=pk and p32,  # (a user config whose columns split a word of codes keeps the float32 path)
+        PK=pk and p32, PREFETCH=_PREFETCH,  # (a user config whose columns split a word of codes keeps the float32 path)
         EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0,
         num_warps=cfg.num_warps, enable_fp_fusion=False,
     )
