@@ -226,8 +226,9 @@ def choose_config(fmt: Format, rows: int, k: int, packed: bool = False) -> Quant
       copy (16 x 256: 0.85), MXFP8 0.96-0.98 (0.87-0.89).
     * The packed path for the two-level NVFP4: 1 x 1024 on one warp (its per-tile "all
       blocks clean" vote is then one warp reduction), each program looping over up to 4
-      such tiles along the row (``k_tiles``): 0.95 of copy (one tile per program 0.89,
-      two 0.93; 2 x 2048 on 4 warps: 0.83; ``h200_2026-12-01d/sweep2.log``).
+      such tiles along the row (``k_tiles``) with the next tile prefetched: 0.99-1.01 of
+      copy at 16384^2, 0.88-0.90 at 8192^2 (one tile per program 0.89-0.92 / 0.83-0.86;
+      2 x 2048 on 4 warps: 0.83; ``h200_2026-12-01d/sweep*.log``).
     * Everything else (the float32 path): 16 x 256 on 4 warps, as measured for it before.
     """
     b, br = fmt.block_size, fmt.block_rows
