@@ -213,7 +213,8 @@ class QuantizeConfig:
     tile_rows: int
     tile_cols: int
     num_warps: int = 4
-    #: quantize only: column tiles one program loops over (amortizes its fixed work)
+    #: quantize only: column tiles one program loops over (amortizes its fixed work; the fused
+    #: RMSNorm quantizer always loops over whole rows)
     k_tiles: int = 1
 
 
