@@ -352,8 +352,9 @@ SWEEP_ROUNDS = int(os.environ.get("SWEEP_ROUNDS", "3"))
 
 
 def config_sweep(copy_bw: float) -> list[dict]:
-    """Quantize tiles (``SWEEP_Q``; NVFP4 / MXFP4 also with the packed bf16 path off) and
-    dequantize tiles (``SWEEP_D``, cache hints on; the default also without), at 16384^2. Every
+    """Quantize tiles (``SWEEP_Q``; NVFP4 / MXFP4 also with the packed bf16 path off, and the
+    ``PREFETCH_OFF`` tiles without the next tile's prefetch; NVFP4 dynamic too) and dequantize
+    tiles (``SWEEP_D``, cache hints on; the default also without), at ``SWEEP_N``^2. Every
     variant's output is compared bit for bit with the default's; the variants of a format
     are timed ``SWEEP_ROUNDS`` times in interleaved order (run-to-run drift of a few
     percent showed between single timings); min and median reported."""
@@ -367,54 +368,46 @@ def config_sweep(copy_bw: float) -> list[dict]:
         ref = kq.quantize(xs[0], fmt, **kw).to("cpu")
         q = [kq.quantize(x, fmt, **kw) for x in xs]
         dref = kq.dequantize(q[0], torch.bfloat16)
-        variants = []  # (label, "q"/"qdyn"/"d", config, packed path, dequantize hints)
+        dyn_ref = kq.quantize(xs[0], fmt).to("cpu") if fmt == "nvfp4" else None
+        variants = []  # (label, "q" / "d", config, quantize kwargs, reference, module switches)
+        on = {"_PACKED": True, "_DEQ_HINTS": True, "_PREFETCH": True}  # the defaults
         for c in (None,) + SWEEP_Q[fmt]:
             cfg = None if c is None else kq.QuantizeConfig(*c)
             name = "default" if c is None else f"{c[0]}x{c[1]}w{c[2]}" + (f"k{c[3]}" if len(c) > 3 else "")
-            variants.append((f"quantize {fmt} {name}", "q", cfg, True, False))
+            variants.append((f"quantize {fmt} {name}", "q", cfg, kw, ref, on))
         if fmt in ("mxfp4", "nvfp4"):
-            variants.append((f"quantize {fmt} default, packed off", "q", None, False, False))
+            variants.append((f"quantize {fmt} default, packed off", "q", None, kw, ref, dict(on, _PACKED=False)))
             for c in PREFETCH_OFF.get(fmt, ()):  # the same tiles without the next tile's prefetch
-                name = f"{c[0]}x{c[1]}w{c[2]}k{c[3]}"
-                variants.append((f"quantize {fmt} {name}, no prefetch", "qnp", kq.QuantizeConfig(*c), True, False))
+                variants.append((f"quantize {fmt} {c[0]}x{c[1]}w{c[2]}k{c[3]}, no prefetch", "q",
+                                 kq.QuantizeConfig(*c), kw, ref, dict(on, _PREFETCH=False)))
         if fmt == "nvfp4":  # dynamic (global amax pass + quantize): bytes counted once, as in the table
-            dyn_ref = kq.quantize(xs[0], fmt).to("cpu")
             for c in (None, (1, 1024, 1)):
                 name = "default" if c is None else f"{c[0]}x{c[1]}w{c[2]}"
-                variants.append((f"quantize {fmt} dynamic {name}", "qdyn", c and kq.QuantizeConfig(*c), True, False))
-        variants.append((f"dequantize {fmt} default, no hints", "d", None, True, False))
+                variants.append((f"quantize {fmt} dynamic {name}", "q", c and kq.QuantizeConfig(*c), {}, dyn_ref, on))
+        variants.append((f"dequantize {fmt} default, no hints", "d", None, {}, dref, dict(on, _DEQ_HINTS=False)))
         for c in (None,) + SWEEP_D:
             name = "default" if c is None else f"{c[0]}x{c[1]}w{c[2]}"
-            variants.append((f"dequantize {fmt} {name}", "d", None if c is None else kq.QuantizeConfig(*c), True, True))
+            variants.append((f"dequantize {fmt} {name}", "d", None if c is None else kq.QuantizeConfig(*c), {}, dref,
+                             on))
         times = {v[0]: [] for v in variants}
         same = {}
         for rnd in range(SWEEP_ROUNDS):
-            for label, kind, cfg, packed, hints in variants:
-                saved = kq._PACKED, kq._DEQ_HINTS
-                kq._PACKED, kq._DEQ_HINTS = packed, hints
+            for label, kind, cfg, qkw, want, switches in variants:
+                saved = {k: getattr(kq, k) for k in switches}
+                for k, v in switches.items():
+                    setattr(kq, k, v)
                 try:
                     if kind == "q":
                         if rnd == 0:
-                            same[label] = same_q(kq.quantize(xs[0], fmt, config=cfg, **kw), ref)
-                        times[label].append(graph_time(lambda x: kq.quantize(x, fmt, config=cfg, **kw), xs))
-                    elif kind == "qnp":
-                        saved_p, kq._PREFETCH = kq._PREFETCH, False
-                        try:
-                            if rnd == 0:
-                                same[label] = same_q(kq.quantize(xs[0], fmt, config=cfg, **kw), ref)
-                            times[label].append(graph_time(lambda x: kq.quantize(x, fmt, config=cfg, **kw), xs))
-                        finally:
-                            kq._PREFETCH = saved_p
-                    elif kind == "qdyn":
-                        if rnd == 0:
-                            same[label] = same_q(kq.quantize(xs[0], fmt, config=cfg), dyn_ref)
-                        times[label].append(graph_time(lambda x: kq.quantize(x, fmt, config=cfg), xs))
+                            same[label] = same_q(kq.quantize(xs[0], fmt, config=cfg, **qkw), want)
+                        times[label].append(graph_time(lambda x: kq.quantize(x, fmt, config=cfg, **qkw), xs))
                     else:
                         if rnd == 0:
-                            same[label] = torch.equal(kq.dequantize(q[0], torch.bfloat16, config=cfg), dref)
+                            same[label] = torch.equal(kq.dequantize(q[0], torch.bfloat16, config=cfg), want)
                         times[label].append(graph_time(lambda qq: kq.dequantize(qq, torch.bfloat16, config=cfg), q))
                 finally:
-                    kq._PACKED, kq._DEQ_HINTS = saved
+                    for k, v in saved.items():
+                        setattr(kq, k, v)
         for label, *_ in variants:
             ts = times[label]
             ms = min(ts)

@@ -325,6 +325,18 @@ def _absmax_bf16x2(a, b, ASM: tl.constexpr):
 
 
 @triton.jit
+def _mag_max(a, b, ABS: tl.constexpr, ASM: tl.constexpr):
+    """Lane-wise larger bf16 magnitude of words of bf16 pairs (NaN > Inf > finite): ``ABS``,
+    of signed words (``_absmax_bf16x2``; the result's sign bits are not meaningful), else of
+    words whose sign bits are clear (``max.u16x2``)."""
+    if ABS:
+        r = _absmax_bf16x2(a, b, ASM)
+    else:
+        r = _u16x2(a, b, True, ASM)
+    return r
+
+
+@triton.jit
 def _pk_codes(w, a, lo2, op, nop, r, TWO_LEVEL: tl.constexpr, DIV: tl.constexpr, MARKSTEIN: tl.constexpr,
               BITS: tl.constexpr, MBITS: tl.constexpr, MAX_CODE: tl.constexpr, ASM: tl.constexpr):
     """Codes of a word ``w`` of two bf16 (``a``: without sign bits; MX only) for the packed path. MX
@@ -341,10 +353,8 @@ def _pk_codes(w, a, lo2, op, nop, r, TWO_LEVEL: tl.constexpr, DIV: tl.constexpr,
             xh = _flt(w & -65536)
         if DIV:
             if MARKSTEIN:
-                ql = xl * r
-                qh = xh * r
-                ql = tl.math.fma(tl.math.fma(ql, nop, xl), r, ql)
-                qh = tl.math.fma(tl.math.fma(qh, nop, xh), r, qh)
+                ql = _markstein_div(xl, r, nop)
+                qh = _markstein_div(xh, r, nop)
             else:  # the interpreter's fma rounds twice: divide
                 ql = tl.math.div_rn(xl, op + tl.zeros_like(xl))
                 qh = tl.math.div_rn(xh, op + tl.zeros_like(xh))
@@ -366,7 +376,7 @@ def _rcp_rn_normal(d):
 
 
 @triton.jit
-def _markstein_div(a, d, r, nd):
+def _markstein_div(a, r, nd):
     """RN(a / d) from r = RN(1/d) and nd = -d: q = RN(a r), e = a - q d (exact by fma),
     RN(q + e r). This is ``div.rn.f32``'s own sequence where its range check passes (a = 0
     or a in [2^-60, 2^60), d in [2^-40, 2^60] are well inside it); GPU only (the
@@ -388,11 +398,9 @@ def _modelopt_scale(amax, s_dec, d6, rd6, FBS: tl.constexpr, SCALE_KIND: tl.cons
     fast-path test; amax then lies in [2^-37, 2^64) and Markstein's range holds). The
     zero test is on amax: an sbf that underflows to 0 fails that test instead of becoming 1."""
     if FBS:
-        sbf = _markstein_div(amax, d6, rd6, 0.0 - d6)
+        sbf = _markstein_div(amax, rd6, 0.0 - d6)
         sbf = tl.where(amax == 0, 1.0, sbf)
-        h8 = sbf.to(tl.float8e4nv)  # cvt.rn.satfinite: E4M3 RNE, saturating
-        raw = h8.to(tl.uint8, bitcast=True).to(tl.int32)
-        f = h8.to(tl.float32)
+        raw, f = _scale_encode(sbf, SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16, True, True)
     else:
         sbf = tl.math.div_rn(amax, (6.0 * s_dec) + tl.zeros_like(amax))
         sbf = tl.where(sbf == 0, 1.0, sbf)
@@ -408,6 +416,23 @@ def _pk_words(x_ptr, rows64, stride_x, k0, NB: tl.constexpr, B: tl.constexpr):
     wblk = tl.multiple_of(k0 // 2, 8) + tl.arange(0, NB)[None, :, None] * (B // 2)
     return x_ptr.to(tl.pointer_type(tl.int32)) + rows64[:, None, None] * tl.multiple_of(stride_x // 2, 8) + \
         wblk + tl.arange(0, 4)[None, None, :]
+
+
+@triton.jit
+def _pk_load(pw, mask, QW: tl.constexpr):
+    """The words of a tile's blocks at ``_pk_words`` pointers ``pw``: four ``[TR, NB, 4]``
+    loads for 32-element blocks (QW = 4), two for 16 (then the last two results repeat the
+    first two, unused). ``mask`` None: whole tiles, no masks."""
+    other = None if mask is None else 0
+    w0 = tl.load(pw, mask=mask, other=other)
+    w1 = tl.load(pw + 4, mask=mask, other=other)
+    if QW == 4:
+        w2 = tl.load(pw + 8, mask=mask, other=other)
+        w3 = tl.load(pw + 12, mask=mask, other=other)
+    else:
+        w2 = w0
+        w3 = w1
+    return w0, w1, w2, w3
 
 
 @triton.jit
@@ -533,13 +558,14 @@ def _e8m0_from_amax(a, RULE: tl.constexpr, EMAX: tl.constexpr, M_ELEM: tl.conste
 @triton.jit
 def _scale_encode(v, SCALE_KIND: tl.constexpr, SCALE_MAX: tl.constexpr, st_ty: tl.constexpr,
                   SNAN: tl.constexpr = 0, SIBITS: tl.constexpr = 32, MANUAL_BF16: tl.constexpr = False,
-                  HW: tl.constexpr = False):
+                  HW: tl.constexpr = False, NONAN: tl.constexpr = False):
     """``ScaleCodec.encode`` then ``decode``: returns (raw value to store, float32 value).
 
     SCALE_KIND 0: E8M0 (nearest power of two by the bits, ties up), 1: UE4M3 (E4M3 RNE
     saturating), 2: a float dtype ``st_ty`` (clamp to +-max, RNE cast; a NaN is stored
     as ``SNAN``, the host's cast of the default quiet NaN, since GPU casts canonicalise
-    NaN payloads differently)."""
+    NaN payloads differently). ``NONAN`` (UE4M3 with ``HW``): no NaN handling, for callers
+    that never use a NaN input's result."""
     if SCALE_KIND == 0:
         vb = _bits(v)
         e = (vb >> 23) & 0xFF
@@ -556,13 +582,14 @@ def _scale_encode(v, SCALE_KIND: tl.constexpr, SCALE_MAX: tl.constexpr, st_ty: t
         nanb = ((_bits(v) >> 31) << 31) | 0x7FC00000
         if HW:  # the GPU's cvt.rn.satfinite.e4m3x2.f32 is E4M3 RNE with saturation (Inf too); NaN as _encode
             h8 = v.to(tl.float8e4nv)
-            hw = h8.to(tl.uint8, bitcast=True).to(tl.int32)
-            raw = tl.where(isnan, 0x7F | ((_bits(v) >> 24) & 0x80), hw)
-            dec = h8.to(tl.float32)  # the exact hardware widening (E4M3 -> f16 -> f32)
+            raw = h8.to(tl.uint8, bitcast=True).to(tl.int32)
+            val = h8.to(tl.float32)  # the exact hardware widening (E4M3 -> f16 -> f32)
+            if not NONAN:
+                raw = tl.where(isnan, 0x7F | ((_bits(v) >> 24) & 0x80), raw)
+                val = tl.where(isnan, _flt(nanb), val)
         else:
             raw = _e4m3_encode(v)
-            dec = _decode(raw, 8, False, True, 1.0, 3, 1.329227995784916e36, -1, -1)
-        val = tl.where(isnan, _flt(nanb), dec)
+            val = tl.where(isnan, _flt(nanb), _decode(raw, 8, False, True, 1.0, 3, 1.329227995784916e36, -1, -1))
     else:
         raw = _cast(_clamp_nan(v, -SCALE_MAX, SCALE_MAX), st_ty, MANUAL_BF16)
         val = raw.to(tl.float32)
@@ -726,72 +753,38 @@ def _quantize_kernel(
     # (twice the bytes in flight per warp; whole tiles only)
     PREF: tl.constexpr = PK & EVEN & (N_ITER > 1) & PREFETCH
     if PREF:
-        pw = _pk_words(x_ptr, rows64, stride_x, k_lo, NB, B)
-        w0n = tl.load(pw)
-        w1n = tl.load(pw + 4)
-        if QW == 4:
-            w2n = tl.load(pw + 8)
-            w3n = tl.load(pw + 12)
+        w0n, w1n, w2n, w3n = _pk_load(_pk_words(x_ptr, rows64, stride_x, k_lo, NB, B), None, QW)
     for it in range(0, N_ITER):  # columns >= K are masked
         k0 = k_lo + it * TK
         cols = k0 + tl.arange(0, TK)
         cmask = cols < K
         m2 = rmask[:, None] & cmask[None, :]
         if PREF:
-            w0 = w0n
-            w1 = w1n
-            if QW == 4:
-                w2 = w2n
-                w3 = w3n
+            w0, w1, w2, w3 = w0n, w1n, w2n, w3n
             # the next tile's words (the last iteration reloads its own: cache hits, no branch)
-            pw = _pk_words(x_ptr, rows64, stride_x, k0 + tl.where(it + 1 < N_ITER, TK, 0), NB, B)
-            w0n = tl.load(pw)
-            w1n = tl.load(pw + 4)
-            if QW == 4:
-                w2n = tl.load(pw + 8)
-                w3n = tl.load(pw + 12)
+            w0n, w1n, w2n, w3n = _pk_load(
+                _pk_words(x_ptr, rows64, stride_x, k0 + tl.where(it + 1 < N_ITER, TK, 0), NB, B), None, QW)
         elif PK:  # bf16 pairs as int32 words, QW loads of [TR, NB, 4]: one thread holds whole blocks
-            pw = _pk_words(x_ptr, rows64, stride_x, k0, NB, B)
-            wblk = tl.multiple_of(k0 // 2, 8) + tl.arange(0, NB)[None, :, None] * (B // 2)
-            mw = rmask[:, None, None] & (wblk * 2 < K)
-            if EVEN:  # whole tiles: no masks (no zero fills before predicated loads)
-                w0 = tl.load(pw)
-                w1 = tl.load(pw + 4)
-            else:
-                w0 = tl.load(pw, mask=mw, other=0)
-                w1 = tl.load(pw + 4, mask=mw, other=0)
-            if QW == 4:
-                if EVEN:
-                    w2 = tl.load(pw + 8)
-                    w3 = tl.load(pw + 12)
-                else:
-                    w2 = tl.load(pw + 8, mask=mw, other=0)
-                    w3 = tl.load(pw + 12, mask=mw, other=0)
+            mw = None
+            if not EVEN:  # (whole tiles: no masks, no zero fills before predicated loads)
+                mw = rmask[:, None, None] & ((k0 + tl.arange(0, NB) * B) < K)[None, :, None]
+            w0, w1, w2, w3 = _pk_load(_pk_words(x_ptr, rows64, stride_x, k0, NB, B), mw, QW)
         if PK:
-            # block amax: its bf16 bits (NaN > Inf > finite, as the float bits below)
-            if TWO_LEVEL != 0:  # magnitudes by the abs-max of bf16 pairs (the encoder takes signed words)
-                a0 = w0
-                a1 = w1
-                am = _absmax_bf16x2(w0, w1, ASM)
-                if QW == 4:
-                    a2 = w2
-                    a3 = w3
-                    am = _absmax_bf16x2(am, _absmax_bf16x2(w2, w3, ASM), ASM)
-                m0, m1, m2_, m3_ = _split4(am)
-                am = _absmax_bf16x2(_absmax_bf16x2(m0, m1, ASM), _absmax_bf16x2(m2_, m3_, ASM), ASM)
-                am = _absmax_bf16x2(am, (am >> 16) & 0xFFFF, ASM)  # lane 0: the block's
-                amax = _flt(tl.reshape((am & 0x7FFF) << 16, [RB, NB]))
-            else:  # the masked words feed the MX encoder too
-                a0 = w0 & 0x7FFF7FFF
-                a1 = w1 & 0x7FFF7FFF
-                am = _u16x2(a0, a1, True, ASM)
-                if QW == 4:
-                    a2 = w2 & 0x7FFF7FFF
-                    a3 = w3 & 0x7FFF7FFF
-                    am = _u16x2(am, _u16x2(a2, a3, True, ASM), True, ASM)
-                m0, m1, m2_, m3_ = _split4(am)
-                am = _u16x2(_u16x2(m0, m1, True, ASM), _u16x2(m2_, m3_, True, ASM), True, ASM)
-                amax = _flt(tl.reshape(tl.maximum(am & 0xFFFF, (am >> 16) & 0xFFFF) << 16, [RB, NB]))
+            # block amax: its bf16 bits (NaN > Inf > finite, as the float bits below). The
+            # two-level encoder takes the signed words (abs-max, no masks); the MX encoder the
+            # magnitudes
+            TL: tl.constexpr = TWO_LEVEL != 0
+            a0 = w0 if TL else w0 & 0x7FFF7FFF
+            a1 = w1 if TL else w1 & 0x7FFF7FFF
+            am = _mag_max(a0, a1, TL, ASM)
+            if QW == 4:
+                a2 = w2 if TL else w2 & 0x7FFF7FFF
+                a3 = w3 if TL else w3 & 0x7FFF7FFF
+                am = _mag_max(am, _mag_max(a2, a3, TL, ASM), TL, ASM)
+            m0, m1, m2_, m3_ = _split4(am)
+            am = _mag_max(_mag_max(m0, m1, TL, ASM), _mag_max(m2_, m3_, TL, ASM), TL, ASM)
+            am = _mag_max(am, (am >> 16) & 0xFFFF, TL, ASM)  # lane 0: the block's
+            amax = _flt(tl.reshape((am & 0x7FFF) << 16, [RB, NB]))
             # float32 x (element order of the row) for the general path of tiles that are not clean
             x0 = tl.reshape(tl.join(_flt(w0 << 16), _flt(w0 & -65536)), [TR, NB, 8])
             x1 = tl.reshape(tl.join(_flt(w1 << 16), _flt(w1 & -65536)), [TR, NB, 8])
@@ -966,9 +959,7 @@ def _quantize_kernel(
                                 r = _rcp_rn_normal(op)[:, None, :, None]
                             else:
                                 r = tl.math.div_rn(tl.full(op.shape, 1.0, tl.float32), op)[:, None, :, None]
-                            q0 = xa * r
-                            e = tl.math.fma(q0, (0.0 - op)[:, None, :, None], xa)  # (-q0 would be an extra 0 - q0)
-                            xs = tl.math.fma(e, r, q0)
+                            xs = _markstein_div(xa, r, (0.0 - op)[:, None, :, None])
                             if not FAST_ENC:  # x = -0: e = +0 and +0 + -0 = +0; x / d keeps x's sign (d > 0)
                                 xs = _flt(_bits(xs) | (_bits(xa) & -2147483648))
                         else:  # the interpreter's fma rounds twice: divide
