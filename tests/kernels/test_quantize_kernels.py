@@ -712,7 +712,7 @@ def _div_probe(a_ptr, d_ptr, r_ptr, q_ptr, n, BLOCK: tl.constexpr):
     d = tl.load(d_ptr + i, mask=m, other=1.0)
     r = _k._rcp_rn_normal(d)
     tl.store(r_ptr + i, r, mask=m)
-    tl.store(q_ptr + i, _k._markstein_div(a, d, r, 0.0 - d), mask=m)
+    tl.store(q_ptr + i, _k._markstein_div(a, r, 0.0 - d), mask=m)
 
 
 @pytest.mark.skipif(DEV == "cpu", reason="PTX inline assembly: GPU only")
