@@ -21,6 +21,7 @@ step() {  # name, seconds, command...   (SKIP="gemv models": steps left out)
 step quantize 300 env SWEEP=0 python benchmarks/run_gpu_quantize.py
 step deq_sweep 120 env DEQ_SWEEP=1 python benchmarks/run_gpu_quantize.py
 step gemv 200 python benchmarks/run_gpu_gemv.py --quick
+step gemv_mma 300 python benchmarks/run_gpu_gemv_mma.py
 step prefill 150 env QUICK=1 python benchmarks/run_gpu_prefill.py
 step models 120 python benchmarks/run_gpu_models.py
 step bench 200 python -m microscale.bench --out "$OUT/bench"

@@ -69,17 +69,22 @@ GRID = [
 ]
 
 
-def main() -> None:
-    quick = "--quick" in sys.argv
+def start_run() -> tuple[dict, float]:
+    """The run's header (device, versions, date) and the measured copy bandwidth (GB/s)."""
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "checks": [], "timings": []}
     a = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
     b = torch.empty_like(a)
     cp = triton.testing.do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
-    bw = 2 * a.numel() / (cp * 1e-3) / 1e9
-    del a, b
+    bw = 2 * a.numel() / (cp * 1e-3) / 1e9  # a, b are freed when this returns
     res["copy_GBps"] = bw
     print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
+    return res, bw
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    res, bw = start_run()
     g = torch.Generator(device=dev).manual_seed(7)
     ok = True
     for name in CHECK_FORMATS:

@@ -436,9 +436,12 @@ def _(x, codes, scales, zero_points, global_scale, bias, fmt_json, n, k, special
 def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ dequant(qweight)^T + bias``.
 
-    On CUDA a QTensor weight takes the GEMV for at most ``GEMV_MAX_M`` tokens (4/8-bit
-    codes), the prefill kernel from ``PREFILL_MIN_M`` tokens (4/8-bit codes) and the split-K
-    tensor-core kernel otherwise (any format); on the CPU the float64 reference.
+    On CUDA a QTensor weight takes, in this order: the tensor-core decode path
+    (:func:`gemv_mma`) for ``GEMV_MMA_MIN_M..GEMV_MMA_MAX_M`` tokens of bf16 activations
+    and E2M1 weights with UE4M3/E8M0 scales (NVFP4, MXFP4); the f16x2 GEMV for at most
+    ``GEMV_MAX_M`` tokens (4/8-bit codes); the prefill kernel from ``PREFILL_MIN_M`` tokens
+    (4/8-bit codes); the split-K tensor-core kernel otherwise (any format). On the CPU the
+    float64 reference.
 
     Args:
         x: bfloat16 or float16 ``[..., K]``.
@@ -451,6 +454,8 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     """
     if isinstance(qweight, QTensor):
         lead = x.shape[:-1]
+        if x.numel() >= GEMV_MMA_MIN_M * x.shape[-1] and gemv_mma_supported(qweight, x):
+            return gemv_mma(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
         if gemv_supported(qweight, x):
             return gemv(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
         if prefill_supported(qweight, x):
@@ -629,6 +634,151 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
         USE_PDL=pdl, PREFETCH=c.prefetch, HAS_ZP=f.zero_point, **({"launch_pdl": True} if pdl else {}),
         EVEN_N=n % c.block_n == 0, EVEN_K=kw_per * split == kw, num_warps=c.num_warps, num_stages=c.num_stages)
     return out.to(x2.dtype) if split > 1 else out
+
+
+# ----------------------------------------------------------------------------------
+# decode path on tensor cores (E2M1 weights, bf16 activations, up to 16 tokens)
+# ----------------------------------------------------------------------------------
+#: Token counts :func:`linear` routes to :func:`gemv_mma` (two token groups of 8 at most;
+#: below 3 tokens the f16x2 GEMV wins on the H200: 28672x8192 NVFP4 M=1 41.9 us against
+#: 51.9, M=2 51.0 against 56.8; M=4 68.8 against 59.5).
+GEMV_MMA_MIN_M = 3
+GEMV_MMA_MAX_M = 16
+
+
+@dataclass(frozen=True)
+class GemvMmaConfig:
+    """Tiles of :func:`gemv_mma`: each warp takes ``16 * row_groups`` weight rows and
+    ``16 * words_per_lane`` int32 words of codes (``128 * words_per_lane`` elements) per
+    row per K step; ``num_warps`` warps per program; K split ``split_k`` ways (fp32
+    partials in a workspace, summed in split order by the tile's last split); ``prefetch_x``: load the next step's activations with its codes
+    (else in their own step); ``l2_ahead``: steps ahead whose codes and scales each step
+    prefetches into L2 (0: none)."""
+
+    row_groups: int = 1
+    words_per_lane: int = 8
+    num_warps: int = 4
+    split_k: int = 1
+    prefetch_x: bool = True
+    l2_ahead: int = 0
+
+
+def _e8m0_window(q: QTensor) -> int | None:
+    """``D`` for E8M0 block scales (all scale exponents within ``[D + 2, D + 128]`` and
+    none NaN), or None. Scanned once per scales tensor version (one host sync), like
+    :func:`_weight_has_specials`; None while a CUDA graph is captured unscanned."""
+    s = q.scales
+    seen = getattr(s, "_microscale_e8m0_window", None)
+    if seen is not None and seen[0] == s._version:
+        return seen[1]
+    if s.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    u = s.view(torch.uint8)
+    lo, hi = (int(v) for v in torch.aminmax(u.reshape(-1)))
+    d = hi - 128
+    ans = d if hi < 255 and lo >= d + 2 else None
+    s._microscale_e8m0_window = (s._version, ans)
+    return ans
+
+
+def _aligned(t: torch.Tensor, n: int) -> bool:
+    return t.data_ptr() % n == 0
+
+
+def gemv_mma_supported(q: QTensor, x: torch.Tensor, config: GemvMmaConfig | None = None) -> bool:
+    """Whether :func:`gemv_mma` serves ``x @ dequant(q)^T``: CUDA (Hopper or newer), bf16
+    ``x`` of at most ``GEMV_MMA_MAX_M`` tokens, an unpadded 2-D weight of E2M1 codes with
+    UE4M3 (16) or E8M0 (32) block scales in row-major order, K a multiple of the K step
+    (``128 * words_per_lane``), 16-byte aligned codes and activations; E8M0 scales within
+    a 126-binade window (see :func:`_e8m0_window`)."""
+    f = q.fmt
+    el = f.element
+    if not (x.is_cuda and q.data.is_cuda and x.dtype == torch.bfloat16 and len(q.shape) == 2
+            and x.shape[-1] == q.shape[-1] and 0 < x.numel() // max(x.shape[-1], 1) <= GEMV_MMA_MAX_M
+            and el.kind == "float" and el.bits == 4 and el.mbits == 1 and el.bias == 1 and not f.zero_point
+            and f.block_rows == 1 and (f.scale.name, f.block_size) in (("ue4m3", 16), ("e8m0", 32))
+            and tuple(q.padded_shape) == tuple(q.shape) and q.scales.dim() == 2
+            and tuple(q.scales.shape) == (q.shape[0], q.shape[1] // f.block_size)):
+        return False
+    if torch.cuda.get_device_capability(x.device) < (9, 0):
+        return False
+    n, k = (int(v) for v in q.shape)
+    c = config or choose_gemv_mma_config(n, k, x.device, x.numel() // k)
+    if c.words_per_lane % 4 or k % (128 * c.words_per_lane) or not (q.data.is_contiguous() and q.scales.is_contiguous()):
+        return False
+    if not (_aligned(q.data, 16) and _aligned(q.scales, 4) and _aligned(x, 16)):
+        return False
+    return f.scale.name == "ue4m3" or _e8m0_window(q) is not None
+
+
+@functools.lru_cache(maxsize=1024)
+def choose_gemv_mma_config(n: int, k: int, device: torch.device, m: int = 1) -> GemvMmaConfig:
+    """Two row groups per warp, activations loaded in their own step, no L2 prefetch; up to
+    8 tokens 8 words per lane per step and 2 warps, from 9 tokens 4 words and 4 warps
+    (registers); K split until about 12 warps per SM stream the weight (H200 sweeps,
+    benchmarks/NOTES_linear.md)."""
+    if m <= 8:
+        d = GemvMmaConfig(row_groups=2, words_per_lane=8, num_warps=2, prefetch_x=False)
+    else:
+        d = GemvMmaConfig(row_groups=2, words_per_lane=4, num_warps=4, prefetch_x=False)
+    while k % (128 * d.words_per_lane) and d.words_per_lane > 4:
+        d = replace(d, words_per_lane=d.words_per_lane // 2)
+    step = 4 * d.words_per_lane
+    kw = k // 8
+    warps = -(-n // (16 * d.row_groups))
+    want = 12 * _num_sms(device)
+    split = 1
+    while warps * split < want and kw % (step * split * 2) == 0 and kw // (step * split * 2) >= 4:
+        split *= 2
+    return replace(d, split_k=split)
+
+
+def gemv_mma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
+             config: GemvMmaConfig | None = None) -> torch.Tensor:
+    """``x2 [M, K] @ dequant(q)^T (+ bias)`` for up to 16 tokens on tensor cores (see
+    :mod:`microscale.kernels._gemv_mma`); the caller checks :func:`gemv_mma_supported`."""
+    from .kernels import _gemv_mma as kern
+
+    m, k = x2.shape
+    n = q.shape[0]
+    c = config or choose_gemv_mma_config(n, k, x2.device, m)
+    if not gemv_mma_supported(q, x2, c):
+        raise ValueError(f"{_OP}: gemv_mma does not serve this weight/activation (see gemv_mma_supported)")
+    f = q.fmt
+    kw = k // 8
+    wpg = f.block_size // 8
+    step = 4 * c.words_per_lane
+    if kw % (step * c.split_k):
+        raise ValueError(f"{_OP}: K={k} must split into {c.split_k} slices of whole {8 * step}-element steps")
+    x2 = x2.contiguous()
+    tg = -(-m // 8)
+    if f.scale.name == "ue4m3":
+        sk, ke, post = kern.SK_UE4M3, 0, 2.0 ** 7
+    else:
+        d = _e8m0_window(q)
+        sk, ke, post = kern.SK_E8M0, (126 - d) * 0x10001, 2.0 ** d
+    lasm, lcons, nout = kern.load_asm(c.row_groups, c.words_per_lane, 0, c.words_per_lane // wpg)
+    xasm, xcons, nxout = kern.load_asm(0, c.words_per_lane, tg, 0)
+    pasm, pcons = kern.l2_prefetch_asm(4 * c.row_groups)
+    sasm, scons = kern.step_asm(c.row_groups, c.words_per_lane, tg, wpg, sk)
+    split = c.split_k
+    out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    scales = q.scales.view(torch.uint8)
+    gs = q.global_scale.reshape(1).to(torch.float32) if q.global_scale is not None else out
+    rows = 16 * c.row_groups * c.num_warps
+    tiles = -(-n // rows)
+    if split > 1:
+        ws, cnt = _workspace(x2.device, split * tiles * 4 * c.row_groups * tg * 32 * c.num_warps, tiles)
+    else:
+        ws = cnt = out
+    kern._gemv_mma_kernel[(tiles, split)](
+        x2, q.data.view(torch.int32), scales, gs, bias if bias is not None else out, out, ws, cnt, ke,
+        n, m, x2.stride(0), kw, scales.stride(0), out.stride(0), post,
+        KW_PER_SPLIT=kw // split, RG=c.row_groups, WPL=c.words_per_lane, TG=tg, WPG=wpg, SK=sk, SPLIT_K=split,
+        HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, LASM=lasm, LCONS=lcons, NOUT=nout,
+        XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps, PREFETCH_X=c.prefetch_x,
+        L2_AHEAD=c.l2_ahead, PASM=pasm, PCONS=pcons, num_warps=c.num_warps, num_stages=1)
+    return out
 
 
 # ----------------------------------------------------------------------------------

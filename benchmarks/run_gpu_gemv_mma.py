@@ -1,0 +1,171 @@
+"""H200 check + benchmark of the tensor-core decode path (``microscale.qlinear.gemv_mma``).
+
+One call: copy bandwidth; correctness for NVFP4 / MXFP4 on ragged and real shapes, 1-16
+tokens, bias, split-K, every config of the sweep, adversarial codes and scales, each
+element against float64 ``x @ dequant(W)^T`` within bf16 rounding plus an fp32
+accumulation bound; then CUDA-graph timings (weights rotated past L2) of the config
+sweep, the f16x2 GEMV, what ``ms.linear`` routes to today and cuBLAS bf16. Short table
+last; JSON to $OUT/gemv_mma.json.
+
+    PYTHONPATH=. python benchmarks/run_gpu_gemv_mma.py [--quick]
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import microscale as ms
+from microscale import qlinear as L
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_gpu_gemv import bench, start_run  # noqa: E402  (graph timing over rotated weights; header + copy)
+
+OUT = os.environ.get("OUT", "/tmp")
+dev = torch.device("cuda")
+C = L.GemvMmaConfig
+SWEEP = [C(2, 8, 2, prefetch_x=False), C(2, 8, 4, prefetch_x=False), C(2, 4, 4, prefetch_x=False),
+         C(1, 8, 2, prefetch_x=False), C(2, 8, 2, prefetch_x=False, l2_ahead=2), C(2, 8, 2)]
+
+
+def with_split(c: L.GemvMmaConfig, n: int, k: int, m: int) -> L.GemvMmaConfig:
+    """``c`` with the split the default heuristic would give its tiles."""
+    step = 16 * c.words_per_lane
+    kw = k // 8
+    warps = -(-n // (16 * c.row_groups))
+    split = 1
+    while warps * split < 12 * 132 and kw % (step * split * 2) == 0 and kw // (step * split * 2) >= 4:
+        split *= 2
+    return replace(c, split_k=split)
+
+
+def sweep_label(c: L.GemvMmaConfig) -> str:
+    return f"mma {c.row_groups}x{c.words_per_lane}w{c.num_warps}{'' if c.prefetch_x else 'n'}s{c.split_k}L{c.l2_ahead}"
+
+
+def check(out: torch.Tensor, x: torch.Tensor, q, bias) -> tuple[bool, float, float]:
+    """Every element within bf16 rounding of the float64 result plus 2^-16 of sum |x||w|
+    (fp32 accumulation on tensor cores)."""
+    wd = q.dequantize(torch.float64)
+    ref = x.double() @ wd.T
+    cond = x.double().abs() @ wd.abs().T
+    if bias is not None:
+        ref = ref + bias.double()
+        cond = cond + bias.double().abs()
+    err = (out.double() - ref).abs()
+    bound = 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond + 1e-30
+    fro = ((out.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+    ok = bool(torch.isfinite(out).all()) and bool((err <= bound).all()) and out.dtype == x.dtype
+    return ok, fro, (err / bound).max().item()
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    res, bw = start_run()
+    g = torch.Generator(device=dev).manual_seed(11)
+    ok = True
+    nck = 0
+
+    def run_check(label, x, q, bias, cfg):
+        nonlocal ok, nck
+        try:
+            out = L.gemv_mma(x, q, bias, cfg)
+            good, fro, worst = check(out, x, q, bias)
+        except Exception as exc:  # reported, counted as a failure
+            good, fro, worst = False, float("nan"), float("nan")
+            print(f"check {label} raised {type(exc).__name__}: {exc}"[:400], flush=True)
+        ok &= good
+        nck += 1
+        res["checks"].append(dict(label=label, rel_err=fro, worst=worst, ok=good))
+        if not good:
+            print(f"check {label:60s} rel {fro:.2e} worst/bound {worst:.2f} FAIL", flush=True)
+        return good
+
+    for name in ("nvfp4", "mxfp4"):
+        for (m, n, k) in [(1, 4096, 4096), (3, 1000, 2048), (8, 8192, 8192), (9, 520, 1024), (16, 256, 28672),
+                          (2, 24, 1024)]:
+            w = torch.randn(n, k, device=dev, generator=g)
+            q = ms.quantize(w, name)
+            x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
+            x[-1, 5] = 300.0
+            bias = torch.randn(n, device=dev, generator=g)
+            for cfg in [None] + SWEEP + [C(1, 8, 4, 2), C(1, 4, 4, 4)]:
+                if cfg is not None and (k % (128 * cfg.words_per_lane) or (k // 8) % (4 * cfg.words_per_lane
+                                                                                       * cfg.split_k)):
+                    continue
+                for bb in ((bias, None) if cfg is None else (None,)):
+                    run_check(f"{name} m={m} n={n} k={k} {cfg} bias={bb is not None}", x, q, bb, cfg)
+        # adversarial: every code +-0.5 (bf16 subnormal after placement), tiny and huge scales
+        n, k = 64, 2048
+        w = torch.randn(n, k, device=dev, generator=g)
+        q = ms.quantize(w, name)
+        codes = q.data.view(torch.uint8)
+        q.data.copy_(torch.where(torch.rand(codes.shape, device=dev, generator=g) < 0.5, 0x11, 0x99)
+                     .to(torch.uint8).view(q.data.dtype))
+        x = torch.randn(4, k, device=dev, generator=g).to(torch.bfloat16)
+        run_check(f"{name} all codes +-0.5", x, q, None, None)
+        sc = q.scales.view(torch.uint8)
+        if name == "nvfp4":  # UE4M3 subnormal scales (1..7) and the largest (0x7E = 448)
+            sc.copy_(torch.randint(1, 8, sc.shape, device=dev, generator=g).to(torch.uint8))
+            sc[::2] = 0x7E
+        else:  # E8M0 over a 120-binade window
+            sc.copy_(torch.randint(60, 180, sc.shape, device=dev, generator=g).to(torch.uint8))
+        run_check(f"{name} extreme scales", x, q, None, None)
+    print(f"checks {'all ok' if ok else 'FAILED'} ({nck})", flush=True)
+
+    rows = []
+    shapes = [(28672, 8192)] if quick else [(28672, 8192), (8192, 8192), (8192, 28672)]
+    for (n, k) in shapes:
+        w = torch.randn(n, k, device=dev, generator=g)
+        wb = [w.to(torch.bfloat16) for _ in range(2)]
+        for name in ("nvfp4", "mxfp4"):
+            ql = [ms.quantize(w, name) for _ in range(4)]
+            qbytes = ql[0].nbytes
+            for m in ((1, 2, 4, 8, 16) if (n, k) == (28672, 8192) else (1, 4, 8, 16)):
+                x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+                cub = bench([lambda wt=wt: F.linear(x, wt) for wt in wb])
+                variants = [("mma auto", lambda q, x=x: L.gemv_mma(x, q))]
+                if (n, k) == (28672, 8192) and m in (1, 8, 16):
+                    cs = [with_split(c, n, k, m) for c in SWEEP]
+                    cs += [replace(c, split_k=2 * c.split_k) for c in cs[:3]]
+                    variants += [(sweep_label(c), lambda q, x=x, c=c: L.gemv_mma(x, q, None, c)) for c in cs]
+                if m <= 4:
+                    variants.append(("f16x2 gemv", lambda q, x=x: L.gemv(x, q)))
+                variants.append(("ms.linear", lambda q, x=x: ms.linear(x, q)))
+                for label, fn in variants:
+                    try:
+                        t = bench([lambda q=q: fn(q) for q in ql])
+                    except Exception as exc:
+                        print(f"{label} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
+                        continue
+                    r = dict(fmt=name, m=m, n=n, k=k, variant=label, ms=t, cublas_ms=cub, speedup=cub / t,
+                             pct_copy=qbytes / (t * 1e-3) / 1e9 / bw)
+                    res["timings"].append(r)
+                    rows.append(r)
+                    print(f"{name:6s} {n:5d}x{k:5d} M={m:2d} {label:14s} {t * 1e3:7.1f} us {r['speedup']:5.2f}x cuBLAS "
+                          f"{100 * r['pct_copy']:5.1f}% copy", flush=True)
+    with open(os.path.join(OUT, "gemv_mma.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"\ncopy {bw:.0f} GB/s; checks {'all ok' if ok else 'FAILED'} ({nck})")
+    print(f"{'fmt':6s} {'shape':>11s} {'M':>2s} {'mma auto':>9s} {'best mma':>16s} {'ms.linear':>9s} "
+          f"{'cuBLAS':>7s} {'x cuBLAS':>8s} {'%copy':>6s}")
+    by: dict = {}
+    for r in rows:
+        by.setdefault((r["fmt"], r["n"], r["k"], r["m"]), []).append(r)
+    for (fm, n, k, m), rs in by.items():
+        d = {r["variant"]: r for r in rs}
+        best = min((r for r in rs if r["variant"].startswith("mma")), key=lambda r: r["ms"], default=None)
+        if best is None or "mma auto" not in d:
+            continue
+        lin = d.get("ms.linear", {}).get("ms", float("nan"))
+        print(f"{fm:6s} {n:5d}x{k:5d} {m:2d} {d['mma auto']['ms'] * 1e3:9.1f} {best['variant']:>10s} "
+              f"{best['ms'] * 1e3:5.1f} {lin * 1e3:9.1f} {best['cublas_ms'] * 1e3:7.1f} "
+              f"{d['mma auto']['speedup']:8.2f} {100 * d['mma auto']['pct_copy']:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()

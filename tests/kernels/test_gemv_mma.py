@@ -1,0 +1,336 @@
+"""The tensor-core decode path (``qlinear.gemv_mma``) without a GPU.
+
+Its arithmetic is PTX inside ``tl.inline_asm_elementwise``, which the Triton interpreter
+cannot run. So these tests execute the generated PTX text itself: a small interpreter
+for the instructions the generators emit (per lane, 32 lanes at once, ``mma.sync``
+with the fragment layout of the PTX ISA), driven by a Python mirror of the kernel's
+per-lane addressing, and compare with float64 ``x @ dequant(W)^T``. The GPU test and
+``benchmarks/run_gpu_gemv_mma.py`` check the kernel itself.
+"""
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import microscale as ms
+from microscale import qlinear as L
+from microscale.kernels import _gemv_mma as kern
+
+
+def _bf16_bits_to_f64(h: np.ndarray) -> np.ndarray:
+    return (h.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def _f64_to_bf16_bits(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32)
+
+
+def _f32(bits: np.ndarray) -> np.ndarray:
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def _bits32(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float32).view(np.uint32)
+
+
+class Warp:
+    """Runs inline-asm PTX of the generators for the 32 lanes of one warp. Registers hold
+    uint32 bit patterns per lane; ``mem`` is the byte image addresses index into."""
+
+    def __init__(self, mem: np.ndarray):
+        self.mem = mem
+        lane = np.arange(32)
+        self.g, self.t = lane // 4, lane % 4
+
+    def run(self, asm: str, cons: str, args: list[np.ndarray]) -> list[np.ndarray]:
+        kinds = cons.split(",")
+        nout = sum(k.startswith("=") for k in kinds)
+        regs: dict[str, np.ndarray] = {}
+        for i, a in enumerate(args):
+            if kinds[nout + i] == "f":
+                a = _bits32(np.asarray(a, dtype=np.float64))
+            regs[f"${nout + i}"] = np.asarray(a).astype(np.uint64 if kinds[nout + i] == "l" else np.uint32)
+        body = asm.strip().strip("{}")
+        for stmt in (s.strip() for s in body.replace("\n", " ").split(";")):
+            if stmt and not stmt.startswith(".reg"):
+                self._exec(stmt, regs)
+        outs = [regs[f"${i}"] for i in range(nout)]
+        return [_f32(o) if kinds[i] == "=f" else o for i, o in enumerate(outs)]
+
+    def _val(self, tok: str, regs) -> np.ndarray:
+        tok = tok.strip()
+        if tok.startswith("0f"):
+            return np.full(32, int(tok[2:], 16), dtype=np.uint32)
+        if re.fullmatch(r"-?(0x[0-9a-fA-F]+|\d+)", tok):
+            return np.full(32, int(tok, 0) & 0xFFFFFFFF, dtype=np.uint32)
+        return regs[tok]
+
+    def _load(self, addr: np.ndarray, nbytes: int) -> np.ndarray:
+        idx = addr.astype(np.int64)[:, None] + np.arange(nbytes)[None, :]
+        return self.mem[idx]
+
+    def _exec(self, stmt: str, regs) -> None:
+        op, _, rest = stmt.partition(" ")
+        groups = re.findall(r"\{([^}]*)\}", rest)
+        flat = re.sub(r"\{[^}]*\}", "#", rest)
+        ops = [o.strip() for o in flat.split(",")]
+        v = lambda o: self._val(o, regs)  # noqa: E731
+        u32 = np.uint32
+        if op.startswith("ld.global.nc"):
+            m = re.match(r"\[(\$\d+)(?:\+(\d+))?\]", ops[-1])
+            addr = regs[m.group(1)].astype(np.int64) + int(m.group(2) or 0)
+            if op.endswith("v4.b32"):
+                b = self._load(addr, 16).view(np.uint32)
+                for j, r in enumerate(x.strip() for x in groups[0].split(",")):
+                    regs[r] = b[:, j].astype(u32)
+            else:
+                nb = {"u8": 1, "u16": 2, "u32": 4}[op.split(".")[-1]]
+                b = self._load(addr, nb)
+                regs[ops[0]] = (b.astype(u32) << (8 * np.arange(nb, dtype=u32))).sum(1).astype(u32)
+        elif op == "mov.b32" and groups:  # {lo, hi} <- b32
+            lo, hi = (x.strip() for x in groups[0].split(","))
+            w = v(ops[1])
+            regs[lo], regs[hi] = w & 0xFFFF, w >> 16
+        elif op in ("mov.b32", "mov.f32", "mov.u32"):
+            regs[ops[0]] = v(ops[1]).copy()
+        elif op == "shl.b32":
+            regs[ops[0]] = (v(ops[1]).astype(np.uint64) << int(ops[2])).astype(u32) & u32(0xFFFFFFFF)
+        elif op == "shr.u32":
+            regs[ops[0]] = v(ops[1]) >> u32(int(ops[2]))
+        elif op == "and.b32":
+            regs[ops[0]] = v(ops[1]) & v(ops[2])
+        elif op == "or.b32":
+            regs[ops[0]] = v(ops[1]) | v(ops[2])
+        elif op == "add.u32":
+            regs[ops[0]] = (v(ops[1]).astype(np.uint64) + v(ops[2])).astype(u32)
+        elif op == "prmt.b32":
+            a, b, sel = v(ops[1]), v(ops[2]), int(ops[3], 0)
+            src = np.stack([(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)])
+            out = np.zeros(32, dtype=u32)
+            for i in range(4):
+                s = (sel >> (4 * i)) & 0xF
+                assert s < 8, "sign-replicate selectors are not emitted"
+                out |= src[s].astype(u32) << u32(8 * i)
+            regs[ops[0]] = out
+        elif op == "cvt.rn.f16x2.e4m3x2":
+            h = v(ops[1])
+            f8 = lambda b: (b.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float16)  # noqa: E731
+                            .view(np.uint16).astype(u32))
+            regs[ops[0]] = f8(h & 0xFF) | (f8((h >> 8) & 0xFF) << u32(16))
+        elif op == "cvt.f32.f16":
+            f = v(ops[1]).astype(np.uint16).view(np.float16).astype(np.float32)
+            regs[ops[0]] = f.view(u32)
+        elif op == "mul.f32":
+            regs[ops[0]] = _bits32(_f32(v(ops[1])) * _f32(v(ops[2])))
+        elif op == "add.f32":
+            regs[ops[0]] = _bits32(_f32(v(ops[1])) + _f32(v(ops[2])))
+        elif op == "cvt.rn.bf16x2.f32":  # d.hi <- a, d.lo <- b
+            regs[ops[0]] = (_f64_to_bf16_bits(_f32(v(ops[1]))) << u32(16)) | _f64_to_bf16_bits(_f32(v(ops[2])))
+        elif op == "mul.rn.bf16x2":
+            a, b = v(ops[1]), v(ops[2])
+            half = lambda w, h: _bf16_bits_to_f64((w >> u32(16 * h)) & 0xFFFF)  # noqa: E731
+            regs[ops[0]] = (_f64_to_bf16_bits(half(a, 0) * half(b, 0))
+                            | (_f64_to_bf16_bits(half(a, 1) * half(b, 1)) << u32(16)))
+        elif op == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32":
+            d, a, b, c = ([x.strip() for x in gr.split(",")] for gr in groups)
+            A = np.zeros((16, 16))
+            B = np.zeros((16, 8))
+            C = np.zeros((16, 8))
+            g, t = self.g, self.t
+            lo = lambda r: _bf16_bits_to_f64(v(r) & 0xFFFF)  # noqa: E731
+            hi = lambda r: _bf16_bits_to_f64(v(r) >> u32(16))  # noqa: E731
+            for i, (ro, co) in enumerate([(0, 0), (8, 0), (0, 8), (8, 8)]):
+                A[g + ro, 2 * t + co] = lo(a[i])
+                A[g + ro, 2 * t + co + 1] = hi(a[i])
+            for i, ko in enumerate([0, 8]):
+                B[2 * t + ko, g] = lo(b[i])
+                B[2 * t + ko + 1, g] = hi(b[i])
+            for i, (ro, co) in enumerate([(0, 0), (0, 1), (8, 0), (8, 1)]):
+                C[g + ro, 2 * t + co] = _f32(v(c[i]))
+            D = A @ B + C
+            for i, (ro, co) in enumerate([(0, 0), (0, 1), (8, 0), (8, 1)]):
+                regs[d[i]] = _bits32(D[g + ro, 2 * t + co])
+        else:
+            raise NotImplementedError(f"PTX op {op!r} in {stmt!r}")
+
+
+def emulate(x: torch.Tensor, q, c: L.GemvMmaConfig) -> np.ndarray:
+    """The kernel's per-lane schedule (``_gemv_mma_kernel``) over one warp at a time."""
+    m, k = x.shape
+    n = q.shape[0]
+    f = q.fmt
+    wpg = f.block_size // 8
+    kw = k // 8
+    rg, wpl, tg = c.row_groups, c.words_per_lane, -(-m // 8)
+    step = 4 * wpl
+    codes = q.data.contiguous().view(torch.uint8).numpy().reshape(-1)
+    scales = q.scales.contiguous().view(torch.uint8).numpy().reshape(-1)
+    xb = x.contiguous().view(torch.uint8).numpy().reshape(-1)
+    mem = np.concatenate([codes, scales, xb, np.zeros(64, np.uint8)])
+    w0, s0, x0 = 0, codes.size, codes.size + scales.size
+    if f.scale.name == "ue4m3":
+        sk, ke, post = kern.SK_UE4M3, 0, 2.0 ** 7
+    else:
+        dd = L._e8m0_window(q)
+        sk, ke, post = kern.SK_E8M0, (126 - dd) * 0x10001, 2.0 ** dd
+    lasm, lcons, _ = kern.load_asm(rg, wpl, 0, wpl // wpg)
+    xasm, xcons, _ = kern.load_asm(0, wpl, tg, 0)
+    sasm, scons = kern.step_asm(rg, wpl, tg, wpg, sk)
+    warp = Warp(mem)
+    out = np.zeros((m, n))
+    g, t = warp.g, warp.t
+    per = kw // c.split_k
+    for pid_n in range(-(-n // (16 * rg * c.num_warps))):
+        for pid_k in range(c.split_k):
+            for wi in range(c.num_warps):
+                base = pid_n * 16 * rg * c.num_warps + wi * 16 * rg + g
+                k0 = pid_k * per + t * wpl
+                ws = [w0 + np.minimum(base + 8 * r, n - 1) * (kw * 4) + k0 * 4 for r in range(2 * rg)]
+                ss = [s0 + np.minimum(base + 8 * r, n - 1) * (kw // wpg) + k0 // wpg for r in range(2 * rg)]
+                xs = [x0 + np.minimum(g + 8 * qq, m - 1) * (k * 2) + k0 * 16 for qq in range(tg)]
+                accs = [np.zeros(32) for _ in range(4 * rg * tg)]
+                for i in range(0, per, step):
+                    d = warp.run(lasm, lcons, [a + i * 4 for a in ws] + [a + i // wpg for a in ss])
+                    dx = warp.run(xasm, xcons, [a + i * 16 for a in xs])
+                    extra = [np.full(32, ke)] if sk == kern.SK_E8M0 else []
+                    accs = warp.run(sasm, scons, d + dx + accs + extra)
+                for i in range(rg):
+                    for qq in range(tg):
+                        for cc in range(4):
+                            row = base + 16 * i + 8 * (cc // 2)
+                            tok = 8 * qq + 2 * t + cc % 2
+                            ok = (row < n) & (tok < m)
+                            np.add.at(out, (tok[ok], row[ok]), accs[(i * tg + qq) * 4 + cc][ok] * post)
+    if q.global_scale is not None:
+        out *= float(q.global_scale.reshape(-1)[0])
+    return out
+
+
+def _case(name, n, k, m, gen):
+    w = torch.randn(n, k, generator=gen)
+    q = ms.quantize(w, name)
+    x = (torch.randn(m, k, generator=gen) * 2).to(torch.bfloat16)
+    return q, x
+
+
+def _check(out, x, q):
+    wd = q.dequantize(torch.float64)
+    ref = (x.double() @ wd.T).numpy()
+    cond = (x.double().abs() @ wd.abs().T).numpy()
+    err = np.abs(out - ref)
+    assert (err <= 2.0 ** -20 * cond + 1e-30).all(), float((err / (cond + 1e-30)).max())
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m,cfg", [
+    (1, L.GemvMmaConfig(2, 8, 2, prefetch_x=False)),
+    (5, L.GemvMmaConfig(1, 4, 1, split_k=2)),
+    (16, L.GemvMmaConfig(2, 4, 1, prefetch_x=False)),
+])
+def test_generated_ptx_matches_float64(name, m, cfg, gen):
+    q, x = _case(name, 40, 1024, m, gen)  # 40 rows: a partial row group
+    _check(emulate(x, q, cfg), x, q)
+
+
+def test_emulator_catches_a_wrong_pairing(gen, monkeypatch):
+    """The check can fail: pairing activations (j, j+1) instead of (j, j+4) is caught."""
+    q, x = _case("nvfp4", 16, 512, 1, gen)
+    real = kern.step_asm.__wrapped__
+
+    def bad(*a):
+        asm, cons = real(*a)
+        return asm.replace("0x5410", "0x3210"), cons
+
+    monkeypatch.setattr(kern, "step_asm", bad)
+    with pytest.raises(AssertionError):
+        _check(emulate(x, q, L.GemvMmaConfig(1, 4, 1)), x, q)
+
+
+def test_subnormal_placement_and_extreme_scales(gen):
+    """Codes +-0.5 (bf16 subnormals after placement), UE4M3 subnormal / largest scales,
+    E8M0 scales spread over 120 binades."""
+    for name in ("nvfp4", "mxfp4"):
+        q, x = _case(name, 32, 512, 3, gen)
+        q.data.copy_(torch.where(torch.rand(q.data.shape, generator=gen) < 0.5, 0x11, 0x99).to(q.data.dtype))
+        sc = q.scales.view(torch.uint8)
+        if name == "nvfp4":
+            sc.copy_(torch.randint(1, 8, sc.shape, generator=gen).to(torch.uint8))
+            sc[::2] = 0x7E
+        else:
+            sc.copy_(torch.randint(60, 180, sc.shape, generator=gen).to(torch.uint8))
+        _check(emulate(x, q, L.GemvMmaConfig(1, 4, 1)), x, q)
+
+
+def test_e8m0_window():
+    q = ms.quantize(torch.randn(8, 64), "mxfp4")
+    sc = q.scales.view(torch.uint8)
+    sc.fill_(127)
+    sc[0, 0] = 100
+    assert L._e8m0_window(q) == -1  # D = max - 128
+    sc[0, 0] = 0  # 127 binades apart: outside [D + 2, D + 128]
+    assert L._e8m0_window(q) is None
+    sc[0, 0] = 127
+    sc[1, 1] = 255  # NaN scale
+    assert L._e8m0_window(q) is None
+
+
+def test_supported_and_config_rules(gen):
+    q = ms.quantize(torch.randn(64, 1024, generator=gen), "nvfp4")
+    x = torch.randn(4, 1024, generator=gen).to(torch.bfloat16)
+    assert not L.gemv_mma_supported(q, x)  # CPU tensors
+    with pytest.raises(ValueError, match="gemv_mma does not serve"):
+        L.gemv_mma(x, q)
+    c = L.choose_gemv_mma_config(28672, 8192, torch.device("cpu"), 1)
+    assert (c.row_groups, c.words_per_lane, c.num_warps) == (2, 8, 2)
+    assert c.split_k >= 1 and (8192 // 8) % (4 * c.words_per_lane * c.split_k) == 0
+    c = L.choose_gemv_mma_config(8192, 512, torch.device("cpu"), 16)
+    assert c.words_per_lane == 4 and 512 // 8 % (16 * c.split_k) == 0
+
+
+def test_ptx_operands_are_all_bound():
+    """Every ``$i`` an asm text names is one of its constraints' operands, and every
+    output is written."""
+    for rg, wpl, tg, wpg, sk in [(1, 4, 1, 2, 2), (2, 8, 2, 4, 1), (2, 4, 1, 2, 2)]:
+        for asm, cons in [kern.step_asm(rg, wpl, tg, wpg, sk), kern.load_asm(rg, wpl, 0, wpl // wpg)[:2],
+                          kern.load_asm(0, wpl, tg, 0)[:2], kern.l2_prefetch_asm(4 * rg)]:
+            n = len(cons.split(","))
+            used = {int(i) for i in re.findall(r"\$(\d+)", asm)}
+            assert used <= set(range(n))
+            nout = cons.count("=")
+            assert set(range(nout)) <= used
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+def test_gpu_kernel_and_routing(name):
+    """The kernel on the GPU: configs x token counts (ragged rows, bias), ``ms.linear``'s
+    routing, and a CUDA-graph capture of the routed call."""
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_capability(dev) < (9, 0):
+        pytest.skip("Hopper or newer")
+    g = torch.Generator(device=dev).manual_seed(3)
+    w = torch.randn(200, 2048, device=dev, generator=g)
+    q = ms.quantize(w, name)
+    wd = q.dequantize(torch.float64)
+    bias = torch.randn(200, device=dev, generator=g)
+    for m in (1, 3, 8, 9, 16):
+        x = torch.randn(m, 2048, device=dev, generator=g).to(torch.bfloat16)
+        ref = x.double() @ wd.T + bias.double()
+        cond = x.double().abs() @ wd.abs().T + bias.double().abs()
+        for cfg in (None, L.GemvMmaConfig(1, 4, 1, split_k=4), L.GemvMmaConfig(2, 8, 2, prefetch_x=False, l2_ahead=2)):
+            out = L.gemv_mma(x, q, bias, cfg)
+            assert out.dtype == torch.bfloat16 and out.shape == (m, 200)
+            assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, cfg)
+    x = torch.randn(2, 4, 2048, device=dev, generator=g).to(torch.bfloat16)  # 8 tokens: routed here
+    assert L.gemv_mma_supported(q, x)
+    y = ms.linear(x, q)
+    torch.testing.assert_close(y, L.gemv_mma(x.reshape(8, -1), q).reshape(2, 4, 200), rtol=0, atol=0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = ms.linear(x, q)
+    graph.replay()
+    torch.testing.assert_close(yg, y, rtol=0, atol=0)
