@@ -4,7 +4,8 @@ For a few eager calls (one-token ``ms.linear``, ``dequantize``, ``quantize``, an
 ``F.linear`` as the reference), after warm-up: the mean host time per call with the GPU
 kept ahead (each call's launch is what the caller waits for), then a cProfile of the same
 loop, top entries by own time. Usage (GPU machine): ``PYTHONPATH=. python3
-benchmarks/profile_host.py``; the report also goes to ``$OUT/profile_host.txt``.
+benchmarks/profile_host.py``; the report also goes to ``$OUT/profile_host_fast1.txt``
+(``MICROSCALE_FAST_LAUNCH=0``: Triton's own launch path, ``..._fast0.txt``).
 """
 from __future__ import annotations
 
@@ -57,21 +58,24 @@ def main() -> None:
     qw = ms.quantize(w, "nvfp4")
     xq = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
     q8 = kq.quantize(xq, "mxfp4")
+    x8 = torch.randn(8, k, device=DEV, dtype=torch.bfloat16)
     cases = {
         "F.linear bf16 M=1 (cuBLAS)": lambda: F.linear(x1, w),
         "ms.linear nvfp4 M=1": lambda: ms.linear(x1, qw),
+        "ms.linear nvfp4 M=8 (tensor-core decode)": lambda: ms.linear(x8, qw),
         "kq.dequantize mxfp4 8192^2": lambda: kq.dequantize(q8, torch.bfloat16),
         "kq.quantize mxfp4 8192^2": lambda: kq.quantize(xq, "mxfp4"),
         "empty + zero-arg torch op": lambda: torch.empty(16, device=DEV).zero_(),
     }
-    out = [f"{torch.cuda.get_device_name()}  torch {torch.__version__}"]
+    fast = os.environ.get("MICROSCALE_FAST_LAUNCH", "1")
+    out = [f"{torch.cuda.get_device_name()}  torch {torch.__version__}  MICROSCALE_FAST_LAUNCH={fast}"]
     for name, fn in cases.items():
-        out.append(f"{name:34s} host {host_us(fn):8.1f} us/call")
+        out.append(f"{name:42s} host {host_us(fn):8.1f} us/call")
     for name in ("ms.linear nvfp4 M=1", "kq.dequantize mxfp4 8192^2"):
         out.append(f"\n--- cProfile, {N_CALLS} calls: {name}\n" + profile(cases[name]))
     text = "\n".join(out)
     print(text)
-    with open(os.path.join(os.environ.get("OUT", "."), "profile_host.txt"), "w") as f:
+    with open(os.path.join(os.environ.get("OUT", "."), f"profile_host_fast{fast}.txt"), "w") as f:
         f.write(text)
 
 

@@ -94,7 +94,7 @@ def main() -> None:
             x[-1, 5] = 300.0
             bias = torch.randn(n, device=dev, generator=g)
             for cfg in [None] + SWEEP + [C(1, 8, 4, 2), C(1, 4, 4, 4)]:
-                if cfg is not None and (k % (128 * cfg.words_per_lane) or (k // 8) % (4 * cfg.words_per_lane
+                if cfg is not None and (k % (32 * cfg.words_per_lane) or (k // 8) % (4 * cfg.words_per_lane
                                                                                        * cfg.split_k)):
                     continue
                 for bb in ((bias, None) if cfg is None else (None,)):

@@ -109,8 +109,9 @@ class ScaleCodec:
             bits = s.view(torch.int32)
             e = (bits >> 23) & 0xFF
             m = bits & 0x7FFFFF
-            # nearest power of two by the bits, ties up (ml_dtypes); subnormals: 2^-127 is code 0
-            b = torch.where(e == 0, (m > 0x400000).to(torch.int32), e + (m >= 0x400000).to(torch.int32))
+            # nearest power of two by the bits, ties up (ml_dtypes >= 0.7); a subnormal d lies
+            # between 2^-127 (code 0, mantissa 0x400000) and 2^-126 (code 1): midpoint 0x600000
+            b = torch.where(e == 0, (m >= 0x600000).to(torch.int32), e + (m >= 0x400000).to(torch.int32))
             b = torch.clamp(b, 0, 254)
             bad = ~torch.isfinite(s) | (s <= 0)
             return torch.where(bad, torch.full_like(b, 255), b).to(torch.uint8)

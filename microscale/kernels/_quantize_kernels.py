@@ -570,7 +570,7 @@ def _scale_encode(v, SCALE_KIND: tl.constexpr, SCALE_MAX: tl.constexpr, st_ty: t
         vb = _bits(v)
         e = (vb >> 23) & 0xFF
         m = vb & 0x7FFFFF
-        bb = tl.where(e == 0, (m > 0x400000).to(tl.int32), e + (m >= 0x400000).to(tl.int32))
+        bb = tl.where(e == 0, (m >= 0x600000).to(tl.int32), e + (m >= 0x400000).to(tl.int32))
         bb = tl.minimum(tl.maximum(bb, 0), 254)
         bb = tl.where(_isfinite(v) & (v > 0), bb, 255)
         raw = bb

@@ -39,6 +39,7 @@ from ..formats import (
     packed_len,
 )
 from ..formats.elements import _enum
+from ._launch import launch
 from ..qtensor import QTensor
 from . import _quantize_kernels as _k
 
@@ -364,14 +365,15 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         # _NP_MAX partial maxima (2.5 SASS instructions per element at 16 x 256 tiles)
         parts = torch.zeros(1, dtype=torch.int32, device=dev)
         n_part, np_ = 1, 1
-        _k._finite_amax_partials_kernel[(progs,)](x2, parts, n, BLOCK=BLOCK, ITERS=iters, ATOMIC=True, num_warps=8)
+        launch(_k._finite_amax_partials_kernel, (progs,), x2, parts, n, BLOCK=BLOCK, ITERS=iters, ATOMIC=True,
+               num_warps=8)
         gs_out = torch.empty(2, dtype=torch.float32, device=dev)
     k_per_prog = triton.cdiv(K, cfg.tile_cols) * cfg.tile_cols if prologue == 1 else cfg.tile_cols * cfg.k_tiles
     grid = (triton.cdiv(R, cfg.tile_rows), triton.cdiv(K, k_per_prog))
     ep = _element_params(elem, overflow)
     frac_scale = float(2.0 ** elem.frac_bits)
     p32 = _pack32(fmt, cfg)
-    _k._quantize_kernel[grid](
+    launch(_k._quantize_kernel, grid,
         x2, dummy if y2 is None else y2, dummy if w is None else w,
         data.view(torch.int32) if p32 else data, scale_arg, dummy if zps is None else zps,
         dummy if gscale is None else gscale, parts, dummy if gs_out is None else gs_out,
@@ -519,7 +521,7 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
     if e.bits == 8:
         hw8 = _hw_fp8(e, Rounding.NEAREST_EVEN, Overflow.SATURATE) or 3
     even = R % cfg.tile_rows == 0 and K % cfg.tile_cols == 0
-    _k._dequantize_kernel[grid](
+    launch(_k._dequantize_kernel, grid,
         data.view(torch.int32) if p32 else data, scales, data if q.zero_points is None else q.zero_points.contiguous(), data if g is None else g,
         out, R, K, K // fmt.block_size,
         TR=cfg.tile_rows, TK=cfg.tile_cols, B=fmt.block_size, BR=fmt.block_rows,

@@ -13,8 +13,8 @@ def f32(bits: int) -> float:
 
 
 def adversarial_amax() -> torch.Tensor:
-    vals = [0.0, f32(1), f32(0x400000), f32(0x400001), f32(0x7FFFFF), 1.1754944e-38, 3.4028235e38,
-            float("inf"), float("nan")]
+    vals = [0.0, f32(1), f32(0x400000), f32(0x400001), f32(0x5FFFFF), f32(0x600000), f32(0x7FFFFF), 1.1754944e-38,
+            3.4028235e38, float("inf"), float("nan")]
     for k in range(-130, 128, 1):
         p = 2.0**k
         if p < 3.4e38:

@@ -236,6 +236,11 @@ def test_generated_ptx_matches_float64(name, m, cfg, gen):
     _check(emulate(x, q, cfg), x, q)
 
 
+def test_generated_ptx_k_not_a_multiple_of_1024(gen):
+    q, x = _case("mxfp4", 24, 768, 2, gen)  # 3 steps of 256 elements
+    _check(emulate(x, q, L.GemvMmaConfig(2, 8, 1, prefetch_x=False)), x, q)
+
+
 def test_emulator_catches_a_wrong_pairing(gen, monkeypatch):
     """The check can fail: pairing activations (j, j+1) instead of (j, j+4) is caught."""
     q, x = _case("nvfp4", 16, 512, 1, gen)
@@ -334,3 +339,4 @@ def test_gpu_kernel_and_routing(name):
         yg = ms.linear(x, q)
     graph.replay()
     torch.testing.assert_close(yg, y, rtol=0, atol=0)
+
