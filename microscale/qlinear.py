@@ -69,6 +69,7 @@ from .kernels._launch import launch
 from .qtensor import QTensor
 
 __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_config", "gemv", "gemv_supported",
+           "gemv_mma", "gemv_mma_supported", "GemvMmaConfig", "choose_gemv_mma_config",
            "GemvConfig", "choose_gemv_config", "GEMV_MAX_M", "prefill", "prefill_supported", "PrefillConfig",
            "choose_prefill_config", "PREFILL_MIN_M"]
 
@@ -489,10 +490,11 @@ class _WeightViews:
 
 
 def _weight_views(q: QTensor) -> _WeightViews:
-    """The views of q's tensors the decode kernels take, made once per QTensor and data /
-    scale versions and kept on it (each view is a torch call: ~6 µs of host time on the
+    """The views of q's tensors the decode kernels take, made once per QTensor and version
+    of its tensors and kept on it (each view is a torch call: ~6 µs of host time on the
     H200 machine's CPU, per launch)."""
-    key = (q.data.data_ptr(), q.data._version, q.scales.data_ptr(), q.scales._version)
+    key = tuple((t.data_ptr(), t._version) if t is not None else None
+                for t in (q.data, q.scales, q.zero_points, q.global_scale))
     hit = q.__dict__.get("_ms_weight_views")
     if hit is not None and hit[0] == key:
         return hit[1]

@@ -340,3 +340,19 @@ def test_gpu_kernel_and_routing(name):
     graph.replay()
     torch.testing.assert_close(yg, y, rtol=0, atol=0)
 
+
+
+def test_weight_views_follow_in_place_updates(gen):
+    """The decode wrappers' cached views of a weight are rebuilt when any of its tensors
+    changes in place (data, scales, global scale)."""
+    q = ms.quantize(torch.randn(16, 64, generator=gen), "nvfp4")
+    a = L._weight_views(q)
+    assert L._weight_views(q) is a
+    q.global_scale.mul_(2)
+    b = L._weight_views(q)
+    assert b is not a and torch.equal(b.global_scale, q.global_scale.reshape(1).float())
+    q.scales.view(torch.uint8)[0, 0] ^= 1
+    c = L._weight_views(q)
+    assert c is not b and torch.equal(c.scales_u8, q.scales.view(torch.uint8))
+    q.data.view(torch.uint8)[0, 0] ^= 1
+    assert L._weight_views(q) is not c
