@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call: every GPU correctness check, the quantize/dequantize timings and
-# dequantize tile sweep, then the default benchmark suite.
+# One device call: the kernel tests on CUDA tensors, every GPU correctness check, the
+# quantize/dequantize timings and dequantize tile sweep, then the default benchmark suite.
 #   bash benchmarks/run_gpu_all.sh            (on the GPU machine, repo root)
 # Logs under $OUT (or ./gpu_out); a short summary is printed last. Each step has its own
 # time limit so one slow step cannot eat the others' time.
@@ -18,6 +18,7 @@ step() {  # name, seconds, command...   (SKIP="gemv models": steps left out)
   echo "$name: rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
 }
 : > "$OUT/summary.txt"
+step pytest 400 python -m pytest -q tests/kernels
 step quantize 300 env SWEEP=0 python benchmarks/run_gpu_quantize.py
 step deq_sweep 120 env DEQ_SWEEP=1 python benchmarks/run_gpu_quantize.py
 step gemv 200 python benchmarks/run_gpu_gemv.py --quick
@@ -27,5 +28,5 @@ step models 120 python benchmarks/run_gpu_models.py
 step bench 200 python -m microscale.bench --out "$OUT/bench"
 echo "--- summary"
 cat "$OUT/summary.txt"
-grep -h -E "correctness:|checks (all ok|FAILED)|FAIL|dequantize checks" "$OUT"/*.log | head -20
+grep -h -E "correctness:|checks (all ok|FAILED)|FAIL|dequantize checks| passed| failed" "$OUT"/*.log | head -20
 tail -n 1 "$OUT/bench.log"

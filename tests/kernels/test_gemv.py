@@ -1,8 +1,9 @@
 """Decode-path GEMV on the canonical weight layout, against float64 math.
 
-Under TRITON_INTERPRET=1 the plain-Triton twin of the PTX decode runs; the PTX itself
-runs on the GPU (benchmarks/run_gpu_gemv.py checks it there). The PTX text is checked
-here for the pieces the twin cannot see (shifts, masks, operand numbering).
+Under TRITON_INTERPRET=1 the plain-Triton twin of the PTX decode runs; on a GPU machine
+the same tests run on CUDA tensors, the PTX path too (benchmarks/run_gpu_gemv.py checks it
+at real shapes). The PTX text is checked here for the pieces the twin cannot see (shifts,
+masks, operand numbering).
 """
 import pytest
 import torch
@@ -13,10 +14,12 @@ from microscale.kernels import _gemv_kernels as kern
 from microscale.qlinear import GemvConfig, _gemv_kind, gemv
 
 SUPPORTED = [n for n, f in registry.items() if _gemv_kind(f) is not None and f.block_rows == 1]
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+ASM = [False, True] if DEV == "cuda" else [False]  # the PTX decode needs the GPU
 
 
 def rel(a, b):
-    return float((a.double() - b).norm() / b.norm())
+    return float((a.double().cpu() - b.cpu()).norm() / b.norm())
 
 
 def test_supported_covers_every_kind():
@@ -25,9 +28,10 @@ def test_supported_covers_every_kind():
     assert "mxfp6_e2m3" not in SUPPORTED and "int4_affine_g128" in SUPPORTED
 
 
+@pytest.mark.parametrize("asm", ASM)
 @pytest.mark.parametrize("name", SUPPORTED)
 @pytest.mark.parametrize("m,split,tokens", [(1, 1, 0), (3, 2, 0), (5, 1, 2)])
-def test_gemv_matches_float64(name, m, split, tokens, gen):
+def test_gemv_matches_float64(name, m, split, tokens, asm, gen):
     n, k = 40, 256
     w = torch.randn(n, k, generator=gen)
     q = ms.quantize(w, name)
@@ -38,7 +42,7 @@ def test_gemv_matches_float64(name, m, split, tokens, gen):
     ref = x.double() @ q.dequantize(torch.float64).T + bias.double()
     words = q.fmt.block_size * q.fmt.element.bits // 32
     cfg = GemvConfig(block_n=16, block_kw=max(16, words), split_k=split, tokens=tokens)
-    out = gemv(x, q, bias, cfg, use_asm=False)
+    out = gemv(x.to(DEV), q.to(DEV), bias.to(DEV), cfg, use_asm=asm)
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     assert not torch.isnan(out).any()
     assert rel(out, ref) < 1e-2
@@ -49,14 +53,14 @@ def test_gemv_large_activations_do_not_overflow(name, gen):
     q = ms.quantize(torch.randn(16, 256, generator=gen), name)
     x = (torch.randn(1, 256, generator=gen) * 3e4).to(torch.bfloat16)  # f16 would overflow unscaled
     ref = x.double() @ q.dequantize(torch.float64).T
-    out = gemv(x, q, None, GemvConfig(block_n=16, block_kw=32), use_asm=False)
+    out = gemv(x.to(DEV), q.to(DEV), None, GemvConfig(block_n=16, block_kw=32), use_asm=False)
     assert torch.isfinite(out).all() and rel(out, ref) < 1e-2
 
 
 def test_gemv_ragged_rows_and_fp16(gen):
     q = ms.quantize(torch.randn(37, 256, generator=gen), "mxfp4")
     x = torch.randn(2, 256, generator=gen).to(torch.float16)
-    out = gemv(x, q, None, GemvConfig(block_n=8, block_kw=16), use_asm=False)
+    out = gemv(x.to(DEV), q.to(DEV), None, GemvConfig(block_n=8, block_kw=16), use_asm=False)
     assert out.dtype == torch.float16 and out.shape == (2, 37)
     assert rel(out, x.double() @ q.dequantize(torch.float64).T) < 1e-2
 
@@ -100,9 +104,10 @@ def test_prep_layout_and_chunk_scales(kind, k, gen):
     nch = -(-kw // cw)
     x = torch.randn(2, k, generator=gen).to(torch.bfloat16)
     x[1, : cw * epw] *= 1e-3  # a quiet first chunk gets its own, smaller power of two
-    xp = torch.empty(2, k, dtype=torch.float16)
-    xs = torch.empty(2, nch, dtype=torch.float32)
-    kern._prep_x_kernel[(2, nch)](x, xp, xs, x.stride(0), K=k, XE=5, KIND=kind, CW=cw)
+    xp = torch.empty(2, k, dtype=torch.float16, device=DEV)
+    xs = torch.empty(2, nch, dtype=torch.float32, device=DEV)
+    kern._prep_x_kernel[(2, nch)](x.to(DEV), xp, xs, x.stride(0), K=k, XE=5, KIND=kind, CW=cw)
+    xp, xs = xp.cpu(), xs.cpu()
     w = torch.arange(kw)
     xf = torch.empty(2, k)
     for c in range(nch):
@@ -120,11 +125,11 @@ def test_prep_layout_and_chunk_scales(kind, k, gen):
 
 
 def test_gemv_rejects_bad_config(gen):
-    q = ms.quantize(torch.randn(16, 128, generator=gen), "mxfp4")
-    x = torch.randn(1, 128, generator=gen).to(torch.bfloat16)
+    q = ms.quantize(torch.randn(16, 128, generator=gen), "mxfp4").to(DEV)
+    x = torch.randn(1, 128, generator=gen).to(torch.bfloat16).to(DEV)
     with pytest.raises(ValueError, match="block_kw"):
         gemv(x, q, None, GemvConfig(block_kw=2), use_asm=False)
     with pytest.raises(ValueError, match="K="):
-        gemv(torch.randn(1, 64).to(torch.bfloat16), q, None, use_asm=False)
+        gemv(torch.randn(1, 64).to(torch.bfloat16).to(DEV), q, None, use_asm=False)
     with pytest.raises(ValueError, match="no decode"):
-        gemv(x, ms.quantize(torch.randn(16, 128, generator=gen), "mxfp6_e2m3"), None, use_asm=False)
+        gemv(x, ms.quantize(torch.randn(16, 128, generator=gen), "mxfp6_e2m3").to(DEV), None, use_asm=False)

@@ -1,6 +1,6 @@
 """Prefill kernel on the canonical layout (``qlinear.prefill``), against float64 math, in
-the interpreter (small tiles); the H200 run (benchmarks/run_gpu_prefill.py) covers real
-shapes."""
+the interpreter (small tiles) or, on a GPU machine, on CUDA tensors; the H200 run
+(benchmarks/run_gpu_prefill.py) covers real shapes."""
 import pytest
 import torch
 
@@ -9,10 +9,16 @@ from microscale.formats import registry
 from microscale.qlinear import PrefillConfig, choose_prefill_config, prefill
 
 FORMATS = [n for n, f in registry.items() if f.element.bits in (4, 8) and f.block_rows == 1]
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def rel(a, b):
-    return float((a.double() - b).norm() / b.norm())
+    return float((a.double().cpu() - b).norm() / b.norm())
+
+
+def _run(x, q, bias=None, config=None):
+    """``prefill`` on DEV (inputs built on the CPU)."""
+    return prefill(x.to(DEV), q.to(DEV), None if bias is None else bias.to(DEV), config).cpu()
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -23,7 +29,7 @@ def test_prefill_matches_float64(name, gen):
     bias = torch.randn(n, generator=gen)
     ref = x.double() @ q.dequantize(torch.float64).T + bias.double()
     bk = 64 if q.fmt.block_size <= 64 else 128
-    out = prefill(x, q, bias, PrefillConfig(block_m=16, block_n=16, block_k=bk, group_m=2, num_warps=4,
+    out = _run(x, q, bias, PrefillConfig(block_m=16, block_n=16, block_k=bk, group_m=2, num_warps=4,
                                           swap=name.startswith("mx")))
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     assert torch.isfinite(out).all()
@@ -34,7 +40,7 @@ def test_prefill_matches_float64(name, gen):
 def test_prefill_fp16_and_block_larger_than_step(gen):
     q = ms.quantize(torch.randn(24, 256, generator=gen), "int4_affine_g128")
     x = torch.randn(20, 256, generator=gen).to(torch.float16)
-    out = prefill(x, q, None, PrefillConfig(block_m=16, block_n=16, block_k=64, group_m=1, num_warps=4))
+    out = _run(x, q, None, PrefillConfig(block_m=16, block_n=16, block_k=64, group_m=1, num_warps=4))
     assert out.dtype == torch.float16
     assert rel(out, x.double() @ q.dequantize(torch.float64).T) < 1e-2
 
@@ -50,12 +56,12 @@ def test_prefill_config_and_errors(gen):
     assert choose_prefill_config(100, registry["int8_fp16"]).block_m == 64
     q = ms.quantize(torch.randn(16, 128, generator=gen), "mxfp6_e2m3")
     with pytest.raises(ValueError, match="4/8-bit"):
-        prefill(torch.randn(4, 128).to(torch.bfloat16), q)
+        _run(torch.randn(4, 128).to(torch.bfloat16), q)
     q = ms.quantize(torch.randn(16, 96, generator=gen), "mxfp4")
     with pytest.raises(ValueError, match="multiple of block_k"):
-        prefill(torch.randn(4, 96).to(torch.bfloat16), q)
+        _run(torch.randn(4, 96).to(torch.bfloat16), q)
     with pytest.raises(ValueError, match="K="):
-        prefill(torch.randn(4, 64).to(torch.bfloat16), q)
+        _run(torch.randn(4, 64).to(torch.bfloat16), q)
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
@@ -65,7 +71,7 @@ def test_prefill_pair_decode(name, gen):
     ref = x.double() @ q.dequantize(torch.float64).T
     for swap in (False, True):
         cfg = PrefillConfig(block_m=16, block_n=16, block_k=64, group_m=2, num_warps=4, pair=True, swap=swap)
-        assert rel(prefill(x, q, None, cfg), ref) < 1e-2
+        assert rel(_run(x, q, None, cfg), ref) < 1e-2
 
 
 @pytest.mark.parametrize("name,block_k,split_k,pair", [
@@ -83,10 +89,10 @@ def test_prefill_split_k_and_wide_scales(name, block_k, split_k, pair, gen):
     ref = x.double() @ q.dequantize(torch.float64).T + bias.double()
     cfg = PrefillConfig(block_m=16, block_n=16, block_k=block_k, group_m=1, num_warps=4, swap=True, pair=pair,
                         split_k=split_k)
-    first = prefill(x, q, bias, cfg)
+    first = _run(x, q, bias, cfg)
     assert rel(first, ref) < 1e-2
-    assert torch.equal(prefill(x, q, bias, cfg), first)  # deterministic split order, counters reset
-    unsplit = prefill(x, q, bias, PrefillConfig(block_m=16, block_n=16, block_k=block_k, group_m=1, num_warps=4,
+    assert torch.equal(_run(x, q, bias, cfg), first)  # deterministic split order, counters reset
+    unsplit = _run(x, q, bias, PrefillConfig(block_m=16, block_n=16, block_k=block_k, group_m=1, num_warps=4,
                                                 swap=True, pair=pair))
     assert rel(first, unsplit.double()) < 1e-2
 
@@ -94,7 +100,7 @@ def test_prefill_split_k_and_wide_scales(name, block_k, split_k, pair, gen):
 def test_prefill_split_k_errors(gen):
     q = ms.quantize(torch.randn(16, 256, generator=gen), "nvfp4")
     with pytest.raises(ValueError, match="split_k"):
-        prefill(torch.randn(16, 256).to(torch.bfloat16), q, None, PrefillConfig(block_k=128, split_k=3))
+        _run(torch.randn(16, 256).to(torch.bfloat16), q, None, PrefillConfig(block_k=128, split_k=3))
 
 
 @pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp8_e5m2"])
@@ -107,11 +113,11 @@ def test_prefill_pair_decode_8bit(name, gen):
     ref = x.double() @ q.dequantize(torch.float64).T
     cfg = PrefillConfig(block_m=16, block_n=16, block_k=64, group_m=1, num_warps=4, pair=True, swap=True)
     assert not _weight_has_specials(q)
-    assert rel(prefill(x, q, None, cfg), ref) < 1e-2
+    assert rel(_run(x, q, None, cfg), ref) < 1e-2
     nan_code = max(q.fmt.element.nan_codes)
     q.data[5, 7] = nan_code  # in place: the cached scan must notice the new version
     assert _weight_has_specials(q)
-    out = prefill(x, q, None, cfg)
+    out = _run(x, q, None, cfg)
     assert torch.isnan(out[:, 5]).all() and torch.isfinite(out[:, 6]).all()
 
 
@@ -122,4 +128,4 @@ def test_prefill_default_config_fits_k(gen):
     assert (c.split_k, c.block_k) == (1, 64)
     q = ms.quantize(torch.randn(24, 192, generator=gen), "nvfp4")
     x = torch.randn(12, 192, generator=gen).to(torch.bfloat16)
-    assert rel(prefill(x, q), x.double() @ q.dequantize(torch.float64).T) < 1e-2
+    assert rel(_run(x, q), x.double() @ q.dequantize(torch.float64).T) < 1e-2
