@@ -28,23 +28,11 @@ from run_gpu_gemv import bench, start_run  # noqa: E402  (graph timing over rota
 OUT = os.environ.get("OUT", "/tmp")
 dev = torch.device("cuda")
 C = L.GemvMmaConfig
-SWEEP = [C(2, 8, 2, prefetch_x=False), C(2, 8, 4, prefetch_x=False), C(2, 4, 4, prefetch_x=False),
-         C(1, 8, 2, prefetch_x=False), C(2, 8, 2, prefetch_x=False, l2_ahead=2), C(2, 8, 2)]
-
-
-def with_split(c: L.GemvMmaConfig, n: int, k: int, m: int) -> L.GemvMmaConfig:
-    """``c`` with the split the default heuristic would give its tiles."""
-    step = 16 * c.words_per_lane
-    kw = k // 8
-    warps = -(-n // (16 * c.row_groups))
-    split = 1
-    while warps * split < 12 * 132 and kw % (step * split * 2) == 0 and kw // (step * split * 2) >= 4:
-        split *= 2
-    return replace(c, split_k=split)
+SWEEP = [C(2, 8, 2), C(2, 8, 4), C(2, 4, 4), C(1, 8, 2), C(1, 4, 4)]
 
 
 def sweep_label(c: L.GemvMmaConfig) -> str:
-    return f"mma {c.row_groups}x{c.words_per_lane}w{c.num_warps}{'' if c.prefetch_x else 'n'}s{c.split_k}L{c.l2_ahead}"
+    return f"mma {c.row_groups}x{c.words_per_lane}w{c.num_warps}s{c.split_k}"
 
 
 def check(out: torch.Tensor, x: torch.Tensor, q, bias) -> tuple[bool, float, float]:
@@ -130,7 +118,7 @@ def main() -> None:
                 cub = bench([lambda wt=wt: F.linear(x, wt) for wt in wb])
                 variants = [("mma auto", lambda q, x=x: L.gemv_mma(x, q))]
                 if (n, k) == (28672, 8192) and m in (1, 8, 16):
-                    cs = [with_split(c, n, k, m) for c in SWEEP]
+                    cs = [L.with_gemv_mma_split(c, n, k, dev) for c in SWEEP]
                     cs += [replace(c, split_k=2 * c.split_k) for c in cs[:3]]
                     variants += [(sweep_label(c), lambda q, x=x, c=c: L.gemv_mma(x, q, None, c)) for c in cs]
                 if m <= 4:

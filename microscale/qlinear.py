@@ -69,7 +69,7 @@ from .kernels._launch import launch
 from .qtensor import QTensor
 
 __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_config", "gemv", "gemv_supported",
-           "gemv_mma", "gemv_mma_supported", "GemvMmaConfig", "choose_gemv_mma_config",
+           "gemv_mma", "gemv_mma_supported", "GemvMmaConfig", "choose_gemv_mma_config", "with_gemv_mma_split",
            "GemvConfig", "choose_gemv_config", "GEMV_MAX_M", "prefill", "prefill_supported", "PrefillConfig",
            "choose_prefill_config", "PREFILL_MIN_M"]
 
@@ -204,14 +204,20 @@ def _weight_has_specials(q: QTensor) -> bool:
     el = q.fmt.element
     if el.kind != "float" or not (el.nan_codes or el.inf_code is not None):
         return False
-    seen = getattr(q.data, "_microscale_specials", None)
-    if seen is not None and seen[0] == q.data._version:
+    return _scan_once(q.data, "_microscale_specials", lambda t: _has_specials(t.view(torch.uint8), q.fmt), True)
+
+
+def _scan_once(t: torch.Tensor, attr: str, scan, capturing):
+    """``scan(t)`` once per tensor and version (a host sync on CUDA), the answer kept on
+    ``t`` as attribute ``attr``; ``capturing`` while a CUDA graph is captured unscanned."""
+    seen = getattr(t, attr, None)
+    if seen is not None and seen[0] == t._version:
         return seen[1]
-    if q.data.is_cuda and torch.cuda.is_current_stream_capturing():
-        return True
-    has = _has_specials(q.data.view(torch.uint8), q.fmt)
-    q.data._microscale_specials = (q.data._version, has)
-    return has
+    if t.is_cuda and torch.cuda.is_current_stream_capturing():
+        return capturing
+    ans = scan(t)
+    setattr(t, attr, (t._version, ans))
+    return ans
 
 
 def prepare(q: QTensor) -> PackedLinearWeight:
@@ -341,18 +347,20 @@ def _workspace(device: torch.device, floats: int, tiles: int) -> tuple[torch.Ten
     return ws, cnt
 
 
-def _check(x: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None) -> None:
+def _check(x: torch.Tensor, n: int, k: int, device: torch.device, bias: torch.Tensor | None) -> None:
+    """Clear errors for what every route of :func:`linear` assumes (weight ``[n, k]`` on
+    ``device``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{_OP}: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"{_OP}: x has dtype {x.dtype}; expected bfloat16 or float16")
-    if x.dim() < 1 or x.shape[-1] != pw.k:
-        raise ValueError(f"{_OP}: x has shape {tuple(x.shape)}; its last dim must be K={pw.k} of the weight")
-    if x.device != pw.device:
-        raise ValueError(f"{_OP}: x is on {x.device} but the weight is on {pw.device}")
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ValueError(f"{_OP}: x has shape {tuple(x.shape)}; its last dim must be K={k} of the weight")
+    if x.device != device:
+        raise ValueError(f"{_OP}: x is on {x.device} but the weight is on {device}")
     if bias is not None:
-        if bias.shape != (pw.n,):
-            raise ValueError(f"{_OP}: bias has shape {tuple(bias.shape)}; expected ({pw.n},)")
+        if bias.shape != (n,):
+            raise ValueError(f"{_OP}: bias has shape {tuple(bias.shape)}; expected ({n},)")
         if bias.device != x.device:
             raise ValueError(f"{_OP}: bias is on {bias.device} but x is on {x.device}")
 
@@ -455,9 +463,13 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
         ``[..., N]`` in x's dtype.
     """
     if isinstance(qweight, QTensor):
+        if len(qweight.shape) == 2:  # (prepare() below explains other shapes)
+            _check(x, qweight.shape[0], qweight.shape[1], qweight.device, bias)
         lead = x.shape[:-1]
-        if x.numel() >= GEMV_MMA_MIN_M * x.shape[-1] and gemv_mma_supported(qweight, x):
-            return gemv_mma(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
+        if x.numel() >= GEMV_MMA_MIN_M * x.shape[-1]:
+            c = _gemv_mma_config(qweight, x)
+            if c is not None and _gemv_mma_reason(qweight, x, c) is None:
+                return _gemv_mma_launch(x.reshape(-1, x.shape[-1]), qweight, bias, c).reshape(*lead, qweight.shape[0])
         if gemv_supported(qweight, x):
             return gemv(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
         if prefill_supported(qweight, x):
@@ -465,7 +477,7 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
         if gemv_supported(qweight, x, _GEMV_FALLBACK_M):  # shapes the tensor-core kernel does not tile
             return gemv(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
     pw = qweight if isinstance(qweight, PackedLinearWeight) else _cached_prepare(qweight)
-    _check(x, pw, bias)
+    _check(x, pw.n, pw.k, pw.device, bias)
     return torch.ops.microscale.linear(x, pw.codes, pw.scales, pw.zero_points, pw.global_scale, bias,
                                        _fmt_json(pw.fmt), pw.n, pw.k, pw.specials)
 
@@ -680,107 +692,120 @@ class GemvMmaConfig:
     """Tiles of :func:`gemv_mma`: each warp takes ``16 * row_groups`` weight rows and
     ``4 * words_per_lane`` int32 words of codes (``32 * words_per_lane`` elements) per row
     per K step; ``num_warps`` warps per program; K split ``split_k`` ways (fp32 partials in
-    a workspace, summed in split order by the tile's last split); ``prefetch_x``: load the
-    next step's activations with its codes (else in their own step); ``l2_ahead``: steps
-    ahead whose codes and scales each step prefetches into L2 (0: none)."""
+    a workspace, summed in split order by the tile's last split)."""
 
-    row_groups: int = 1
+    row_groups: int = 2
     words_per_lane: int = 8
-    num_warps: int = 4
+    num_warps: int = 2
     split_k: int = 1
-    prefetch_x: bool = True
-    l2_ahead: int = 0
 
 
 def _e8m0_window(q: QTensor) -> int | None:
     """``D`` for E8M0 block scales (all scale exponents within ``[D + 2, D + 128]`` and
-    none NaN), or None. Scanned once per scales tensor version (one host sync), like
-    :func:`_weight_has_specials`; None while a CUDA graph is captured unscanned."""
-    s = q.scales
-    seen = getattr(s, "_microscale_e8m0_window", None)
-    if seen is not None and seen[0] == s._version:
-        return seen[1]
-    if s.is_cuda and torch.cuda.is_current_stream_capturing():
+    none NaN), or None. Scanned once per scales tensor version (:func:`_scan_once`); None
+    while a CUDA graph is captured unscanned."""
+    def scan(s: torch.Tensor) -> int | None:
+        lo, hi = (int(v) for v in torch.aminmax(s.view(torch.uint8).reshape(-1)))
+        return hi - 128 if hi < 255 and lo >= hi - 126 else None
+
+    return _scan_once(q.scales, "_microscale_e8m0_window", scan, None)
+
+
+def _gemv_mma_reason(q: QTensor, x: torch.Tensor, c: GemvMmaConfig) -> str | None:
+    """Why :func:`gemv_mma` cannot serve ``x @ dequant(q)^T`` with config ``c``, or None
+    (device-independent reasons first)."""
+    f = q.fmt
+    el = f.element
+    if not (el.kind == "float" and (el.bits, el.mbits, el.bias) == (4, 1, 1) and not f.zero_point
+            and f.block_rows == 1 and (f.scale.name, f.block_size) in (("ue4m3", 16), ("e8m0", 32))):
+        return f"serves E2M1 weights with UE4M3 (16) or E8M0 (32) block scales, not {f.name}"
+    if len(q.shape) != 2 or tuple(q.padded_shape) != tuple(q.shape) or \
+            tuple(q.scales.shape) != (q.shape[0], q.shape[1] // f.block_size):
+        return "needs an unpadded 2-D weight with row-major scales"
+    k = q.shape[1]
+    if x.shape[-1] != k or not 0 < x.numel() // k <= GEMV_MMA_MAX_M:
+        return f"needs 1..{GEMV_MMA_MAX_M} tokens of K={k}"
+    if x.dtype != torch.bfloat16:
+        return f"needs bfloat16 activations, got {x.dtype}"
+    if c.words_per_lane % 4 or k % (32 * c.words_per_lane):
+        return f"needs K a multiple of its K step ({32 * c.words_per_lane} elements), got K={k}"
+    if not (x.is_cuda and q.data.is_cuda):
+        return "needs CUDA tensors"
+    if torch.cuda.get_device_capability(x.device) < (9, 0):
+        return "needs Hopper (sm_90) or newer"
+    if not (q.data.is_contiguous() and q.scales.is_contiguous() and x.is_contiguous()
+            and q.data.data_ptr() % 16 == 0 and q.scales.data_ptr() % 4 == 0 and x.data_ptr() % 16 == 0):
+        return "needs contiguous, 16-byte aligned codes and activations (4-byte aligned scales)"
+    if f.scale.name == "e8m0" and _e8m0_window(q) is None:
+        return "E8M0 scales span more than 126 binades, hold NaN, or are unscanned during a CUDA graph capture"
+    return None
+
+
+def _gemv_mma_config(q: QTensor, x: torch.Tensor) -> GemvMmaConfig | None:
+    if len(q.shape) != 2 or x.shape[-1] == 0:
         return None
-    u = s.view(torch.uint8)
-    lo, hi = (int(v) for v in torch.aminmax(u.reshape(-1)))
-    d = hi - 128
-    ans = d if hi < 255 and lo >= d + 2 else None
-    s._microscale_e8m0_window = (s._version, ans)
-    return ans
-
-
-def _aligned(t: torch.Tensor, n: int) -> bool:
-    return t.data_ptr() % n == 0
+    n, k = (int(v) for v in q.shape)
+    return choose_gemv_mma_config(n, k, x.device, x.numel() // k)
 
 
 def gemv_mma_supported(q: QTensor, x: torch.Tensor, config: GemvMmaConfig | None = None) -> bool:
     """Whether :func:`gemv_mma` serves ``x @ dequant(q)^T``: CUDA (Hopper or newer), bf16
     ``x`` of at most ``GEMV_MMA_MAX_M`` tokens, an unpadded 2-D weight of E2M1 codes with
     UE4M3 (16) or E8M0 (32) block scales in row-major order, K a multiple of the K step
-    (``32 * words_per_lane`` elements), 16-byte aligned codes and activations; E8M0 scales within
-    a 126-binade window (see :func:`_e8m0_window`)."""
-    f = q.fmt
-    el = f.element
-    if not (x.is_cuda and q.data.is_cuda and x.dtype == torch.bfloat16 and len(q.shape) == 2
-            and x.shape[-1] == q.shape[-1] and 0 < x.numel() // max(x.shape[-1], 1) <= GEMV_MMA_MAX_M
-            and el.kind == "float" and el.bits == 4 and el.mbits == 1 and el.bias == 1 and not f.zero_point
-            and f.block_rows == 1 and (f.scale.name, f.block_size) in (("ue4m3", 16), ("e8m0", 32))
-            and tuple(q.padded_shape) == tuple(q.shape) and q.scales.dim() == 2
-            and tuple(q.scales.shape) == (q.shape[0], q.shape[1] // f.block_size)):
-        return False
-    if torch.cuda.get_device_capability(x.device) < (9, 0):
-        return False
-    n, k = (int(v) for v in q.shape)
-    c = config or choose_gemv_mma_config(n, k, x.device, x.numel() // k)
-    if c.words_per_lane % 4 or k % (32 * c.words_per_lane) or not (q.data.is_contiguous()
-                                                                    and q.scales.is_contiguous()):
-        return False
-    if not (_aligned(q.data, 16) and _aligned(q.scales, 4) and _aligned(x, 16)):
-        return False
-    return f.scale.name == "ue4m3" or _e8m0_window(q) is not None
+    (``32 * words_per_lane`` elements), 16-byte aligned codes and activations; E8M0 scales
+    within a 126-binade window (see :func:`_e8m0_window`)."""
+    c = config or _gemv_mma_config(q, x)
+    return c is not None and _gemv_mma_reason(q, x, c) is None
 
 
 @functools.lru_cache(maxsize=1024)
 def choose_gemv_mma_config(n: int, k: int, device: torch.device, m: int = 1) -> GemvMmaConfig:
-    """Two row groups per warp, activations loaded in their own step, no L2 prefetch; up to
-    8 tokens 8 words per lane per step and 2 warps, from 9 tokens 4 words and 4 warps
-    (registers); K split until about 12 warps per SM stream the weight (H200 sweeps,
-    benchmarks/NOTES_linear.md)."""
-    if m <= 8:
-        d = GemvMmaConfig(row_groups=2, words_per_lane=8, num_warps=2, prefetch_x=False)
-    else:
-        d = GemvMmaConfig(row_groups=2, words_per_lane=4, num_warps=4, prefetch_x=False)
+    """Two row groups per warp; up to 8 tokens 8 words per lane per step and 2 warps, from
+    9 tokens 4 words and 4 warps (registers); K split by :func:`with_gemv_mma_split` (H200
+    sweeps, benchmarks/NOTES_linear.md)."""
+    d = GemvMmaConfig() if m <= 8 else GemvMmaConfig(words_per_lane=4, num_warps=4)
     while k % (32 * d.words_per_lane) and d.words_per_lane > 4:
         d = replace(d, words_per_lane=d.words_per_lane // 2)
-    step = 4 * d.words_per_lane
+    return with_gemv_mma_split(d, n, k, device)
+
+
+def with_gemv_mma_split(c: GemvMmaConfig, n: int, k: int, device: torch.device) -> GemvMmaConfig:
+    """``c`` with K split (by powers of two, each slice at least 4 steps) until about 12
+    warps per SM stream the weight."""
+    step = 4 * c.words_per_lane
     kw = k // 8
-    warps = -(-n // (16 * d.row_groups))
+    warps = -(-n // (16 * c.row_groups))
     want = 12 * _num_sms(device)
     split = 1
     while warps * split < want and kw % (step * split * 2) == 0 and kw // (step * split * 2) >= 4:
         split *= 2
-    return replace(d, split_k=split)
+    return replace(c, split_k=split)
 
 
 def gemv_mma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
              config: GemvMmaConfig | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(q)^T (+ bias)`` for up to 16 tokens on tensor cores (see
-    :mod:`microscale.kernels._gemv_mma`); the caller checks :func:`gemv_mma_supported`."""
+    :mod:`microscale.kernels._gemv_mma`). Raises ValueError saying why when it cannot
+    serve the call (:func:`gemv_mma_supported`)."""
+    _check(x2, q.shape[0], q.shape[-1], q.device, bias)
+    c = config or _gemv_mma_config(q, x2)
+    why = _gemv_mma_reason(q, x2, c)
+    if why is not None:
+        raise ValueError(f"{_OP}: gemv_mma {why}")
+    return _gemv_mma_launch(x2, q, bias, c)
+
+
+def _gemv_mma_launch(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c: GemvMmaConfig) -> torch.Tensor:
     from .kernels import _gemv_mma as kern
 
     m, k = x2.shape
     n = q.shape[0]
-    c = config or choose_gemv_mma_config(n, k, x2.device, m)
-    if not gemv_mma_supported(q, x2, c):
-        raise ValueError(f"{_OP}: gemv_mma does not serve this weight/activation (see gemv_mma_supported)")
     f = q.fmt
     kw = k // 8
     wpg = f.block_size // 8
     step = 4 * c.words_per_lane
     if kw % (step * c.split_k):
         raise ValueError(f"{_OP}: K={k} must split into {c.split_k} slices of whole {8 * step}-element steps")
-    x2 = x2.contiguous()
     tg = -(-m // 8)
     if f.scale.name == "ue4m3":
         sk, ke, post = kern.SK_UE4M3, 0, 2.0 ** 7
@@ -789,7 +814,6 @@ def gemv_mma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
         sk, ke, post = kern.SK_E8M0, (126 - d) * 0x10001, 2.0 ** d
     lasm, lcons, nout = kern.load_asm(c.row_groups, c.words_per_lane, 0, c.words_per_lane // wpg)
     xasm, xcons, nxout = kern.load_asm(0, c.words_per_lane, tg, 0)
-    pasm, pcons = kern.l2_prefetch_asm(4 * c.row_groups)
     sasm, scons = kern.step_asm(c.row_groups, c.words_per_lane, tg, wpg, sk)
     split = c.split_k
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
@@ -803,12 +827,12 @@ def gemv_mma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     else:
         ws = cnt = out
     launch(kern._gemv_mma_kernel, (tiles, split),
-        x2, wv.words, scales, gs, bias if bias is not None else out, out, ws, cnt, ke,
-        n, m, x2.stride(0), kw, scales.stride(0), out.stride(0), post,
-        KW_PER_SPLIT=kw // split, RG=c.row_groups, WPL=c.words_per_lane, TG=tg, WPG=wpg, SK=sk, SPLIT_K=split,
-        HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, LASM=lasm, LCONS=lcons, NOUT=nout,
-        XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps, PREFETCH_X=c.prefetch_x,
-        L2_AHEAD=c.l2_ahead, PASM=pasm, PCONS=pcons, num_warps=c.num_warps, num_stages=1)
+           x2, wv.words, scales, gs, bias if bias is not None else out, out, ws, cnt, ke,
+           n, m, x2.stride(0), kw, scales.stride(0), out.stride(0), post,
+           KW_PER_SPLIT=kw // split, RG=c.row_groups, WPL=c.words_per_lane, TG=tg, WPG=wpg, SK=sk, SPLIT_K=split,
+           HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, LASM=lasm, LCONS=lcons, NOUT=nout,
+           XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps,
+           num_warps=c.num_warps, num_stages=1)
     return out
 
 

@@ -45,10 +45,6 @@ SK_E8M0, SK_UE4M3 = 1, 2
 _F32_2P119 = "0f7B000000"
 
 
-def _nblk(wpl: int, wpg: int) -> int:
-    return max(1, wpl // wpg)
-
-
 @functools.lru_cache(maxsize=None)
 def load_asm(rg: int, wpl: int, tg: int, sbytes: int) -> tuple[str, str, int]:
     """PTX loading a lane's operands of one step: ``2 * rg * wpl`` code words (rows in
@@ -76,15 +72,6 @@ def load_asm(rg: int, wpl: int, tg: int, sbytes: int) -> tuple[str, str, int]:
     return "{\n" + "\n".join(lines) + "\n}", cons, nout
 
 
-@functools.lru_cache(maxsize=None)
-def l2_prefetch_asm(n: int) -> tuple[str, str]:
-    """PTX asking L2 for the lines at ``n`` int64 addresses (no registers held: ptxas sinks
-    register prefetches of a later step to the end of the loop body, so the kernel streams
-    the weight into L2 ahead of the loads instead). One dummy output."""
-    body = [f"prefetch.global.L2 [${1 + i}];" for i in range(n)] + ["mov.b32 $0, 0;"]
-    return "{\n" + "\n".join(body) + "\n}", ",".join(["=r"] + ["l"] * n)
-
-
 def _pair_lines(w: str, dst: str, j: int, scale: str) -> list[str]:
     """bf16x2 pair (elements j, j+4) of code word ``w`` times bf16x2 ``scale``."""
     sm = 6 - 4 * j  # magnitude bits 4j..4j+2 -> 6..8
@@ -105,7 +92,7 @@ def step_asm(rg: int, wpl: int, tg: int, wpg: int, sk: int) -> tuple[str, str]:
     na = 4 * rg * tg
     i_w, i_s, i_x, i_a = na, na + nw, na + nw + ns, na + nw + ns + nx
     i_ke = i_a + na
-    nb = _nblk(wpl, wpg)
+    nb = wpl // wpg  # blocks per lane per row and step (wpl is a multiple of wpg)
     regs = ["m", "s", "t", "sc"] + [f"S{r}_{b}" for r in range(2 * rg) for b in range(nb)]
     regs += [f"p{r}_{j}" for r in range(2) for j in range(4)] + [f"x{q}_{j}" for q in range(tg) for j in range(4)]
     accs = [f"e{z}_{i}_{q}_{c}" for z in range(2) for i in range(rg) for q in range(tg) for c in range(4)]
@@ -145,7 +132,7 @@ def step_asm(rg: int, wpl: int, tg: int, wpg: int, sk: int) -> tuple[str, str]:
             for ab in range(2):
                 w = f"${i_w + (2 * i + ab) * wpl + u}"
                 for j in range(4):
-                    body += _pair_lines(w, f"p{ab}_{j}", j, f"S{2 * i + ab}_{u // wpg if wpg <= wpl else 0}")
+                    body += _pair_lines(w, f"p{ab}_{j}", j, f"S{2 * i + ab}_{u // wpg}")
             for q in range(tg):
                 for h in range(2):
                     d, c = acc(u % 2, i, q)
@@ -181,18 +168,17 @@ def _gemv_mma_kernel(
     KW_PER_SPLIT: tl.constexpr, RG: tl.constexpr, WPL: tl.constexpr, TG: tl.constexpr, WPG: tl.constexpr,
     SK: tl.constexpr, SPLIT_K: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
     LASM: tl.constexpr, LCONS: tl.constexpr, NOUT: tl.constexpr, XASM: tl.constexpr, XCONS: tl.constexpr,
-    NXOUT: tl.constexpr, SASM: tl.constexpr, SCONS: tl.constexpr, NW: tl.constexpr, PREFETCH_X: tl.constexpr,
-    L2_AHEAD: tl.constexpr, PASM: tl.constexpr, PCONS: tl.constexpr,
+    NXOUT: tl.constexpr, SASM: tl.constexpr, SCONS: tl.constexpr, NW: tl.constexpr,
 ):
     """out[m, n] = sum_k x[m, k] W[n, k] (+ bias) for this program's rows, one element per
     thread (see the module notes). ``w_ptr``: int32 words of codes; ``s_ptr``: uint8
     scales; ``x_ptr``: bf16. Split-K: each program stores its fp32 partials in the
     workspace ``ws_ptr``; the last of a row tile's splits to arrive (counter ``cnt_ptr[pid_n]``,
     zero on entry, reset to zero) sums them in split order and writes ``out``.
-    Codes and scales of step i+1 are loaded before step i's arithmetic; the activations
-    too with ``PREFETCH_X`` (else in their step: they are L1/L2 hits, and registers are
-    the limit at 16 tokens). ``L2_AHEAD`` > 0: each step also asks L2 for the codes and
-    scales ``L2_AHEAD`` steps ahead."""
+    Codes and scales of step i+1 are loaded before step i's arithmetic (ptxas moves these
+    loads to the loop's end; loading them ahead into L2 instead measured slower); the
+    activations, L1/L2 hits, in their own step (a register prefetch of them measured slower:
+    registers)."""
     STEP: tl.constexpr = 4 * WPL  # words per row per step
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -217,32 +203,18 @@ def _gemv_mma_kernel(
     for c in tl.static_range(4 * RG * TG):
         accs = accs + (tl.zeros([32 * NW], dtype=tl.float32),)
     d = _load(ws, ss, (), LASM, LCONS, NOUT)
-    if PREFETCH_X:
-        dx = _load((), (), xs, XASM, XCONS, NXOUT)
     for i in range(0, KW_PER_SPLIT, STEP):
         nxt = tl.minimum(i + STEP, KW_PER_SPLIT - STEP)  # the last step reloads itself
-        if L2_AHEAD > 0:
-            far = tl.minimum(i + L2_AHEAD * STEP, KW_PER_SPLIT - STEP)
-            pa = ()
-            for r in tl.static_range(2 * RG):
-                pa = pa + (ws[r] + far * 4, ss[r] + far // WPG)
-            tl.inline_asm_elementwise(PASM, PCONS, pa, dtype=tl.int32, is_pure=False, pack=1)
         ws2 = ()
         ss2 = ()
         for r in tl.static_range(2 * RG):
             ws2 = ws2 + (ws[r] + nxt * 4,)
             ss2 = ss2 + (ss[r] + nxt // WPG,)
         d2 = _load(ws2, ss2, (), LASM, LCONS, NOUT)
-        if PREFETCH_X:
-            xs2 = ()
-            for q in tl.static_range(TG):
-                xs2 = xs2 + (xs[q] + nxt * 16,)
-            dx2 = _load((), (), xs2, XASM, XCONS, NXOUT)
-        else:
-            xs1 = ()
-            for q in tl.static_range(TG):
-                xs1 = xs1 + (xs[q] + i * 16,)
-            dx = _load((), (), xs1, XASM, XCONS, NXOUT)
+        xs1 = ()
+        for q in tl.static_range(TG):
+            xs1 = xs1 + (xs[q] + i * 16,)
+        dx = _load((), (), xs1, XASM, XCONS, NXOUT)
         if SK == 1:
             args = d + dx + accs + (tl.full([32 * NW], 0, tl.int32) + ke,)
         else:
@@ -250,8 +222,6 @@ def _gemv_mma_kernel(
         accs = tl.inline_asm_elementwise(SASM, SCONS, args, dtype=(tl.float32,) * (4 * RG * TG), is_pure=True,
                                          pack=1)
         d = d2
-        if PREFETCH_X:
-            dx = dx2
     scale = post
     if HAS_GS:
         scale = scale * tl.load(gs_ptr)

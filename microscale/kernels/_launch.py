@@ -8,7 +8,8 @@ compiled kernels on exactly what Triton specializes on (tensor dtype and 16-byte
 alignment; integers' ``== 1``, divisibility by 16 and width; every other argument by
 value), takes Triton's own path on a miss, and on a hit calls the compiled kernel's
 launcher directly. It falls back to Triton's path whenever a launch hook is installed
-(profilers) and under the interpreter.
+(profilers) and under the interpreter. A hit skips Triton's check that module globals a
+kernel read at compile time are unchanged: microscale's kernels read only constants.
 """
 from __future__ import annotations
 

@@ -39,9 +39,9 @@ from ..formats import (
     packed_len,
 )
 from ..formats.elements import _enum
-from ._launch import launch
 from ..qtensor import QTensor
 from . import _quantize_kernels as _k
+from ._launch import launch
 
 __all__ = ["QuantizeConfig", "choose_config", "choose_dequantize_config", "GemmQuantized", "quantize", "quantize_for_gemm", "dequantize",
            "unsupported_reason"]

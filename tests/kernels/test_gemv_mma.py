@@ -227,9 +227,9 @@ def _check(out, x, q):
 
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m,cfg", [
-    (1, L.GemvMmaConfig(2, 8, 2, prefetch_x=False)),
+    (1, L.GemvMmaConfig(2, 8, 2)),
     (5, L.GemvMmaConfig(1, 4, 1, split_k=2)),
-    (16, L.GemvMmaConfig(2, 4, 1, prefetch_x=False)),
+    (16, L.GemvMmaConfig(2, 4, 1)),
 ])
 def test_generated_ptx_matches_float64(name, m, cfg, gen):
     q, x = _case(name, 40, 1024, m, gen)  # 40 rows: a partial row group
@@ -238,7 +238,7 @@ def test_generated_ptx_matches_float64(name, m, cfg, gen):
 
 def test_generated_ptx_k_not_a_multiple_of_1024(gen):
     q, x = _case("mxfp4", 24, 768, 2, gen)  # 3 steps of 256 elements
-    _check(emulate(x, q, L.GemvMmaConfig(2, 8, 1, prefetch_x=False)), x, q)
+    _check(emulate(x, q, L.GemvMmaConfig(2, 8, 1)), x, q)
 
 
 def test_emulator_catches_a_wrong_pairing(gen, monkeypatch):
@@ -284,11 +284,20 @@ def test_e8m0_window():
 
 
 def test_supported_and_config_rules(gen):
+    """Unserved calls name their reason (device-independent ones are checked first)."""
     q = ms.quantize(torch.randn(64, 1024, generator=gen), "nvfp4")
     x = torch.randn(4, 1024, generator=gen).to(torch.bfloat16)
     assert not L.gemv_mma_supported(q, x)  # CPU tensors
-    with pytest.raises(ValueError, match="gemv_mma does not serve"):
-        L.gemv_mma(x, q)
+    for args, msg in [((x, q), "needs CUDA tensors"),
+                      ((x.half(), q), "needs bfloat16"),
+                      ((torch.randn(17, 1024).to(torch.bfloat16), q), "1..16 tokens"),
+                      ((x, ms.quantize(torch.randn(64, 1024, generator=gen), "mxfp8_e4m3")), "serves E2M1"),
+                      ((torch.randn(2, 320).to(torch.bfloat16), ms.quantize(torch.randn(8, 320, generator=gen),
+                                                                             "nvfp4")), "multiple of its K step")]:
+        with pytest.raises(ValueError, match=msg):
+            L.gemv_mma(*args)
+    with pytest.raises(ValueError, match="bias has shape"):
+        L.gemv_mma(x, q, torch.randn(3))
     c = L.choose_gemv_mma_config(28672, 8192, torch.device("cpu"), 1)
     assert (c.row_groups, c.words_per_lane, c.num_warps) == (2, 8, 2)
     assert c.split_k >= 1 and (8192 // 8) % (4 * c.words_per_lane * c.split_k) == 0
@@ -301,7 +310,7 @@ def test_ptx_operands_are_all_bound():
     output is written."""
     for rg, wpl, tg, wpg, sk in [(1, 4, 1, 2, 2), (2, 8, 2, 4, 1), (2, 4, 1, 2, 2)]:
         for asm, cons in [kern.step_asm(rg, wpl, tg, wpg, sk), kern.load_asm(rg, wpl, 0, wpl // wpg)[:2],
-                          kern.load_asm(0, wpl, tg, 0)[:2], kern.l2_prefetch_asm(4 * rg)]:
+                          kern.load_asm(0, wpl, tg, 0)[:2]]:
             n = len(cons.split(","))
             used = {int(i) for i in re.findall(r"\$(\d+)", asm)}
             assert used <= set(range(n))
@@ -326,7 +335,7 @@ def test_gpu_kernel_and_routing(name):
         x = torch.randn(m, 2048, device=dev, generator=g).to(torch.bfloat16)
         ref = x.double() @ wd.T + bias.double()
         cond = x.double().abs() @ wd.abs().T + bias.double().abs()
-        for cfg in (None, L.GemvMmaConfig(1, 4, 1, split_k=4), L.GemvMmaConfig(2, 8, 2, prefetch_x=False, l2_ahead=2)):
+        for cfg in (None, L.GemvMmaConfig(1, 4, 1, split_k=4), L.GemvMmaConfig(2, 8, 2)):
             out = L.gemv_mma(x, q, bias, cfg)
             assert out.dtype == torch.bfloat16 and out.shape == (m, 200)
             assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, cfg)
