@@ -18,7 +18,8 @@ step() {  # name, seconds, command...   (SKIP="gemv models": steps left out)
   echo "$name: rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
 }
 : > "$OUT/summary.txt"
-step pytest 400 python -m pytest -q tests/kernels
+step pytest 300 python -m pytest -q tests/kernels --ignore=tests/kernels/test_quantize_kernels.py
+step pytest_quantize 240 python -m pytest -q tests/kernels/test_quantize_kernels.py
 step quantize 300 env SWEEP=0 python benchmarks/run_gpu_quantize.py
 step deq_sweep 120 env DEQ_SWEEP=1 python benchmarks/run_gpu_quantize.py
 step gemv 200 python benchmarks/run_gpu_gemv.py --quick

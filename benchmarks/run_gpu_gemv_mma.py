@@ -8,6 +8,7 @@ sweep, the f16x2 GEMV, what ``ms.linear`` routes to today and cuBLAS bf16. Short
 last; JSON to $OUT/gemv_mma.json.
 
     PYTHONPATH=. python benchmarks/run_gpu_gemv_mma.py [--quick]
+    MMA_SWEEP=1 PYTHONPATH=. python benchmarks/run_gpu_gemv_mma.py   (tile sweep only)
 """
 from __future__ import annotations
 
@@ -49,6 +50,45 @@ def check(out: torch.Tensor, x: torch.Tensor, q, bias) -> tuple[bool, float, flo
     fro = ((out.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
     ok = bool(torch.isfinite(out).all()) and bool((err <= bound).all()) and out.dtype == x.dtype
     return ok, fro, (err / bound).max().item()
+
+
+def sweep_main(configs: list) -> None:
+    """MMA_SWEEP=1: each config checked on small shapes, then timed on 28672x8192 at 1, 8,
+    12 and 16 tokens (with the f16x2 GEMV at 1 token)."""
+    res, bw = start_run()
+    g = torch.Generator(device=dev).manual_seed(5)
+    ok = True
+    for name in ("nvfp4", "mxfp4"):
+        for (m, n, k) in [(3, 520, 2048), (16, 256, 4096), (1, 1000, 8192)]:
+            q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
+            x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
+            for c in configs:
+                good = check(L.gemv_mma(x, q, None, L.with_gemv_mma_split(c, n, k, dev)), x, q, None)[0]
+                ok &= good
+                if not good:
+                    print(f"check {name} {m}x{n}x{k} {c} FAIL", flush=True)
+    print(f"checks {'all ok' if ok else 'FAILED'}", flush=True)
+    n, k = 28672, 8192
+    w = torch.randn(n, k, device=dev, generator=g)
+    wb = [w.to(torch.bfloat16) for _ in range(2)]
+    for name in ("nvfp4", "mxfp4"):
+        ql = [ms.quantize(w, name) for _ in range(4)]
+        for m in (1, 8, 12, 16):
+            x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+            cub = bench([lambda wt=wt: F.linear(x, wt) for wt in wb])
+            variants = [(sweep_label(c), lambda q, x=x, c=c: L.gemv_mma(x, q, None, c))
+                        for c in (L.with_gemv_mma_split(c, n, k, dev) for c in configs)]
+            if m == 1:
+                variants.append(("f16x2 gemv", lambda q, x=x: L.gemv(x, q)))
+            for label, fn in variants:
+                t = bench([lambda q=q: fn(q) for q in ql])
+                r = dict(fmt=name, m=m, n=n, k=k, variant=label, ms=t, cublas_ms=cub, speedup=cub / t,
+                         pct_copy=ql[0].nbytes / (t * 1e-3) / 1e9 / bw)
+                res["timings"].append(r)
+                print(f"{name:6s} M={m:2d} {label:16s} {t * 1e3:7.1f} us {r['speedup']:5.2f}x cuBLAS "
+                      f"{100 * r['pct_copy']:5.1f}% copy", flush=True)
+    with open(os.path.join(OUT, "gemv_mma_sweep.json"), "w") as f:
+        json.dump(res, f, indent=1)
 
 
 def main() -> None:
@@ -156,4 +196,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if os.environ.get("MMA_SWEEP") == "1":
+        sweep_main([C(2, 8, 2), C(2, 8, 1), C(2, 4, 4), C(2, 4, 2), C(2, 4, 1), C(1, 8, 1)])
+    else:
+        main()

@@ -246,6 +246,7 @@ def prepare(q: QTensor) -> PackedLinearWeight:
     scales = _pad_words(scales, groups)
     gs = None if q.global_scale is None else q.global_scale.reshape(1).to(torch.float32).contiguous()
     zp = None if q.zero_points is None else _pad_words(q.zero_points, groups)
+    _fmt_json(fmt)  # cached now: json.dumps is not traceable by every torch.compile (2.11)
     return PackedLinearWeight(fmt, n, k, cb, codes, scales, zp, gs, specials)
 
 
