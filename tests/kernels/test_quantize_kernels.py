@@ -315,7 +315,6 @@ def test_silu_mul_quantize(name, gen):
 
 # ---- the element encoder/decoder helpers alone, over all bf16 bit patterns ---------------
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 from microscale.formats import ELEMENTS  # noqa: E402
 from microscale.kernels import _quantize_kernels as _k  # noqa: E402
@@ -684,9 +683,6 @@ def _prmt_kernel(a_ptr, b_ptr, s_ptr, o_ptr, N: tl.constexpr):
 def test_prmt_model(gen):
     """The interpreter's model of prmt.b32 (what the GPU table decode runs) against the
     PTX ISA's definition, on random words and selectors and the ones the decode uses."""
-    import triton
-    from microscale.kernels import _quantize_kernels as _k
-
     if DEV != "cpu":
         pytest.skip("interpreter model only")
 
