@@ -321,6 +321,11 @@ def choose_config(m: int, pw: PackedLinearWeight, x_dtype: torch.dtype, device: 
                         num_warps=8, num_stages=3)
 
 
+def _cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for host ints (``triton.cdiv`` costs microseconds per host call)."""
+    return -(-a // b)
+
+
 def triton_next_pow2(v: int) -> int:
     return 1 << max(0, int(v - 1).bit_length())
 
@@ -369,8 +374,6 @@ def _check(x: torch.Tensor, n: int, k: int, device: torch.device, bias: torch.Te
 def _launch(x2: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None,
             config: LinearConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Run the kernel on 2-D x ``[M, K]`` (contiguous last dim). ``out`` may be passed (tests poison it)."""
-    import triton
-
     from .kernels import _linear_kernels as kern
 
     m, k = x2.shape
@@ -391,7 +394,7 @@ def _launch(x2: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None,
     gs = pw.global_scale if pw.global_scale is not None else dummy
     b = bias if bias is not None else dummy
     stride_z = zp.stride(0) if pw.zero_points is not None else 0
-    grid_n, grid_m = triton.cdiv(n, c.block_n), triton.cdiv(m, c.block_m)
+    grid_n, grid_m = _cdiv(n, c.block_n), _cdiv(m, c.block_m)
     if c.split_k > 1:
         ws, cnt = _workspace(x2.device, c.split_k * grid_n * grid_m * c.block_n * c.block_m, grid_n * grid_m)
     else:
@@ -401,7 +404,7 @@ def _launch(x2: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None,
         x2, pw.codes, pw.scales, zp, gs, b, out, ws, cnt, m, n, k, kw, x2.stride(0), out.stride(0),
         pw.codes.stride(0), pw.scales.stride(0), stride_z, **ce, HAS_BIAS=bias is not None,
         BLOCK_N=c.block_n, BLOCK_M=c.block_m, BLOCK_KW=c.block_kw, SPLIT_K=c.split_k, PAIR=c.pair,
-        INTERP=_interpreting(), ITERS=triton.cdiv(triton.cdiv(kw, c.split_k), c.block_kw),
+        INTERP=_interpreting(), ITERS=_cdiv(_cdiv(kw, c.split_k), c.block_kw),
         EVEN_K=k == kw * s, num_warps=c.num_warps, num_stages=c.num_stages)
     return out
 
@@ -922,8 +925,6 @@ def prefill(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens on tensor cores, reading q's
     canonical layout: each weight tile is decoded once per K step in registers and
     reused by all ``block_m`` tokens of the tile (``_linear_kernels._linear_prefill_kernel``)."""
-    import triton
-
     from .kernels import _linear_kernels as kern
 
     m, k = x2.shape
@@ -956,7 +957,7 @@ def prefill(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     gs = q.global_scale if q.global_scale is not None else scales
     b = bias if bias is not None else scales
     cons = _format_constexprs(f, bool(f.element.has_nan or f.element.has_inf))
-    tiles = triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n)
+    tiles = _cdiv(m, c.block_m) * _cdiv(n, c.block_n)
     ws = cnt = None
     if c.split_k > 1:  # partials as [split_k, m, n]
         ws, cnt = _workspace(x2.device, c.split_k * m * n, tiles)

@@ -25,13 +25,14 @@ Tiling lives in :class:`QuantizeConfig`, chosen by :func:`choose_config` and ove
 """
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
-import triton
 
 from .. import reference
 from ..formats import (
@@ -50,6 +51,16 @@ __all__ = ["QuantizeConfig", "choose_config", "choose_dequantize_config", "GemmQ
 def _empty(shape, dtype, device) -> torch.Tensor:
     """Allocation of every kernel output (tests replace it to poison outputs)."""
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` (host ints; ``triton.cdiv`` costs a few µs per host call)."""
+    return -(-a // b)
+
+
+def _next_pow2(n: int) -> int:
+    """Smallest power of two >= ``n`` (>= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def _f32_bits(v: float) -> int:
@@ -99,7 +110,8 @@ _NP_MAX = 1024  # most partial maxima of the global amax reduction
 # ----------------------------------------------------------------------------------
 
 
-def _element_params(e: ElementCodec, overflow: Overflow) -> dict:
+@functools.lru_cache(maxsize=256)
+def _element_params(e: ElementCodec, overflow: Overflow) -> MappingProxyType:
     if e.kind == "float":
         nan = sorted(e.nan_codes)
         top = (1 << (e.bits - 1)) - 1
@@ -110,12 +122,12 @@ def _element_params(e: ElementCodec, overflow: Overflow) -> dict:
     else:
         ovf = e.max_code
     sub_c = 2.0 ** (e.emin - e.mbits + 23)
-    return dict(
+    return MappingProxyType(dict(  # cached: read-only
         BITS=e.bits, IS_INT=e.kind == "int", SIGNED=e.signed, MBITS=e.mbits, BIAS=e.bias, MAX_CODE=e.max_code,
         NAN_CODE=e.nan_codes[0] if e.has_nan else -1, OVF_CODE=ovf, MIN_NORMAL=float(e.min_normal),
         SUB_C=sub_c, SUB_C_BITS=_f32_bits(sub_c), INV_MIN_SUB=float(1.0 / e.min_subnormal),
         ELEM_MAX=float(e.max), EMAX=e.emax, M_ELEM=e.mbits if e.kind == "float" else e.frac_bits,
-    )
+    ))
 
 
 def _scale_kind(fmt: Format) -> int:
@@ -126,6 +138,7 @@ def _scale_kind(fmt: Format) -> int:
     return 2
 
 
+@functools.lru_cache(maxsize=256)
 def _scale_nan_bits(fmt: Format) -> int:
     """Bits (signed int of the storage width) of the host's NaN cast to the scale dtype."""
     st = fmt.scale.storage
@@ -219,6 +232,7 @@ class QuantizeConfig:
     k_tiles: int = 1
 
 
+@functools.lru_cache(maxsize=1024)
 def choose_config(fmt: Format, rows: int, k: int, packed: bool = False) -> QuantizeConfig:
     """Tiling heuristic, from the H200 sweeps (16384^2 bf16, best of 3 interleaved rounds;
     ``benchmarks/h200_2026-12-01c/sweep5.log``): few rows and wide columns move memory best.
@@ -236,13 +250,13 @@ def choose_config(fmt: Format, rows: int, k: int, packed: bool = False) -> Quant
     b, br = fmt.block_size, fmt.block_rows
     e = fmt.element
     if packed and fmt.global_scale:  # NVFP4: one warp, 1 x 1024, up to 4 tiles per program
-        tk = max(b, min(1024, triton.next_power_of_2(k)))
-        nt = triton.cdiv(k, tk)
+        tk = max(b, min(1024, _next_pow2(k)))
+        nt = _cdiv(k, tk)
         kt = next(t for t in (4, 2, 1) if nt % t == 0)  # (whole spans: no masked tiles)
-        return QuantizeConfig(max(1, min(triton.next_power_of_2(max(rows, 1)), 1024 // tk)), tk, 1, kt)
+        return QuantizeConfig(max(1, min(_next_pow2(max(rows, 1)), 1024 // tk)), tk, 1, kt)
     wide = br == 1 and (packed or (not fmt.global_scale and e.kind == "float" and e.bits == 8))
-    tk = max(b, min(2048 if wide else 256, triton.next_power_of_2(k)))
-    tr = max(br, min(triton.next_power_of_2(max(rows, 1)), 4096 // tk))
+    tk = max(b, min(2048 if wide else 256, _next_pow2(k)))
+    tr = max(br, min(_next_pow2(max(rows, 1)), 4096 // tk))
     return QuantizeConfig(tr, tk, _warps(tr * tk, 8 if tr * tk > 8192 else 4))
 
 
@@ -253,6 +267,7 @@ def _warps(elements: int, warps: int) -> int:
     return warps
 
 
+@functools.lru_cache(maxsize=1024)
 def choose_dequantize_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
     """Dequantize tiling: 8K elements per program on 4 warps, up to 2048 columns (4 x 2048)
     for 1-row blocks; 2-D blocks 16 x 512 (32 x 1024 for 8-bit codes) on 8 warps. From the
@@ -261,12 +276,12 @@ def choose_dequantize_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
     0.910 at the earlier 16 x 512 (32 x 1024)."""
     b, br = fmt.block_size, fmt.block_rows
     if br == 1:
-        tk = max(b, min(2048, triton.next_power_of_2(k)))
-        tr = max(1, min(triton.next_power_of_2(max(rows, 1)), 8192 // tk))
+        tk = max(b, min(2048, _next_pow2(k)))
+        tr = max(1, min(_next_pow2(max(rows, 1)), 8192 // tk))
         return QuantizeConfig(tr, tk, _warps(tr * tk, 8 if tr * tk > 8192 else 4))
     wide = fmt.element.bits == 8
-    tk = max(b, min(1024 if wide else 512, triton.next_power_of_2(k)))
-    tr = max(br, min(triton.next_power_of_2(max(rows, 1)), (32768 if wide else 8192) // tk))
+    tk = max(b, min(1024 if wide else 512, _next_pow2(k)))
+    tr = max(br, min(_next_pow2(max(rows, 1)), (32768 if wide else 8192) // tk))
     return QuantizeConfig(tr, tk, _warps(tr * tk, 8 if tr * tk >= 8192 else 4))
 
 
@@ -318,6 +333,9 @@ def _prepare(x, fmt, scale_rule, block_size, rounding, overflow, nonfinite, glob
     return fmt, rounding, overflow, nonfinite, xp, gscale
 
 
+_NONFIN = {NonFinite.PROPAGATE: 0, NonFinite.ZERO: 1, NonFinite.ERROR: 2}
+
+
 def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflow, nonfinite: NonFinite,
             gscale: torch.Tensor | None, layout: ScaleLayout, config: QuantizeConfig | None,
             prologue: int = 0, y2: torch.Tensor | None = None, w: torch.Tensor | None = None, eps: float = 0.0):
@@ -358,9 +376,9 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
             raise NotImplementedError("fused prologues need a static global_scale for two-level formats")
         n = x2.numel()
         BLOCK = 4096
-        chunks = triton.cdiv(n, BLOCK)
-        iters = triton.next_power_of_2(triton.cdiv(chunks, _NP_MAX))
-        progs = triton.cdiv(chunks, iters)
+        chunks = _cdiv(n, BLOCK)
+        iters = _next_pow2(_cdiv(chunks, _NP_MAX))
+        progs = _cdiv(chunks, iters)
         # one atomic maximum: each quantize program then reads one word instead of up to
         # _NP_MAX partial maxima (2.5 SASS instructions per element at 16 x 256 tiles)
         parts = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -368,8 +386,8 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         launch(_k._finite_amax_partials_kernel, (progs,), x2, parts, n, BLOCK=BLOCK, ITERS=iters, ATOMIC=True,
                num_warps=8)
         gs_out = torch.empty(2, dtype=torch.float32, device=dev)
-    k_per_prog = triton.cdiv(K, cfg.tile_cols) * cfg.tile_cols if prologue == 1 else cfg.tile_cols * cfg.k_tiles
-    grid = (triton.cdiv(R, cfg.tile_rows), triton.cdiv(K, k_per_prog))
+    k_per_prog = _cdiv(K, cfg.tile_cols) * cfg.tile_cols if prologue == 1 else cfg.tile_cols * cfg.k_tiles
+    grid = (_cdiv(R, cfg.tile_rows), _cdiv(K, k_per_prog))
     ep = _element_params(elem, overflow)
     frac_scale = float(2.0 ** elem.frac_bits)
     p32 = _pack32(fmt, cfg)
@@ -385,7 +403,7 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         SIBITS=fmt.scale.storage.itemsize * 8, RULE=_RULES[fmt.scale_rule],
         TWO_LEVEL=two, GS_DYNAMIC=dynamic, NP=np_, LAYOUT=lay,
         ROUNDING=0 if rounding is Rounding.NEAREST_EVEN else 1,
-        NONFIN={NonFinite.PROPAGATE: 0, NonFinite.ZERO: 1, NonFinite.ERROR: 2}[nonfinite],
+        NONFIN=_NONFIN[nonfinite],
         DEFAULT_NAN=_DEFAULT_NAN, MUL_NAN_SECOND=_MUL_NAN_SECOND, PROLOGUE=prologue, N_ITER=k_per_prog // cfg.tile_cols,
         MANUAL_BF16=_MANUAL_BF16, PACK32=p32, FAST=True, MARKSTEIN=_MARKSTEIN,
         HW_FP8=_hw_fp8(elem, rounding, overflow), ASM=_ASM,
@@ -506,7 +524,7 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
     scales = scales.view(torch.uint8) if skind < 2 else scales
     data = q.data.contiguous()
     nan = sorted(e.nan_codes)
-    grid = (triton.cdiv(R, cfg.tile_rows), triton.cdiv(K, cfg.tile_cols))
+    grid = (_cdiv(R, cfg.tile_rows), _cdiv(K, cfg.tile_cols))
     g = q.global_scale
     if g is not None:
         g = g.to(device=q.device, dtype=torch.float32).reshape(1)
