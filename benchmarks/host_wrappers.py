@@ -3,7 +3,7 @@ included): what a call costs in Python and torch before the GPU sees it.
 
     python benchmarks/host_wrappers.py
 
-Prints µs per call (best of 3 rounds) for quantize MXFP4, quantize NVFP4 with a static
+Prints µs per call (best of 9 rounds: shared machines are noisy) for quantize MXFP4, quantize NVFP4 with a static
 global scale, dequantize MXFP4 and the prefill linear wrapper, on 1024x1024 bf16.
 """
 import os
@@ -18,11 +18,11 @@ from microscale import qlinear as L  # noqa: E402
 from microscale.kernels import quantize as kq  # noqa: E402
 
 
-def per_call_us(fn, n: int = 3000) -> float:
+def per_call_us(fn, n: int = 1000, rounds: int = 9) -> float:
     for _ in range(50):
         fn()
     best = float("inf")
-    for _ in range(3):
+    for _ in range(rounds):
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
