@@ -133,3 +133,56 @@ def test_gemv_rejects_bad_config(gen):
         gemv(torch.randn(1, 64).to(torch.bfloat16).to(DEV), q, None, use_asm=False)
     with pytest.raises(ValueError, match="no decode"):
         gemv(x, ms.quantize(torch.randn(16, 128, generator=gen), "mxfp6_e2m3").to(DEV), None, use_asm=False)
+
+
+def _run_int_ptx(lines: list[str], regs: dict) -> dict:
+    """The integer PTX the 4-bit float decode emits (shl / shr / and / or / mov on b32),
+    lane-parallel over numpy uint32 arrays."""
+    import numpy as np
+
+    def val(tok):
+        tok = tok.strip()
+        return regs[tok] if tok in regs else np.uint32(int(tok, 0) & 0xFFFFFFFF)
+
+    for stmt in (s.strip() for s in " ".join(lines).split(";")):
+        if not stmt:
+            continue
+        op, _, rest = stmt.partition(" ")
+        d, *src = (t.strip() for t in rest.split(","))
+        if op == "shl.b32":
+            regs[d] = (val(src[0]).astype(np.uint64) << int(src[1])).astype(np.uint32)
+        elif op == "shr.u32":
+            regs[d] = val(src[0]) >> np.uint32(int(src[1]))
+        elif op == "and.b32":
+            regs[d] = val(src[0]) & val(src[1])
+        elif op == "or.b32":
+            regs[d] = val(src[0]) | val(src[1])
+        elif op == "mov.b32":
+            regs[d] = val(src[0]).copy()
+        else:
+            raise NotImplementedError(op)
+    return regs
+
+
+def test_f4_decode_ptx_bit_placement(gen):
+    """The GEMV's E2M1 word decode (the PTX the GPU runs): f16 pair ``j`` holds elements
+    ``j`` (low half) and ``j + 4`` (high half), each as sign -> bit 15 and the three
+    magnitude bits at ``10 - MBITS``: checked bit for bit on every nibble in every slot."""
+    import ml_dtypes
+    import numpy as np
+
+    words = torch.randint(-2**31, 2**31, (4096,), generator=gen, dtype=torch.int64).numpy().astype(np.uint32)
+    every = np.array([v * 0x11111111 for v in range(16)], dtype=np.uint32)  # each nibble value in each slot
+    w = np.concatenate([words, every, np.arange(16, dtype=np.uint32) << 28])
+    out = [f"p{j}" for j in range(4)]
+    regs = _run_int_ptx(kern._decode_word_ptx(kern.F4, 1, "w", out), {"w": w})
+    pos = 10 - 1
+    for j in range(4):
+        for half, e in ((0, j), (1, j + 4)):
+            nib = (w >> np.uint32(4 * e)) & np.uint32(0xF)
+            want = ((nib >> np.uint32(3)) << np.uint32(15)) | ((nib & np.uint32(7)) << np.uint32(pos))
+            got = (regs[out[j]] >> np.uint32(16 * half)) & np.uint32(0xFFFF)
+            assert (got == want).all(), (j, half)
+            # the value: the E2M1 element times 2^(BIAS - 15) (ml_dtypes as the oracle)
+            ref = nib.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64) * 2.0 ** -14
+            assert (got.astype(np.uint16).view(np.float16).astype(np.float64) == ref).all()
