@@ -12,6 +12,7 @@ JSON to $OUT/gemv.json.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import os
 import sys
 import time
@@ -96,13 +97,16 @@ def main() -> None:
             x[-1, 5] = 300.0  # an outlier: the row's power of two follows it
             bias = torch.randn(n, device=dev, generator=g)
             ref = x.double() @ q.dequantize(torch.float64).T + bias.double()
-            for asm, pdl in ((True, False), (True, True), (False, False)):
+            for asm, pdl, sel in ((True, False, False), (True, True, False), (False, False, False),
+                                  (True, False, True)):
                 cfg = L.GemvConfig(block_n=4, block_kw=128, pdl=True, prefetch=True) if pdl else None
+                if sel:  # the select decode of 4-bit float codes (GemvConfig.f4_select)
+                    cfg = replace(L.choose_gemv_config(n, k, dev, m), f4_select=True)
                 out = L.gemv(x, q, bias, cfg, use_asm=asm)
                 e = ((out.double() - ref).norm() / ref.norm()).item()
                 good = bool(torch.isfinite(out).all()) and e < 1e-2 and out.dtype == x.dtype
                 ok &= good
-                res["checks"].append(dict(fmt=name, m=m, n=n, k=k, asm=asm, pdl=pdl, rel_err=e, ok=good))
+                res["checks"].append(dict(fmt=name, m=m, n=n, k=k, asm=asm, pdl=pdl, select=sel, rel_err=e, ok=good))
                 if not good or (asm and m == 4):
                     print(f"check {name:17s} m={m} n={n:5d} k={k:5d} asm={asm!s:5s} err={e:.2e} "
                           f"{'ok' if good else 'FAIL'}", flush=True)
@@ -128,15 +132,17 @@ def main() -> None:
         if m not in cub:
             cub[m] = bench([lambda wt=wt: F.linear(x, wt) for wt in wb])
         qbytes = ql[0].nbytes
-        for cfg in [None] + [L.GemvConfig(bn, bkw, 1, nw, st, pdl=bool(p), prefetch=bool(pf))
-                             for bn, bkw, nw, st, p, pf in grid]:
+        sel = [replace(L.choose_gemv_config(n, k, dev, m), f4_select=True)] if fname in ("nvfp4", "mxfp4") else []
+        for cfg in [None] + sel + [L.GemvConfig(bn, bkw, 1, nw, st, pdl=bool(p), prefetch=bool(pf))
+                                   for bn, bkw, nw, st, p, pf in grid]:
             try:
                 t = bench([lambda q=q: L.gemv(x, q, None, cfg) for q in ql])
             except Exception as exc:  # a variant that does not compile is reported, not fatal
                 print(f"variant {cfg} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
                 continue
             r = dict(fmt=fname, m=m, n=n, k=k, variant="auto" if cfg is None else f"{cfg.block_n}x{cfg.block_kw}"
-                     f"w{cfg.num_warps}s{cfg.num_stages}{'p' if cfg.pdl else ''}{'f' if cfg.prefetch else ''}", ms=t, cublas_ms=cub[m], speedup=cub[m] / t,
+                     f"w{cfg.num_warps}s{cfg.num_stages}{'p' if cfg.pdl else ''}{'f' if cfg.prefetch else ''}"
+                     f"{'x' if cfg.f4_select else ''}", ms=t, cublas_ms=cub[m], speedup=cub[m] / t,
                      GBps=qbytes / (t * 1e-3) / 1e9, pct_copy=qbytes / (t * 1e-3) / 1e9 / bw)
             res["timings"].append(r)
             rows.append(r)

@@ -63,8 +63,32 @@ def x_exponent(kind: int, chain: int, scale_max: float = 1.0) -> int:
     return min(15, math.floor(math.log2(65504.0 / (_WMAX[kind] * per_lane * scale_max))))
 
 
-def _decode_word_ptx(kind: int, mbits: int, w: str, out: list[str]) -> list[str]:
-    """PTX lines decoding int32 register ``w`` into f16x2 registers ``out``."""
+def _decode_word_ptx(kind: int, mbits: int, w: str, out: list[str], select: bool = False) -> list[str]:
+    """PTX lines decoding int32 register ``w`` into f16x2 registers ``out``. ``select``
+    (4-bit floats): the select decode (12 integer ops per word against ~16; same pairs)."""
+    if kind == F4 and select:
+        # The f16 wants each sign 5 + MBITS bits above its magnitude's first bit, the nibble
+        # has it 3 above: so w << D (D = 2 + MBITS) carries every sign to where its pair
+        # needs it, and one select per element parity merges magnitudes (from w) and signs
+        # (from w << D): z_even holds elements 0, 2, 4, 6 and z_odd 1, 3, 5 in f16 shape, each
+        # pair then one shift + mask. Element 7's sign would leave the word, but pair (3, 7)
+        # already has its signs at bits 15 / 31: magnitudes shifted down, signs masked in.
+        pos = 10 - mbits  # bit where the 3 magnitude bits start in an f16
+        d = 2 + mbits
+        mag = (0b111 << pos) | (0b111 << (pos + 16))
+        full = hex(mag | 0x80008000)
+        # (lop3 0xE4: a where c is set, b elsewhere, one instruction; written as and/or,
+        # ptxas spends two)
+        lines = [f"shl.b32 u, {w}, {d};",
+                 f"lop3.b32 m, {w}, u, 0x07070707, 0xE4;",  # z_even
+                 f"lop3.b32 k, {w}, u, 0x70707070, 0xE4;"]  # z_odd
+        for j, (z, base) in enumerate((("m", 0), ("k", 4), ("m", 8))):  # pairs (0,4), (1,5), (2,6)
+            sh = pos - base
+            lines.append((f"shl.b32 {out[j]}, {z}, {sh}; " if sh else f"mov.b32 {out[j]}, {z}; ")
+                         + f"and.b32 {out[j]}, {out[j]}, {full};")
+        lines.append(f"shr.u32 s, {w}, {12 - pos}; and.b32 s, s, {hex(mag)}; "  # pair (3, 7)
+                     f"and.b32 {out[3]}, {w}, 0x80008000; or.b32 {out[3]}, {out[3]}, s;")
+        return lines
     if kind == F4:
         pos = 10 - mbits  # bit where the 3 magnitude bits start in an f16
         mask = hex((0b111 << pos) | (0b111 << (pos + 16)))
@@ -103,7 +127,7 @@ def _decode_word_ptx(kind: int, mbits: int, w: str, out: list[str]) -> list[str]
 
 
 @functools.lru_cache(maxsize=None)  # per call otherwise: ~12 us of host time (stubbed-kernel profile)
-def word_asm(kind: int, mbits: int, tokens: int) -> str:
+def word_asm(kind: int, mbits: int, tokens: int, select: bool = False) -> str:
     """PTX for one int32 word of codes and ``tokens`` tokens: the f16x2 sum of the word's
     products with each token's activation pairs, packed in an int32 per token.
 
@@ -120,7 +144,7 @@ def word_asm(kind: int, mbits: int, tokens: int) -> str:
         body.append("mov.b32 k, 0x64086408;")  # 1032 = 1024 + 8
     elif kind in HAS_ZP_KIND:
         body.append(f"mov.b32 k, ${tokens + 1};")
-    body += _decode_word_ptx(kind, mbits, f"${tokens}", [f"p{i}" for i in range(xr)])
+    body += _decode_word_ptx(kind, mbits, f"${tokens}", [f"p{i}" for i in range(xr)], select)
     for t in range(tokens):
         for j in range(xr):
             xo = f"${x0 + t * xr + j}"

@@ -136,7 +136,7 @@ def test_gemv_rejects_bad_config(gen):
 
 
 def _run_int_ptx(lines: list[str], regs: dict) -> dict:
-    """The integer PTX the 4-bit float decode emits (shl / shr / and / or / mov on b32),
+    """The integer PTX the 4-bit float decode emits (shl / shr / and / or / lop3 / mov on b32),
     lane-parallel over numpy uint32 arrays."""
     import numpy as np
 
@@ -157,6 +157,14 @@ def _run_int_ptx(lines: list[str], regs: dict) -> dict:
             regs[d] = val(src[0]) & val(src[1])
         elif op == "or.b32":
             regs[d] = val(src[0]) | val(src[1])
+        elif op == "lop3.b32":  # bit i of the result: LUT bit (a_i << 2 | b_i << 1 | c_i) of the
+            # immediate, as the PTX ISA defines it (a = 0xF0, b = 0xCC, c = 0xAA)
+            a, b, c, lut = val(src[0]), val(src[1]), val(src[2]), int(src[3], 0)
+            r = np.zeros_like(a)
+            for i in range(8):
+                if lut >> i & 1:
+                    r |= (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c)
+            regs[d] = r
         elif op == "mov.b32":
             regs[d] = val(src[0]).copy()
         else:
@@ -164,7 +172,17 @@ def _run_int_ptx(lines: list[str], regs: dict) -> dict:
     return regs
 
 
-def test_f4_decode_ptx_bit_placement(gen):
+def test_lop3_model():
+    """The interpreter's lop3 against the ISA's definition on its three canonical inputs."""
+    import numpy as np
+
+    for lut in (0xE4, 0xC0, 0xF8, 0x96, 0x01, 0xFE):
+        r = _run_int_ptx([f"lop3.b32 d, 0xF0, 0xCC, 0xAA, {lut};"], {})
+        assert int(np.uint32(r["d"])) & 0xFF == lut
+
+
+@pytest.mark.parametrize("select", [False, True])
+def test_f4_decode_ptx_bit_placement(gen, select):
     """The GEMV's E2M1 word decode (the PTX the GPU runs): f16 pair ``j`` holds elements
     ``j`` (low half) and ``j + 4`` (high half), each as sign -> bit 15 and the three
     magnitude bits at ``10 - MBITS``: checked bit for bit on every nibble in every slot."""
@@ -175,7 +193,7 @@ def test_f4_decode_ptx_bit_placement(gen):
     every = np.array([v * 0x11111111 for v in range(16)], dtype=np.uint32)  # each nibble value in each slot
     w = np.concatenate([words, every, np.arange(16, dtype=np.uint32) << 28])
     out = [f"p{j}" for j in range(4)]
-    regs = _run_int_ptx(kern._decode_word_ptx(kern.F4, 1, "w", out), {"w": w})
+    regs = _run_int_ptx(kern._decode_word_ptx(kern.F4, 1, "w", out, select), {"w": w})
     pos = 10 - 1
     for j in range(4):
         for half, e in ((0, j), (1, j + 4)):
