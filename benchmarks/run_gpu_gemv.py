@@ -100,8 +100,8 @@ def main() -> None:
             for asm, pdl, sel in ((True, False, False), (True, True, False), (False, False, False),
                                   (True, False, True)):
                 cfg = L.GemvConfig(block_n=4, block_kw=128, pdl=True, prefetch=True) if pdl else None
-                if sel:  # the select decode of 4-bit float codes (GemvConfig.f4_select)
-                    cfg = replace(L.choose_gemv_config(n, k, dev, m), f4_select=True)
+                if sel:  # the select decode and the paired scale loads (GemvConfig.f4_select / scale_pairs)
+                    cfg = replace(L.choose_gemv_config(n, k, dev, m), f4_select=True, scale_pairs=True)
                 out = L.gemv(x, q, bias, cfg, use_asm=asm)
                 e = ((out.double() - ref).norm() / ref.norm()).item()
                 good = bool(torch.isfinite(out).all()) and e < 1e-2 and out.dtype == x.dtype
@@ -132,7 +132,9 @@ def main() -> None:
         if m not in cub:
             cub[m] = bench([lambda wt=wt: F.linear(x, wt) for wt in wb])
         qbytes = ql[0].nbytes
-        sel = [replace(L.choose_gemv_config(n, k, dev, m), f4_select=True)] if fname in ("nvfp4", "mxfp4") else []
+        d0 = L.choose_gemv_config(n, k, dev, m)
+        sel = [replace(d0, f4_select=True)] if fname in ("nvfp4", "mxfp4") else []
+        sel += [replace(d0, scale_pairs=True), replace(d0, f4_select=True, scale_pairs=True)] if fname == "nvfp4" else []
         for cfg in [None] + sel + [L.GemvConfig(bn, bkw, 1, nw, st, pdl=bool(p), prefetch=bool(pf))
                                    for bn, bkw, nw, st, p, pf in grid]:
             try:
@@ -142,7 +144,7 @@ def main() -> None:
                 continue
             r = dict(fmt=fname, m=m, n=n, k=k, variant="auto" if cfg is None else f"{cfg.block_n}x{cfg.block_kw}"
                      f"w{cfg.num_warps}s{cfg.num_stages}{'p' if cfg.pdl else ''}{'f' if cfg.prefetch else ''}"
-                     f"{'x' if cfg.f4_select else ''}", ms=t, cublas_ms=cub[m], speedup=cub[m] / t,
+                     f"{'x' if cfg.f4_select else ''}{'y' if cfg.scale_pairs else ''}", ms=t, cublas_ms=cub[m], speedup=cub[m] / t,
                      GBps=qbytes / (t * 1e-3) / 1e9, pct_copy=qbytes / (t * 1e-3) / 1e9 / bw)
             res["timings"].append(r)
             rows.append(r)

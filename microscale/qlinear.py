@@ -543,7 +543,9 @@ class GemvConfig:
     the GEMV as a programmatic dependent of the activation prep (Hopper+); ``prefetch``:
     load the next K step's operands before the current step's arithmetic; ``f4_select``:
     4-bit float codes decoded by the select variant (``_gemv_kernels._decode_word_ptx``:
-    11% fewer SASS per word; not yet timed on the GPU, so off by default)."""
+    11% fewer SASS per word; not yet timed on the GPU, so off by default); ``scale_pairs``:
+    UE4M3 scales applied in the PTX loaded as 16-bit pairs of neighbouring chains (half the
+    loads, no shared-memory layout conversion; not yet timed, off by default)."""
 
     block_n: int = 8
     block_kw: int = 256
@@ -555,6 +557,7 @@ class GemvConfig:
     pdl: bool = False
     prefetch: bool = False
     f4_select: bool = False
+    scale_pairs: bool = False
 
 
 @functools.lru_cache(maxsize=256)
@@ -662,6 +665,8 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
            USE_PDL=pdl, num_warps=4)
     wv = _weight_views(q)
     scales = wv.scales_int
+    spair = (c.scale_pairs and s_in and scales.element_size() == 1 and scales.stride(0) % 2 == 0
+             and scales.data_ptr() % 2 == 0)
     split = c.split_k
     out = (torch.zeros if split > 1 else torch.empty)((m, n), dtype=torch.float32 if split > 1 else x2.dtype,
                                                       device=x2.device)
@@ -679,7 +684,7 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
         BLOCK_N=c.block_n, BLOCK_KW=c.block_kw, KW_PER_SPLIT=kw_per, SPLIT_K=split, CHAIN=chain, T=tokens,
         USE_ASM=asm, ASM=kern.word_asm(kind, el.mbits, tokens, c.f4_select) if asm else "",
         CONS=kern.word_constraints(kind, tokens), SCALE_IN_ASM=s_in,
-        USE_PDL=pdl, PREFETCH=c.prefetch, HAS_ZP=f.zero_point, **({"launch_pdl": True} if pdl else {}),
+        USE_PDL=pdl, PREFETCH=c.prefetch, HAS_ZP=f.zero_point, SPAIR=spair, **({"launch_pdl": True} if pdl else {}),
         EVEN_N=n % c.block_n == 0, EVEN_K=kw_per * split == kw, num_warps=c.num_warps, num_stages=c.num_stages)
     return out.to(x2.dtype) if split > 1 else out
 

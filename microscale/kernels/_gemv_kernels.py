@@ -274,7 +274,7 @@ def _hadd2(a, b):
 @triton.jit
 def _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k0, KW: tl.constexpr,
                XR: tl.constexpr, T: tl.constexpr, WPG: tl.constexpr, CHAIN: tl.constexpr, BLOCK_KW: tl.constexpr,
-               EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, HAS_ZP: tl.constexpr):
+               EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False):
     """One K step's operands from word ``k0``: codes ``[BLOCK_N, BLOCK_KW]``, raw block
     scales ``[BLOCK_N, BLOCK_KW // CHAIN]`` (one per chain), the zero-point operand per
     word (f16x2 ``1024 + z``; 0 without zero points) and each token's activation planes
@@ -282,15 +282,21 @@ def _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, str
     NC: tl.constexpr = BLOCK_KW // CHAIN
     kw = k0 + tl.arange(0, BLOCK_KW)
     kw_ok = kw < KW
-    kc = k0 + CHAIN * tl.arange(0, NC)  # first word of each chain
+    if SPAIR:  # one 16-bit load per pair of chains (byte scales, a chain per block): ra | rb << 8
+        kc = k0 + 2 * CHAIN * tl.arange(0, NC // 2)
+        s_ptrs = s_ptr.to(tl.pointer_type(tl.int16)) + offs_n[:, None] * (stride_s // 2) + (kc // WPG // 2)[None, :]
+    else:
+        kc = k0 + CHAIN * tl.arange(0, NC)  # first word of each chain
+        s_ptrs = s_ptr + offs_n[:, None] * stride_s + (kc // WPG)[None, :]
     w_ptrs = w_ptr + offs_n[:, None] * stride_w + kw[None, :]
-    s_ptrs = s_ptr + offs_n[:, None] * stride_s + (kc // WPG)[None, :]
     if EVEN_N and EVEN_K:  # no masks: unpredicated 16-byte loads
         w = tl.load(w_ptrs)
         raw = tl.load(s_ptrs).to(tl.int32)
     else:
         w = tl.load(w_ptrs, mask=n_ok[:, None] & kw_ok[None, :], other=0)
         raw = tl.load(s_ptrs, mask=n_ok[:, None] & (kc < KW)[None, :], other=0).to(tl.int32)
+    if SPAIR:
+        raw = raw & 0xFFFF
     if HAS_ZP:  # per word (an L1 hit after the first of its block): f16x2 of 1024 + z
         z_ptrs = z_ptr + offs_n[:, None] * stride_z + (kw // WPG)[None, :]
         if EVEN_N and EVEN_K:
@@ -336,7 +342,8 @@ def _word_parts(w, kz, xs, XR: tl.constexpr, T: tl.constexpr, KIND: tl.constexpr
 
 
 @triton.jit
-def _chain_finish(p, raw, CHAIN: tl.constexpr, USE_ASM: tl.constexpr, SCALE_IN_ASM: tl.constexpr):
+def _chain_finish(p, raw, CHAIN: tl.constexpr, USE_ASM: tl.constexpr, SCALE_IN_ASM: tl.constexpr,
+                  SPAIR: tl.constexpr = False):
     """``[R, C]`` word parts -> ``[R, C // CHAIN]`` float32 chain sums (f16 adds in the PTX
     path); with ``SCALE_IN_ASM``, times the E4M3 block scales ``raw`` and two neighbouring
     chains added in f16: ``[R, C // CHAIN // 2]``."""
@@ -349,14 +356,21 @@ def _chain_finish(p, raw, CHAIN: tl.constexpr, USE_ASM: tl.constexpr, SCALE_IN_A
             h = p
         if SCALE_IN_ASM:
             ha, hb = tl.split(tl.reshape(h, [R, NC // 2, 2]))
-            ra, rb = tl.split(tl.reshape(raw, [R, NC // 2, 2]))
-            out = tl.inline_asm_elementwise(FINISH2_E4M3_ASM, "=f,r,r,r", [ha, hb, ra | (rb << 8)],
+            if SPAIR:  # (``raw``: the pairs' scales as loaded, ``[R, NC // 2]``)
+                rab = raw
+            else:
+                ra, rb = tl.split(tl.reshape(raw, [R, NC // 2, 2]))
+                rab = ra | (rb << 8)
+            out = tl.inline_asm_elementwise(FINISH2_E4M3_ASM, "=f,r,r,r", [ha, hb, rab],
                                             dtype=tl.float32, is_pure=True, pack=1)
         else:
             out = tl.inline_asm_elementwise(FINISH_ASM, "=f,r", [h], dtype=tl.float32, is_pure=True, pack=1)
     else:
         out = tl.sum(tl.reshape(p, [R, NC, CHAIN]), 2)
-        if SCALE_IN_ASM:
+        if SCALE_IN_ASM and SPAIR:
+            oa, ob = tl.split(tl.reshape(out, [R, NC // 2, 2]))
+            out = oa * _decode_scale(raw & 0xFF, 2) + ob * _decode_scale(raw >> 8, 2)
+        elif SCALE_IN_ASM:
             out = tl.sum(tl.reshape(out * _decode_scale(raw, 2), [R, NC // 2, 2]), 2)
     return out
 
@@ -370,7 +384,7 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, KW_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
     CHAIN: tl.constexpr, T: tl.constexpr, USE_ASM: tl.constexpr, ASM: tl.constexpr, CONS: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, SCALE_IN_ASM: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH: tl.constexpr, HAS_ZP: tl.constexpr,
+    PREFETCH: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False,
 ):
     """out[m, n] (+)= sum_k x[m, k] * W[n, k] over this program's K slice (split-K: fp32
     atomics into a zeroed fp32 ``out``; else the final dtype is written directly).
@@ -398,16 +412,16 @@ def _gemv_kernel(
             accs = accs + (tl.zeros([BLOCK_N, NC // 2 if SCALE_IN_ASM else NC], dtype=tl.float32),)
         if PREFETCH:
             w, raw, kz, xs = _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k_lo,
-                                        KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP)
+                                        KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR)
         for i in range(0, KW_PER_SPLIT, BLOCK_KW):
             if PREFETCH:  # issue the next step's loads before this step's arithmetic
                 nxt = tl.minimum(i + BLOCK_KW, KW_PER_SPLIT - BLOCK_KW)
                 w2, raw2, kz2, xs2 = _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s,
                                                 stride_z, k_lo + nxt, KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K,
-                                                HAS_ZP)
+                                                HAS_ZP, SPAIR)
             else:
                 w, raw, kz, xs = _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z,
-                                            k_lo + i, KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP)
+                                            k_lo + i, KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR)
             parts = _word_parts(w, kz, xs, XR, T, KIND, MBITS, USE_ASM, ASM, CONS, HAS_ZP)
             if SCALE_IN_ASM:
                 scale = 1.0
@@ -420,7 +434,7 @@ def _gemv_kernel(
                     xf = tl.load(xs_ptr + (m0 + t) * NCH + chunk)
                 else:
                     xf = tl.load(xs_ptr + (m0 + t) * NCH + chunk, mask=chunk < NCH, other=0.0)
-                new = new + (accs[t] + _chain_finish(parts[t], raw, CHAIN, USE_ASM, SCALE_IN_ASM) * (scale * xf),)
+                new = new + (accs[t] + _chain_finish(parts[t], raw, CHAIN, USE_ASM, SCALE_IN_ASM, SPAIR) * (scale * xf),)
             accs = new
             if PREFETCH:
                 w = w2

@@ -204,3 +204,22 @@ def test_f4_decode_ptx_bit_placement(gen, select):
             # the value: the E2M1 element times 2^(BIAS - 15) (ml_dtypes as the oracle)
             ref = nib.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64) * 2.0 ** -14
             assert (got.astype(np.uint16).view(np.float16).astype(np.float64) == ref).all()
+
+
+@pytest.mark.parametrize("asm", ASM)
+@pytest.mark.parametrize("m,n", [(1, 40), (3, 37)])
+def test_scale_pairs_and_select_match_the_default(m, n, asm, gen):
+    """``GemvConfig.scale_pairs`` (UE4M3 scales loaded as 16-bit chain pairs) and
+    ``f4_select`` (the select decode): the same results as the default config, and within
+    the GEMV's bound of float64, ragged rows included."""
+    k = 512
+    q = ms.quantize(torch.randn(n, k, generator=gen), "nvfp4")
+    x = (torch.randn(m, k, generator=gen) * 3).to(torch.bfloat16)
+    ref = x.double() @ q.dequantize(torch.float64).T
+    base = GemvConfig(block_n=8, block_kw=32)
+    want = gemv(x.to(DEV), q.to(DEV), None, base, use_asm=asm)
+    for cfg in (GemvConfig(block_n=8, block_kw=32, scale_pairs=True),
+                GemvConfig(block_n=8, block_kw=32, scale_pairs=True, f4_select=True, prefetch=True)):
+        got = gemv(x.to(DEV), q.to(DEV), None, cfg, use_asm=asm)
+        assert rel(got, ref) < 1e-2
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)
