@@ -65,7 +65,7 @@ import torch
 
 from . import reference
 from .formats import Format, pack_codes, unpack_codes
-from .kernels._launch import launch
+from .kernels._launch import cdiv, launch, next_pow2
 from .qtensor import QTensor
 
 __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_config", "gemv", "gemv_supported",
@@ -308,7 +308,7 @@ def choose_config(m: int, pw: PackedLinearWeight, x_dtype: torch.dtype, device: 
     pair = cb == 4 and x_dtype == torch.bfloat16
     bn = 128 if n >= 128 else 64
     if m <= 64:
-        bm = max(16, triton_next_pow2(m))
+        bm = max(16, next_pow2(m))
         bkw = 32 if cb == 4 else 64
         tiles = math.ceil(n / bn) * math.ceil(m / bm)
         want = 4 * _num_sms(device)
@@ -319,15 +319,6 @@ def choose_config(m: int, pw: PackedLinearWeight, x_dtype: torch.dtype, device: 
     bm = 128 if m <= 256 else 256
     return LinearConfig(block_n=bn, block_m=bm, block_kw=16 if cb == 4 else 32, split_k=1, pair=pair,
                         num_warps=8, num_stages=3)
-
-
-def _cdiv(a: int, b: int) -> int:
-    """``ceil(a / b)`` for host ints (``triton.cdiv`` costs microseconds per host call)."""
-    return -(-a // b)
-
-
-def triton_next_pow2(v: int) -> int:
-    return 1 << max(0, int(v - 1).bit_length())
 
 
 # ----------------------------------------------------------------------------------
@@ -394,7 +385,7 @@ def _launch(x2: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None,
     gs = pw.global_scale if pw.global_scale is not None else dummy
     b = bias if bias is not None else dummy
     stride_z = zp.stride(0) if pw.zero_points is not None else 0
-    grid_n, grid_m = _cdiv(n, c.block_n), _cdiv(m, c.block_m)
+    grid_n, grid_m = cdiv(n, c.block_n), cdiv(m, c.block_m)
     if c.split_k > 1:
         ws, cnt = _workspace(x2.device, c.split_k * grid_n * grid_m * c.block_n * c.block_m, grid_n * grid_m)
     else:
@@ -404,7 +395,7 @@ def _launch(x2: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None,
         x2, pw.codes, pw.scales, zp, gs, b, out, ws, cnt, m, n, k, kw, x2.stride(0), out.stride(0),
         pw.codes.stride(0), pw.scales.stride(0), stride_z, **ce, HAS_BIAS=bias is not None,
         BLOCK_N=c.block_n, BLOCK_M=c.block_m, BLOCK_KW=c.block_kw, SPLIT_K=c.split_k, PAIR=c.pair,
-        INTERP=_interpreting(), ITERS=_cdiv(_cdiv(kw, c.split_k), c.block_kw),
+        INTERP=_interpreting(), ITERS=cdiv(cdiv(kw, c.split_k), c.block_kw),
         EVEN_K=k == kw * s, num_warps=c.num_warps, num_stages=c.num_stages)
     return out
 
@@ -545,7 +536,7 @@ class GemvConfig:
     4-bit float codes decoded by the select variant (``_gemv_kernels._decode_word_ptx``:
     11% fewer SASS per word; not yet timed on the GPU, so off by default); ``scale_pairs``:
     UE4M3 scales applied in the PTX loaded as 16-bit pairs of neighbouring chains (half the
-    loads, no shared-memory layout conversion; not yet timed, off by default)."""
+    loads, a smaller layout conversion; not yet timed, off by default)."""
 
     block_n: int = 8
     block_kw: int = 256
@@ -898,14 +889,14 @@ def _prefill_tiles(m: int, fmt: Format) -> PrefillConfig:
     el = fmt.element
     pair = el.kind == "float" and el.bits in (4, 8) and fmt.scale.name in ("e8m0", "ue4m3")
     if m <= 32:  # few tokens on the MMA's N side; K split so that all SMs stream the weight
-        bm = max(16, triton_next_pow2(m))
+        bm = max(16, next_pow2(m))
         if fmt.zero_point:
             return PrefillConfig(block_m=bm, block_n=64, block_k=256, group_m=1, num_warps=4, num_stages=3,
                                  swap=True, split_k=4)
         return PrefillConfig(block_m=bm, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4, swap=True,
                              pair=pair, split_k=2)
     if m < 256:
-        bm = min(64, triton_next_pow2(m))
+        bm = min(64, next_pow2(m))
         if fmt.zero_point:
             return PrefillConfig(block_m=bm, block_n=64, block_k=64, group_m=1, num_warps=4, num_stages=4, swap=True)
         return PrefillConfig(block_m=bm, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=3, swap=True,
@@ -965,7 +956,7 @@ def prefill(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     gs = q.global_scale if q.global_scale is not None else scales
     b = bias if bias is not None else scales
     cons = _format_constexprs(f, bool(f.element.has_nan or f.element.has_inf))
-    tiles = _cdiv(m, c.block_m) * _cdiv(n, c.block_n)
+    tiles = cdiv(m, c.block_m) * cdiv(n, c.block_n)
     ws = cnt = None
     if c.split_k > 1:  # partials as [split_k, m, n]
         ws, cnt = _workspace(x2.device, c.split_k * m * n, tiles)

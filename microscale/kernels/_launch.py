@@ -25,6 +25,17 @@ _CACHE: dict = {}
 _PARAMS: dict = {}
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for host ints (``triton.cdiv`` is a constexpr function: a few µs per
+    host call, several per launch)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= ``n`` (1 for ``n <= 1``), as ``triton.next_power_of_2``."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def _spec(a):
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.data_ptr() % 16 == 0, a.device.index)

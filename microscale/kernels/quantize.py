@@ -42,7 +42,7 @@ from ..formats import (
 from ..formats.elements import _enum
 from ..qtensor import QTensor
 from . import _quantize_kernels as _k
-from ._launch import launch
+from ._launch import cdiv, launch, next_pow2
 
 __all__ = ["QuantizeConfig", "choose_config", "choose_dequantize_config", "GemmQuantized", "quantize", "quantize_for_gemm", "dequantize",
            "unsupported_reason"]
@@ -51,16 +51,6 @@ __all__ = ["QuantizeConfig", "choose_config", "choose_dequantize_config", "GemmQ
 def _empty(shape, dtype, device) -> torch.Tensor:
     """Allocation of every kernel output (tests replace it to poison outputs)."""
     return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _cdiv(a: int, b: int) -> int:
-    """``ceil(a / b)`` (host ints; ``triton.cdiv`` costs a few µs per host call)."""
-    return -(-a // b)
-
-
-def _next_pow2(n: int) -> int:
-    """Smallest power of two >= ``n`` (>= 1)."""
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def _f32_bits(v: float) -> int:
@@ -250,13 +240,13 @@ def choose_config(fmt: Format, rows: int, k: int, packed: bool = False) -> Quant
     b, br = fmt.block_size, fmt.block_rows
     e = fmt.element
     if packed and fmt.global_scale:  # NVFP4: one warp, 1 x 1024, up to 4 tiles per program
-        tk = max(b, min(1024, _next_pow2(k)))
-        nt = _cdiv(k, tk)
+        tk = max(b, min(1024, next_pow2(k)))
+        nt = cdiv(k, tk)
         kt = next(t for t in (4, 2, 1) if nt % t == 0)  # (whole spans: no masked tiles)
-        return QuantizeConfig(max(1, min(_next_pow2(max(rows, 1)), 1024 // tk)), tk, 1, kt)
+        return QuantizeConfig(max(1, min(next_pow2(max(rows, 1)), 1024 // tk)), tk, 1, kt)
     wide = br == 1 and (packed or (not fmt.global_scale and e.kind == "float" and e.bits == 8))
-    tk = max(b, min(2048 if wide else 256, _next_pow2(k)))
-    tr = max(br, min(_next_pow2(max(rows, 1)), 4096 // tk))
+    tk = max(b, min(2048 if wide else 256, next_pow2(k)))
+    tr = max(br, min(next_pow2(max(rows, 1)), 4096 // tk))
     return QuantizeConfig(tr, tk, _warps(tr * tk, 8 if tr * tk > 8192 else 4))
 
 
@@ -276,12 +266,12 @@ def choose_dequantize_config(fmt: Format, rows: int, k: int) -> QuantizeConfig:
     0.910 at the earlier 16 x 512 (32 x 1024)."""
     b, br = fmt.block_size, fmt.block_rows
     if br == 1:
-        tk = max(b, min(2048, _next_pow2(k)))
-        tr = max(1, min(_next_pow2(max(rows, 1)), 8192 // tk))
+        tk = max(b, min(2048, next_pow2(k)))
+        tr = max(1, min(next_pow2(max(rows, 1)), 8192 // tk))
         return QuantizeConfig(tr, tk, _warps(tr * tk, 8 if tr * tk > 8192 else 4))
     wide = fmt.element.bits == 8
-    tk = max(b, min(1024 if wide else 512, _next_pow2(k)))
-    tr = max(br, min(_next_pow2(max(rows, 1)), (32768 if wide else 8192) // tk))
+    tk = max(b, min(1024 if wide else 512, next_pow2(k)))
+    tr = max(br, min(next_pow2(max(rows, 1)), (32768 if wide else 8192) // tk))
     return QuantizeConfig(tr, tk, _warps(tr * tk, 8 if tr * tk >= 8192 else 4))
 
 
@@ -376,9 +366,9 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
             raise NotImplementedError("fused prologues need a static global_scale for two-level formats")
         n = x2.numel()
         BLOCK = 4096
-        chunks = _cdiv(n, BLOCK)
-        iters = _next_pow2(_cdiv(chunks, _NP_MAX))
-        progs = _cdiv(chunks, iters)
+        chunks = cdiv(n, BLOCK)
+        iters = next_pow2(cdiv(chunks, _NP_MAX))
+        progs = cdiv(chunks, iters)
         # one atomic maximum: each quantize program then reads one word instead of up to
         # _NP_MAX partial maxima (2.5 SASS instructions per element at 16 x 256 tiles)
         parts = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -386,8 +376,8 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         launch(_k._finite_amax_partials_kernel, (progs,), x2, parts, n, BLOCK=BLOCK, ITERS=iters, ATOMIC=True,
                num_warps=8)
         gs_out = torch.empty(2, dtype=torch.float32, device=dev)
-    k_per_prog = _cdiv(K, cfg.tile_cols) * cfg.tile_cols if prologue == 1 else cfg.tile_cols * cfg.k_tiles
-    grid = (_cdiv(R, cfg.tile_rows), _cdiv(K, k_per_prog))
+    k_per_prog = cdiv(K, cfg.tile_cols) * cfg.tile_cols if prologue == 1 else cfg.tile_cols * cfg.k_tiles
+    grid = (cdiv(R, cfg.tile_rows), cdiv(K, k_per_prog))
     ep = _element_params(elem, overflow)
     frac_scale = float(2.0 ** elem.frac_bits)
     p32 = _pack32(fmt, cfg)
@@ -524,7 +514,7 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
     scales = scales.view(torch.uint8) if skind < 2 else scales
     data = q.data.contiguous()
     nan = sorted(e.nan_codes)
-    grid = (_cdiv(R, cfg.tile_rows), _cdiv(K, cfg.tile_cols))
+    grid = (cdiv(R, cfg.tile_rows), cdiv(K, cfg.tile_cols))
     g = q.global_scale
     if g is not None:
         g = g.to(device=q.device, dtype=torch.float32).reshape(1)

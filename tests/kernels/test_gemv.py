@@ -209,9 +209,10 @@ def test_f4_decode_ptx_bit_placement(gen, select):
 @pytest.mark.parametrize("asm", ASM)
 @pytest.mark.parametrize("m,n", [(1, 40), (3, 37)])
 def test_scale_pairs_and_select_match_the_default(m, n, asm, gen):
-    """``GemvConfig.scale_pairs`` (UE4M3 scales loaded as 16-bit chain pairs) and
-    ``f4_select`` (the select decode): the same results as the default config, and within
-    the GEMV's bound of float64, ragged rows included."""
+    """``GemvConfig.scale_pairs`` (UE4M3 scales loaded as 16-bit chain pairs) and, on a GPU
+    where the PTX runs, ``f4_select`` (the select decode; on CPU its PTX is checked by
+    :func:`test_f4_decode_ptx_bit_placement`): the same results as the default config and
+    within the GEMV's bound of float64, ragged rows included."""
     k = 512
     q = ms.quantize(torch.randn(n, k, generator=gen), "nvfp4")
     x = (torch.randn(m, k, generator=gen) * 3).to(torch.bfloat16)
