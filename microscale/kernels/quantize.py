@@ -319,7 +319,10 @@ def _prepare(x, fmt, scale_rule, block_size, rounding, overflow, nonfinite, glob
             g = float(global_scale)
             if not (0 < g < float("inf")):
                 raise ValueError(f"{op}: global_scale={g} must be finite and > 0")
-        gscale = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(())
+            # a fill kernel, not a host-to-device copy, so the call can be captured in a CUDA graph
+            gscale = torch.full((), g, dtype=torch.float32, device=x.device)
+        else:
+            gscale = global_scale.to(device=x.device, dtype=torch.float32).reshape(())
     return fmt, rounding, overflow, nonfinite, xp, gscale
 
 
