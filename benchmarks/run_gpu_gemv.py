@@ -8,6 +8,8 @@ weights rotated past the 60 MB L2, each timed as a CUDA-graph replay. Short tabl
 JSON to $OUT/gemv.json.
 
     PYTHONPATH=. python benchmarks/run_gpu_gemv.py [--quick]
+    GEMV_ONLY=nvfp4:2,nvfp4:4 PYTHONPATH=. python benchmarks/run_gpu_gemv.py   (those timing rows)
+    GEMV_NOCHECK=1 ...   (no correctness checks: timings only)
 """
 from __future__ import annotations
 
@@ -88,7 +90,7 @@ def main() -> None:
     res, bw = start_run()
     g = torch.Generator(device=dev).manual_seed(7)
     ok = True
-    for name in CHECK_FORMATS:
+    for name in () if os.environ.get("GEMV_NOCHECK") == "1" else CHECK_FORMATS:  # (timings only)
         for (m, n, k) in [(1, 4096, 4096), (3, 1000, 2048), (4, 8192, 8192), (2, 256, 28672)]:
             w = torch.randn(n, k, device=dev, generator=g)
             q = ms.quantize(w, name)
@@ -100,8 +102,8 @@ def main() -> None:
             for asm, pdl, sel in ((True, False, False), (True, True, False), (False, False, False),
                                   (True, False, True)):
                 cfg = L.GemvConfig(block_n=4, block_kw=128, pdl=True, prefetch=True) if pdl else None
-                if sel:  # the select decode and the paired scale loads (GemvConfig.f4_select / scale_pairs)
-                    cfg = replace(L.choose_gemv_config(n, k, dev, m), f4_select=True, scale_pairs=True)
+                if sel:  # the shift decode and byte-loaded scales (the defaults are f4_select / scale_pairs)
+                    cfg = replace(L.choose_gemv_config(n, k, dev, m), f4_select=False, scale_pairs=False)
                 out = L.gemv(x, q, bias, cfg, use_asm=asm)
                 e = ((out.double() - ref).norm() / ref.norm()).item()
                 good = bool(torch.isfinite(out).all()) and e < 1e-2 and out.dtype == x.dtype
@@ -124,7 +126,9 @@ def main() -> None:
     wb = [w.to(torch.bfloat16) for _ in range(2)]
     qcache: dict = {}
     cub: dict = {}
-    for fname, m, grid in GRID[:2] if quick else GRID:
+    only = os.environ.get("GEMV_ONLY")  # e.g. "nvfp4:2,mxfp4:4": those rows of GRID
+    grid_rows = [r for r in GRID if f"{r[0]}:{r[1]}" in only.split(",")] if only else GRID[:2] if quick else GRID
+    for fname, m, grid in grid_rows:
         if fname not in qcache:
             qcache[fname] = [ms.quantize(w, fname) for _ in range(2)]
         ql = qcache[fname]
@@ -133,8 +137,9 @@ def main() -> None:
             cub[m] = bench([lambda wt=wt: F.linear(x, wt) for wt in wb])
         qbytes = ql[0].nbytes
         d0 = L.choose_gemv_config(n, k, dev, m)
-        sel = [replace(d0, f4_select=True)] if fname in ("nvfp4", "mxfp4") else []
-        sel += [replace(d0, scale_pairs=True), replace(d0, f4_select=True, scale_pairs=True)] if fname == "nvfp4" else []
+        # the default's select decode / paired scales turned off (label without x / y)
+        sel = [replace(d0, f4_select=False, scale_pairs=False)] if fname in ("nvfp4", "mxfp4") else []
+        sel += [replace(d0, scale_pairs=False), replace(d0, f4_select=False)] if fname == "nvfp4" else []
         for cfg in [None] + sel + [L.GemvConfig(bn, bkw, 1, nw, st, pdl=bool(p), prefetch=bool(pf))
                                    for bn, bkw, nw, st, p, pf in grid]:
             try:

@@ -534,9 +534,11 @@ class GemvConfig:
     the GEMV as a programmatic dependent of the activation prep (Hopper+); ``prefetch``:
     load the next K step's operands before the current step's arithmetic; ``f4_select``:
     4-bit float codes decoded by the select variant (``_gemv_kernels._decode_word_ptx``:
-    11% fewer SASS per word; not yet timed on the GPU, so off by default); ``scale_pairs``:
-    UE4M3 scales applied in the PTX loaded as 16-bit pairs of neighbouring chains (half the
-    loads, a smaller layout conversion; not yet timed, off by default)."""
+    11% fewer SASS per word); ``scale_pairs``: UE4M3 scales applied in the PTX loaded as
+    16-bit pairs of neighbouring chains (half the loads, a smaller layout conversion). Both
+    are on by default (H200, 28672x8192 at 1 token: NVFP4 40.8 -> 37.4 us with both, MXFP4
+    37.9 -> 36.2 us with the select decode; ``benchmarks/NOTES_linear.md``) and are ignored
+    where they do not apply (other element kinds, other scales, odd scale strides)."""
 
     block_n: int = 8
     block_kw: int = 256
@@ -547,8 +549,8 @@ class GemvConfig:
     tokens: int = 0
     pdl: bool = False
     prefetch: bool = False
-    f4_select: bool = False
-    scale_pairs: bool = False
+    f4_select: bool = True
+    scale_pairs: bool = True
 
 
 @functools.lru_cache(maxsize=256)

@@ -208,18 +208,18 @@ def test_f4_decode_ptx_bit_placement(gen, select):
 
 @pytest.mark.parametrize("asm", ASM)
 @pytest.mark.parametrize("m,n", [(1, 40), (3, 37)])
-def test_scale_pairs_and_select_match_the_default(m, n, asm, gen):
+def test_scale_pairs_and_select_match_the_plain_path(m, n, asm, gen):
     """``GemvConfig.scale_pairs`` (UE4M3 scales loaded as 16-bit chain pairs) and, on a GPU
     where the PTX runs, ``f4_select`` (the select decode; on CPU its PTX is checked by
-    :func:`test_f4_decode_ptx_bit_placement`): the same results as the default config and
-    within the GEMV's bound of float64, ragged rows included."""
+    :func:`test_f4_decode_ptx_bit_placement`): the same results as byte-loaded scales and
+    the shift decode, and within the GEMV's bound of float64, ragged rows included."""
     k = 512
     q = ms.quantize(torch.randn(n, k, generator=gen), "nvfp4")
     x = (torch.randn(m, k, generator=gen) * 3).to(torch.bfloat16)
     ref = x.double() @ q.dequantize(torch.float64).T
-    base = GemvConfig(block_n=8, block_kw=32)
+    base = GemvConfig(block_n=8, block_kw=32, f4_select=False, scale_pairs=False)
     want = gemv(x.to(DEV), q.to(DEV), None, base, use_asm=asm)
-    for cfg in (GemvConfig(block_n=8, block_kw=32, scale_pairs=True),
+    for cfg in (GemvConfig(block_n=8, block_kw=32, f4_select=False, scale_pairs=True),
                 GemvConfig(block_n=8, block_kw=32, scale_pairs=True, f4_select=True, prefetch=True)):
         got = gemv(x.to(DEV), q.to(DEV), None, cfg, use_asm=asm)
         assert rel(got, ref) < 1e-2
