@@ -517,6 +517,15 @@ def _weight_views(q: QTensor) -> _WeightViews:
 # ----------------------------------------------------------------------------------
 # decode-path GEMV on the canonical layout (4/8-bit float or int weights, few tokens)
 # ----------------------------------------------------------------------------------
+#: Programmatic dependent launches of the decode GEMV (Hopper+, ``GemvConfig.pdl``): its
+#: first weight loads go out before it waits for the activation prep (``EARLY_W``), and
+#: with ``_PDL_CHAIN`` it lets the next kernel launch once all its programs run while the
+#: prep is launched as a dependent of the kernel before it (waiting for it before reading x),
+#: so one call's weight loads overlap the previous call's tail. Environment switches for
+#: measurement: ``MICROSCALE_GEMV_EARLY_W=0`` / ``MICROSCALE_GEMV_PDL_CHAIN=0``.
+_EARLY_W = os.environ.get("MICROSCALE_GEMV_EARLY_W", "1") == "1"
+_PDL_CHAIN = os.environ.get("MICROSCALE_GEMV_PDL_CHAIN", "1") == "1"
+
 #: Largest token count routed to :func:`gemv` (tokens share one decode in groups of up to 4;
 #: from 5 tokens the split-K tensor-core kernel wins on the H200: NVFP4 M=6 87 us against
 #: 122 us, MXFP8 M=8 102 against 155; at M=4 the GEMV: MXFP8 80 against 102 us).
@@ -654,8 +663,9 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
         xp[m:].zero_()
         xs[m:].zero_()
     pdl = asm and c.pdl
+    chain_pdl = pdl and _PDL_CHAIN
     launch(kern._prep_x_kernel, (m, nch), x2, xp, xs, x2.stride(0), K=k, XE=xe, KIND=kind, CW=c.block_kw,
-           USE_PDL=pdl, num_warps=4)
+           USE_PDL=pdl, WAIT_PDL=chain_pdl, num_warps=4, **({"launch_pdl": True} if chain_pdl else {}))
     wv = _weight_views(q)
     scales = wv.scales_int
     spair = (c.scale_pairs and s_in and scales.element_size() == 1 and scales.stride(0) % 2 == 0
@@ -677,7 +687,8 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
         BLOCK_N=c.block_n, BLOCK_KW=c.block_kw, KW_PER_SPLIT=kw_per, SPLIT_K=split, CHAIN=chain, T=tokens,
         USE_ASM=asm, ASM=kern.word_asm(kind, el.mbits, tokens, c.f4_select) if asm else "",
         CONS=kern.word_constraints(kind, tokens), SCALE_IN_ASM=s_in,
-        USE_PDL=pdl, PREFETCH=c.prefetch, HAS_ZP=f.zero_point, SPAIR=spair, **({"launch_pdl": True} if pdl else {}),
+        USE_PDL=pdl, PREFETCH=c.prefetch, HAS_ZP=f.zero_point, SPAIR=spair, EARLY_W=_EARLY_W,
+        PDL_CHAIN=chain_pdl, **({"launch_pdl": True} if pdl else {}),
         EVEN_N=n % c.block_n == 0, EVEN_K=kw_per * split == kw, num_warps=c.num_warps, num_stages=c.num_stages)
     return out.to(x2.dtype) if split > 1 else out
 

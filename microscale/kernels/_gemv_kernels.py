@@ -178,17 +178,20 @@ FINISH2_E4M3_ASM = tl.constexpr("{ .reg .b16 lo, hi; .reg .b32 sc, sa, sb, v; .r
 
 @triton.jit
 def _prep_x_kernel(x_ptr, xp_ptr, xs_ptr, stride_x, K: tl.constexpr, XE: tl.constexpr, KIND: tl.constexpr,
-                   CW: tl.constexpr, USE_PDL: tl.constexpr = False):
+                   CW: tl.constexpr, USE_PDL: tl.constexpr = False, WAIT_PDL: tl.constexpr = False):
     """Chunk ``c`` (``CW`` words' elements) of row ``m`` of x -> f16 scaled by
     ``2^(XE - 1 - E)`` (``E``: exponent of the chunk's amax), stored as planes of f16
     pairs: for 4-bit codes plane ``j`` holds ``(x[8w+j], x[8w+j+4])`` of word ``w``, for
     8-bit codes plane ``j`` holds ``(x[4w+2j], x[4w+2j+1])``. Writes the chunk's float32
     undo factor ``2^(E + 1 - XE)`` to ``xs[m, c]``. One contiguous load; the permutation
-    is a register reshape."""
+    is a register reshape. ``WAIT_PDL``: launched as a programmatic dependent of the
+    previous kernel (which may still run): x is read only after it completes."""
     m = tl.program_id(0)
     c = tl.program_id(1)
     if USE_PDL:  # let the GEMV's programs launch now; they wait for this grid before reading x
         gdc_launch_dependents()
+    if WAIT_PDL:
+        gdc_wait()
     if KIND == 0 or KIND == 4 or KIND == 6:
         EPW: tl.constexpr = 8
         XR: tl.constexpr = 4
@@ -272,13 +275,13 @@ def _hadd2(a, b):
 
 
 @triton.jit
-def _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k0, KW: tl.constexpr,
-               XR: tl.constexpr, T: tl.constexpr, WPG: tl.constexpr, CHAIN: tl.constexpr, BLOCK_KW: tl.constexpr,
-               EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False):
-    """One K step's operands from word ``k0``: codes ``[BLOCK_N, BLOCK_KW]``, raw block
-    scales ``[BLOCK_N, BLOCK_KW // CHAIN]`` (one per chain), the zero-point operand per
-    word (f16x2 ``1024 + z``; 0 without zero points) and each token's activation planes
-    (a tuple of ``T * XR`` tensors ``[1, BLOCK_KW]``)."""
+def _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k0, KW: tl.constexpr,
+                      WPG: tl.constexpr, CHAIN: tl.constexpr, BLOCK_KW: tl.constexpr, EVEN_N: tl.constexpr,
+                      EVEN_K: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False):
+    """One K step's weight operands from word ``k0``: codes ``[BLOCK_N, BLOCK_KW]``, raw
+    block scales ``[BLOCK_N, BLOCK_KW // CHAIN]`` (one per chain; ``SPAIR``: 16-bit pairs,
+    ``[BLOCK_N, BLOCK_KW // CHAIN // 2]``) and the zero-point operand per word (f16x2
+    ``1024 + z``; 0 without zero points)."""
     NC: tl.constexpr = BLOCK_KW // CHAIN
     kw = k0 + tl.arange(0, BLOCK_KW)
     kw_ok = kw < KW
@@ -306,6 +309,16 @@ def _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, str
         kz = (z + 0x6400) * 0x10001
     else:
         kz = 0
+    return w, raw, kz
+
+
+@triton.jit
+def _load_x_step(x_ptr, k0, KW: tl.constexpr, XR: tl.constexpr, T: tl.constexpr, BLOCK_KW: tl.constexpr,
+                 EVEN_K: tl.constexpr):
+    """One K step's activation planes from word ``k0``: a tuple of ``T * XR`` tensors
+    ``[1, BLOCK_KW]`` (token ``t``'s plane ``j`` at ``t * XR + j``)."""
+    kw = k0 + tl.arange(0, BLOCK_KW)
+    kw_ok = kw < KW
     xs = ()
     for t in tl.static_range(T):
         for j in tl.static_range(XR):
@@ -314,7 +327,17 @@ def _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, str
             else:
                 xv = tl.load(x_ptr + (t * XR + j) * KW + kw[None, :], mask=kw_ok[None, :], other=0)
             xs = xs + (xv,)
-    return w, raw, kz, xs
+    return xs
+
+
+@triton.jit
+def _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k0, KW: tl.constexpr,
+               XR: tl.constexpr, T: tl.constexpr, WPG: tl.constexpr, CHAIN: tl.constexpr, BLOCK_KW: tl.constexpr,
+               EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False):
+    """One K step's operands: :func:`_load_weight_step`'s, then :func:`_load_x_step`'s."""
+    w, raw, kz = _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k0, KW, WPG,
+                                   CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR)
+    return w, raw, kz, _load_x_step(x_ptr, k0, KW, XR, T, BLOCK_KW, EVEN_K)
 
 
 @triton.jit
@@ -384,7 +407,8 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, KW_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr,
     CHAIN: tl.constexpr, T: tl.constexpr, USE_ASM: tl.constexpr, ASM: tl.constexpr, CONS: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, SCALE_IN_ASM: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False,
+    PREFETCH: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False, EARLY_W: tl.constexpr = True,
+    PDL_CHAIN: tl.constexpr = False,
 ):
     """out[m, n] (+)= sum_k x[m, k] * W[n, k] over this program's K slice (split-K: fp32
     atomics into a zeroed fp32 ``out``; else the final dtype is written directly).
@@ -394,16 +418,21 @@ def _gemv_kernel(
     applied in f16 inside the PTX; ``USE_PDL``: launched as a programmatic dependent of
     the activation prep (waits for it before reading x); ``PREFETCH``: load step i+1
     while step i computes (register double buffer). Activations arrive in chunks of
-    ``BLOCK_KW`` words, each with its own power of two (``xs[m, chunk]``)."""
+    ``BLOCK_KW`` words, each with its own power of two (``xs[m, chunk]``). ``EARLY_W``
+    (with ``USE_PDL`` and ``PREFETCH``): the first step's weight loads are issued before the
+    wait; ``PDL_CHAIN``: the next kernel (the next call's prep) may launch once every program
+    of this grid runs."""
     XR: tl.constexpr = 4 if (KIND == 0 or KIND == 4 or KIND == 6) else 2
+    if USE_PDL and PDL_CHAIN:
+        gdc_launch_dependents()
+    if USE_PDL and not (EARLY_W and PREFETCH):
+        gdc_wait()
     NC: tl.constexpr = BLOCK_KW // CHAIN
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     k_lo = pid_k * KW_PER_SPLIT
-    if USE_PDL:  # launched early (programmatic dependent launch): x is ready only after this
-        gdc_wait()
     NCH: tl.constexpr = KW // BLOCK_KW  # activation chunks (one undo factor each) per token
     for m0 in tl.static_range(0, M, T):
         x_ptr = xp_ptr + m0 * XR * KW
@@ -411,8 +440,13 @@ def _gemv_kernel(
         for t in tl.static_range(T):
             accs = accs + (tl.zeros([BLOCK_N, NC // 2 if SCALE_IN_ASM else NC], dtype=tl.float32),)
         if PREFETCH:
-            w, raw, kz, xs = _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k_lo,
-                                        KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR)
+            # the weights do not come from the activation prep: their first loads are in
+            # flight while a programmatic dependent launch waits for it
+            w, raw, kz = _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k_lo,
+                                           KW, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR)
+            if USE_PDL and EARLY_W and m0 == 0:  # x is ready only after this
+                gdc_wait()
+            xs = _load_x_step(x_ptr, k_lo, KW, XR, T, BLOCK_KW, EVEN_K)
         for i in range(0, KW_PER_SPLIT, BLOCK_KW):
             if PREFETCH:  # issue the next step's loads before this step's arithmetic
                 nxt = tl.minimum(i + BLOCK_KW, KW_PER_SPLIT - BLOCK_KW)

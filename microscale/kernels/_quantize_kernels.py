@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # ----------------------------------------------------------------------------------
 # small exact helpers
@@ -630,6 +631,17 @@ def _scale_offset(r, c, SC, LAYOUT: tl.constexpr):
 
 
 @triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    """Launched as a programmatic dependent (Hopper+): let the next kernel launch once every
+    program of this grid runs, and wait for the previous kernel's results before any read.
+    The early launch hides the launch and ramp of back-to-back kernels; every read and
+    write stays after the wait, so the stream order is what it was."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+
+
+@triton.jit
 def _finite_amax_partials_kernel(x_ptr, part_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr,
                                  ATOMIC: tl.constexpr = False):
     """``part[pid]`` = float32 bits of max |x| over the finite elements of this program's
@@ -697,7 +709,9 @@ def _quantize_kernel(
     PROLOGUE: tl.constexpr, N_ITER: tl.constexpr, MANUAL_BF16: tl.constexpr, PACK32: tl.constexpr,
     FAST: tl.constexpr, MARKSTEIN: tl.constexpr, HW_FP8: tl.constexpr, ASM: tl.constexpr,
     PK: tl.constexpr = False, EVEN: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    _pdl_start(PDL)
     RB: tl.constexpr = TR // BR
     NB: tl.constexpr = TK // B
     # SPLIT: load each block's B elements as B / VEC vectors of VEC (16 bytes) along a slow
@@ -1338,7 +1352,7 @@ def _dequantize_kernel(
     SCALE_KIND: tl.constexpr, HAS_ZP: tl.constexpr, HAS_GLOBAL: tl.constexpr, MANUAL_BF16: tl.constexpr,
     PACK32: tl.constexpr, LUT: tl.constexpr = 0, HW8: tl.constexpr = 0, EVEN: tl.constexpr = False,
     ASM: tl.constexpr = False, KWD: tl.constexpr = 1, SMEM_STORE: tl.constexpr = False,
-    HINTS: tl.constexpr = False,
+    HINTS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Three ways, chosen by the host per format (all bit-identical to the reference):
 
@@ -1351,7 +1365,8 @@ def _dequantize_kernel(
       ``[TR, NB, B]`` bytes so a thread's 16 bytes share one scale.
     * otherwise the general path: decode by bit placement, scale, zero point, global.
 
-    ``EVEN``: the grid tiles R and K exactly, so no masks."""
+    ``EVEN``: the grid tiles R and K exactly, so no masks. ``PDL``: see :func:`_pdl_start`."""
+    _pdl_start(PDL)
     RB: tl.constexpr = TR // BR
     NB: tl.constexpr = TK // B
     PACK_WORD: tl.constexpr = (8 % BITS) != 0

@@ -89,6 +89,15 @@ _DEQ_HINTS = os.environ.get("MICROSCALE_DEQ_CACHE_HINTS", "1") == "1"
 # the packed path's programs that loop over column tiles load the next tile before encoding
 # the current one (``PREF`` in the kernel)
 _PREFETCH = os.environ.get("MICROSCALE_QUANT_PREFETCH", "1") == "1"
+# the quantize / dequantize kernels launched as programmatic dependents on Hopper+ (each
+# waits for the previous kernel before any read; hides launch and ramp between kernels)
+_PDL = os.environ.get("MICROSCALE_QUANT_PDL", "1") == "1" and not _INTERPRET
+
+
+@functools.lru_cache(maxsize=64)
+def _pdl_ok(dev: torch.device) -> bool:
+    """Programmatic dependent launch on this device (CUDA, compute capability 9.0+)."""
+    return _PDL and dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (9, 0)
 _RULES = {ScaleRule.FLOOR: 0, ScaleRule.CEIL: 1, ScaleRule.EVEN: 2, ScaleRule.RCEIL: 3, ScaleRule.AMAX: 4,
           ScaleRule.MINMAX: 5}
 _TWO_LEVEL = {TwoLevel.MODELOPT: 1, TwoLevel.TORCHAO: 2, TwoLevel.COMPRESSED_TENSORS: 3}
@@ -401,8 +410,8 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         MANUAL_BF16=_MANUAL_BF16, PACK32=p32, FAST=True, MARKSTEIN=_MARKSTEIN,
         HW_FP8=_hw_fp8(elem, rounding, overflow), ASM=_ASM,
         PK=pk and p32, PREFETCH=_PREFETCH,  # (a user config whose columns split a word of codes keeps the float32 path)
-        EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0,
-        num_warps=cfg.num_warps, enable_fp_fusion=False,
+        EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0, PDL=_pdl_ok(dev),
+        num_warps=cfg.num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if _pdl_ok(dev) else {}),
     )
     g = None
     if two:
@@ -541,8 +550,8 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
         INF_CODE=e.inf_code if e.has_inf else -1,
         SCALE_KIND=skind, HAS_ZP=fmt.zero_point, HAS_GLOBAL=fmt.global_scale, MANUAL_BF16=_MANUAL_BF16,
         PACK32=p32, LUT=lut, HW8=hw8, EVEN=even, ASM=_ASM, KWD=4 if K % 32 == 0 else 2 if K % 16 == 0 else 1 if K % 8 == 0 else 0,
-        SMEM_STORE=not _DEQ_REG_STORE, HINTS=_DEQ_HINTS,
-        num_warps=cfg.num_warps, enable_fp_fusion=False,
+        SMEM_STORE=not _DEQ_REG_STORE, HINTS=_DEQ_HINTS, PDL=_pdl_ok(q.device),
+        num_warps=cfg.num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if _pdl_ok(q.device) else {}),
     )
     if tuple(pshape) != tuple(q.shape):
         out = out[tuple(slice(0, n) for n in q.shape)]

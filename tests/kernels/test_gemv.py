@@ -224,3 +224,80 @@ def test_scale_pairs_and_select_match_the_plain_path(m, n, asm, gen):
         got = gemv(x.to(DEV), q.to(DEV), None, cfg, use_asm=asm)
         assert rel(got, ref) < 1e-2
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)
+
+
+def _gemv_ptx(tmp_path, env: dict, config: str) -> dict:
+    """PTX of the 1-token NVFP4 GEMV and its prep, compiled for sm_90 in a subprocess
+    (``tools/gemv_ptx.py``: the interpreter mode of this process cannot compile)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    import triton
+
+    if not (pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("the triton wheel has no bundled ptxas")
+    root = pathlib.Path(__file__).resolve().parents[2]
+    e = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    e.update(env)
+    r = subprocess.run([sys.executable, str(root / "tools" / "gemv_ptx.py"), str(tmp_path), "--k", "2048",
+                        "--config", config], cwd=root, env=e, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return {n: (tmp_path / f"{n}.ptx").read_text() for n in ("_gemv_kernel", "_prep_x_kernel")}
+
+
+def test_pdl_weight_loads_go_out_before_the_wait(tmp_path):
+    """With a programmatic dependent launch the GEMV issues its first step's code loads
+    (16-byte) before ``griddepcontrol.wait`` and lets the next kernel launch at its start;
+    the prep, launched as a dependent of the kernel before it, waits before reading x.
+    With ``MICROSCALE_GEMV_EARLY_W=0`` / ``MICROSCALE_GEMV_PDL_CHAIN=0`` the old order
+    comes back (so the check can fail)."""
+    def first(ptx, s):
+        return ptx.index(s) if s in ptx else len(ptx)
+
+    p = _gemv_ptx(tmp_path / "on", {}, "{'pdl': True}")
+    g, prep = p["_gemv_kernel"], p["_prep_x_kernel"]
+    assert first(g, "ld.global.v4") < first(g, "griddepcontrol.wait") < len(g)
+    assert first(g, "griddepcontrol.launch_dependents") < first(g, "griddepcontrol.wait")
+    assert first(prep, "griddepcontrol.wait") < first(prep, "ld.global") < len(prep)
+    p = _gemv_ptx(tmp_path / "off", {"MICROSCALE_GEMV_EARLY_W": "0", "MICROSCALE_GEMV_PDL_CHAIN": "0"},
+                  "{'pdl': True}")
+    g, prep = p["_gemv_kernel"], p["_prep_x_kernel"]
+    assert first(g, "griddepcontrol.wait") < first(g, "ld.global") and "launch_dependents" not in g
+    assert "griddepcontrol.wait" not in prep and "launch_dependents" in prep
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="CUDA graphs and programmatic launches: GPU only")
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3"])
+def test_chained_calls_in_a_cuda_graph(name, gen):
+    """Three 1-token ``ms.linear`` calls, each reading the one before's output (what the
+    programmatic-launch chain must wait for), eager and as a CUDA-graph replay on new input:
+    the replay equals eager bit for bit, and each step is within the GEMV's bound of
+    float64 on its own (bf16-rounded) input."""
+    n = 4096
+    # weights ~ N(0, 1/n): each output ~ N(0, 1); calls back to back, nothing in between
+    qs = [ms.quantize(torch.randn(n, n, generator=gen).to(DEV) / 64, name) for _ in range(3)]
+    x = torch.randn(1, n, generator=gen).to(DEV, torch.bfloat16)
+
+    def chain(v):
+        outs = []
+        for q in qs:
+            v = ms.linear(v, q)
+            outs.append(v)
+        return outs
+
+    eager = chain(x)
+    prev = x
+    for q, y in zip(qs, eager):
+        ref = prev.double() @ q.dequantize(torch.float64).T
+        assert rel(y, ref.cpu()) < 1e-2
+        prev = y
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = chain(x)
+    x.copy_(torch.randn(1, n, generator=gen).to(DEV, torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    for y, y_eager in zip(got, chain(x)):
+        assert torch.equal(y, y_eager)

@@ -1,0 +1,91 @@
+"""Compile the decode GEMV and its activation prep for sm_90 without a GPU, exactly as
+``qlinear.gemv`` launches them on an H200 (config from ``choose_gemv_config`` unless
+overridden), and write their PTX / SASS.
+
+    python tools/gemv_ptx.py OUTDIR [--fmt nvfp4] [--m 1] [--n 28672] [--k 8192]
+                             [--config "{'pdl': True}"] [--sass]
+
+Writes ``OUTDIR/_gemv_kernel.ptx`` and ``OUTDIR/_prep_x_kernel.ptx`` (``.sass`` too with
+``--sass``) and prints the loop-body instruction histogram of the GEMV. Used by
+``tests/kernels/test_gemv.py`` (the order of loads around the programmatic-launch wait)
+and to count instructions before spending device time. Needs only the triton wheel.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+
+os.environ.pop("TRITON_INTERPRET", None)  # before triton / microscale are imported
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tools")]
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+import compile_check as cc  # noqa: E402
+import microscale as ms  # noqa: E402
+from microscale import qlinear as L  # noqa: E402
+from microscale.kernels import _gemv_kernels as kern  # noqa: E402
+from sass import loop_counts  # noqa: E402
+
+
+def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict) -> dict:
+    """``{kernel name: compiled kernel}`` for one ``gemv`` call's launches (sm_90)."""
+    q = ms.quantize(torch.randn(64, k), fmt)
+    x = torch.zeros(m, k, dtype=torch.bfloat16)
+    cc.SPECS.clear()
+    saved = L.launch
+    L.launch = lambda fn, grid, *a, **kw: cc._record(fn, a, kw)
+    try:
+        cfg = replace(L.choose_gemv_config(n, k, torch.device("cpu"), m), **overrides)
+        L.gemv(x, q, None, cfg, use_asm=True)
+    finally:
+        L.launch = saved
+    out = {}
+    for s in cc.SPECS.values():
+        fn = getattr(kern, s["kernel"])
+        src = ASTSource(fn=fn, signature=s["signature"], constexprs=s["constexprs"], attrs=s["attrs"])
+        out[s["kernel"]] = triton.compile(src, target=cc.TARGET, options=s["options"])
+    return out
+
+
+def sass_of(compiled) -> str:
+    """cuobjdump -sass of a compiled kernel's cubin (the triton wheel's binary)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("outdir")
+    ap.add_argument("--fmt", default="nvfp4")
+    ap.add_argument("--m", type=int, default=1)
+    ap.add_argument("--n", type=int, default=28672)
+    ap.add_argument("--k", type=int, default=8192)
+    ap.add_argument("--config", default="{}", help="GemvConfig fields to override, a Python dict literal")
+    ap.add_argument("--sass", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.outdir, exist_ok=True)
+    for name, c in compile_gemv(a.fmt, a.m, a.n, a.k, ast.literal_eval(a.config)).items():
+        with open(os.path.join(a.outdir, name + ".ptx"), "w") as f:
+            f.write(c.asm["ptx"])
+        if a.sass or name == "_gemv_kernel":
+            text = sass_of(c)
+            if a.sass:
+                with open(os.path.join(a.outdir, name + ".sass"), "w") as f:
+                    f.write(text)
+            if name == "_gemv_kernel":
+                print(name, loop_counts(text))
+
+
+if __name__ == "__main__":
+    main()
