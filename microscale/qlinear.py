@@ -547,9 +547,7 @@ class GemvConfig:
     16-bit pairs of neighbouring chains (half the loads, a smaller layout conversion). Both
     are on by default (H200, 28672x8192 at 1 token: NVFP4 40.8 -> 37.4 us with both, MXFP4
     37.9 -> 36.2 us with the select decode; ``benchmarks/NOTES_linear.md``) and are ignored
-    where they do not apply (other element kinds, other scales, odd scale strides).
-    ``chain_fma``: one PTX call per two words of a chain, their products summed by fused
-    multiply-adds (one f16 add fewer per two words; PTX path, formats without zero points)."""
+    where they do not apply (other element kinds, other scales, odd scale strides)."""
 
     block_n: int = 8
     block_kw: int = 256
@@ -562,7 +560,6 @@ class GemvConfig:
     prefetch: bool = False
     f4_select: bool = True
     scale_pairs: bool = True
-    chain_fma: bool = False
 
 
 @functools.lru_cache(maxsize=256)
@@ -682,15 +679,14 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
     kw_per = -(-kw // split)
     kw_per = -(-kw_per // c.block_kw) * c.block_kw
     el = f.element
-    cw = 2 if asm and c.chain_fma and not f.zero_point and chain % 2 == 0 else 1  # (4 cost more moves)
     elem_c = 2.0 ** (15 - el.bias) if kind == kern.F4 else 2.0 ** (-el.frac_bits) if el.kind == "int" else 1.0
     launch(kern._gemv_kernel, (-(-n // c.block_n), split),
         xp.view(torch.int32), xs, wv.words, scales, zp, gs, b, out,
         n, kw, scales.stride(0), zp.stride(0), out.stride(0), M=m, KW=kw, KIND=kind, MBITS=el.mbits, ELEM_C=elem_c,
         SCALE_KIND=_SCALE_KIND[f.scale.name], WPG=wpg, HAS_GS=f.global_scale, HAS_BIAS=bias is not None,
         BLOCK_N=c.block_n, BLOCK_KW=c.block_kw, KW_PER_SPLIT=kw_per, SPLIT_K=split, CHAIN=chain, T=tokens,
-        USE_ASM=asm, ASM=kern.word_asm(kind, el.mbits, tokens, c.f4_select, cw) if asm else "",
-        CONS=kern.word_constraints(kind, tokens, cw), SCALE_IN_ASM=s_in, CW=cw,
+        USE_ASM=asm, ASM=kern.word_asm(kind, el.mbits, tokens, c.f4_select) if asm else "",
+        CONS=kern.word_constraints(kind, tokens), SCALE_IN_ASM=s_in,
         USE_PDL=pdl, PREFETCH=c.prefetch, HAS_ZP=f.zero_point, SPAIR=spair, EARLY_W=_EARLY_W,
         PDL_CHAIN=chain_pdl, **({"launch_pdl": True} if pdl else {}),
         EVEN_N=n % c.block_n == 0, EVEN_K=kw_per * split == kw, num_warps=c.num_warps, num_stages=c.num_stages)

@@ -127,19 +127,15 @@ def _decode_word_ptx(kind: int, mbits: int, w: str, out: list[str], select: bool
 
 
 @functools.lru_cache(maxsize=None)  # per call otherwise: ~12 us of host time (stubbed-kernel profile)
-def word_asm(kind: int, mbits: int, tokens: int, select: bool = False, words: int = 1) -> str:
-    """PTX for ``words`` int32 words of codes and ``tokens`` tokens: the f16x2 sum of the
-    words' products with each token's activation pairs, packed in an int32 per token (one
-    f16x2 multiply, then fused multiply-adds: ``words`` > 1 sums a chain without adds).
+def word_asm(kind: int, mbits: int, tokens: int, select: bool = False) -> str:
+    """PTX for one int32 word of codes and ``tokens`` tokens: the f16x2 sum of the word's
+    products with each token's activation pairs, packed in an int32 per token.
 
-    Operands: ``$0..$(T-1)`` the packed outputs, ``$T..$(T+words-1)`` the words,
-    (zero-point kinds, one word only) ``$(T+1)`` the f16x2 ``1024 + zero point`` of the
-    word's block, then word ``c``'s token ``t``'s pair ``j`` at
-    ``$(X0 + (c * T + t) * XREGS + j)`` with ``X0 = T + words (+ 1)``."""
+    Operands: ``$0..$(T-1)`` the packed outputs, ``$T`` the word, (zero-point kinds) ``$(T+1)``
+    the f16x2 ``1024 + zero point`` of the word's block, then token ``t``'s pair ``j`` at
+    ``$(X0 + t * XREGS + j)`` with ``X0 = T + 1 (+ 1)``."""
     xr = XREGS[kind]
-    if words > 1 and kind in HAS_ZP_KIND:
-        raise ValueError("zero-point kinds take one word per call")
-    x0 = tokens + words + (1 if kind in HAS_ZP_KIND else 0)
+    x0 = tokens + 1 + (1 if kind in HAS_ZP_KIND else 0)
     regs = ", ".join(["m", "s", "u", "k"] + [f"p{i}" for i in range(xr)] + [f"a{t}" for t in range(tokens)])
     body = [f".reg .b32 {regs};", ".reg .b16 lo, hi;"]
     if kind == I8:
@@ -148,21 +144,19 @@ def word_asm(kind: int, mbits: int, tokens: int, select: bool = False, words: in
         body.append("mov.b32 k, 0x64086408;")  # 1032 = 1024 + 8
     elif kind in HAS_ZP_KIND:
         body.append(f"mov.b32 k, ${tokens + 1};")
-    for c in range(words):
-        body += _decode_word_ptx(kind, mbits, f"${tokens + c}", [f"p{i}" for i in range(xr)], select)
-        for t in range(tokens):
-            for j in range(xr):
-                xo = f"${x0 + (c * tokens + t) * xr + j}"
-                body.append(f"mul.rn.f16x2 a{t}, p{j}, {xo};" if c == 0 and j == 0
-                            else f"fma.rn.f16x2 a{t}, p{j}, {xo}, a{t};")
+    body += _decode_word_ptx(kind, mbits, f"${tokens}", [f"p{i}" for i in range(xr)], select)
+    for t in range(tokens):
+        for j in range(xr):
+            xo = f"${x0 + t * xr + j}"
+            body.append(f"mul.rn.f16x2 a{t}, p{j}, {xo};" if j == 0 else f"fma.rn.f16x2 a{t}, p{j}, {xo}, a{t};")
     body += [f"mov.b32 ${t}, a{t};" for t in range(tokens)]  # outputs written after every input is read
     return "{\n" + "\n".join(body) + "\n}"
 
 
 @functools.lru_cache(maxsize=None)
-def word_constraints(kind: int, tokens: int, words: int = 1) -> str:
+def word_constraints(kind: int, tokens: int) -> str:
     """The inline-asm constraint string matching :func:`word_asm`."""
-    return ",".join(["=r"] * tokens + ["r"] * (words + (kind in HAS_ZP_KIND) + words * tokens * XREGS[kind]))
+    return ",".join(["=r"] * tokens + ["r"] * (1 + (kind in HAS_ZP_KIND) + tokens * XREGS[kind]))
 
 
 #: f16x2 sum of a chain's packed words -> float32 (both halves added)
@@ -347,41 +341,11 @@ def _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, str
 
 
 @triton.jit
-def _chain_split(v, CW: tl.constexpr):
-    """``[R, C]`` -> a tuple of ``CW`` (1, 2 or 4) tensors ``[R, C // CW]``: element ``c`` of
-    every run of ``CW`` (registers of one thread: no data movement)."""
-    R: tl.constexpr = v.shape[0]
-    C: tl.constexpr = v.shape[1]
-    if CW == 1:
-        return (v,)
-    elif CW == 2:
-        a, b = tl.split(tl.reshape(v, [R, C // 2, 2]))
-        return (a, b)
-    else:
-        e, o = tl.split(tl.reshape(v, [R, C // 4, 2, 2]))  # c = 2 * hi + lo: lo first
-        e0, e1 = tl.split(e)
-        o0, o1 = tl.split(o)
-        return (e0, o0, e1, o1)
-
-
-@triton.jit
 def _word_parts(w, kz, xs, XR: tl.constexpr, T: tl.constexpr, KIND: tl.constexpr, MBITS: tl.constexpr,
-                USE_ASM: tl.constexpr, ASM: tl.constexpr, CONS: tl.constexpr, HAS_ZP: tl.constexpr,
-                CW: tl.constexpr = 1):
+                USE_ASM: tl.constexpr, ASM: tl.constexpr, CONS: tl.constexpr, HAS_ZP: tl.constexpr):
     """Per word of ``w`` and per token (a tuple): the sum of the word's products with the
-    activation planes ``xs``, as packed f16x2 int32 (PTX) or float32 (the plain-Triton twin).
-    ``CW`` > 1 (PTX only, no zero points): per run of ``CW`` words instead, summed by
-    fused multiply-adds in the PTX (``[R, C // CW]``)."""
-    if USE_ASM and CW > 1:
-        args = _chain_split(w, CW)
-        for c in tl.static_range(CW):
-            for i in tl.static_range(T * XR):
-                args = args + (_chain_split(xs[i], CW)[c],)
-        if T == 1:
-            parts = (tl.inline_asm_elementwise(ASM, CONS, args, dtype=tl.int32, is_pure=True, pack=1),)
-        else:
-            parts = tl.inline_asm_elementwise(ASM, CONS, args, dtype=(tl.int32,) * T, is_pure=True, pack=1)
-    elif USE_ASM:
+    activation planes ``xs``, as packed f16x2 int32 (PTX) or float32 (the plain-Triton twin)."""
+    if USE_ASM:
         if HAS_ZP:
             args = (w, kz) + xs
         else:
@@ -402,17 +366,15 @@ def _word_parts(w, kz, xs, XR: tl.constexpr, T: tl.constexpr, KIND: tl.constexpr
 
 @triton.jit
 def _chain_finish(p, raw, CHAIN: tl.constexpr, USE_ASM: tl.constexpr, SCALE_IN_ASM: tl.constexpr,
-                  SPAIR: tl.constexpr = False, CW: tl.constexpr = 1):
+                  SPAIR: tl.constexpr = False):
     """``[R, C]`` word parts -> ``[R, C // CHAIN]`` float32 chain sums (f16 adds in the PTX
     path); with ``SCALE_IN_ASM``, times the E4M3 block scales ``raw`` and two neighbouring
-    chains added in f16: ``[R, C // CHAIN // 2]``. ``CW`` (PTX path): each part already sums
-    ``CW`` words (``p`` is ``[R, C // CW]``)."""
+    chains added in f16: ``[R, C // CHAIN // 2]``."""
     R: tl.constexpr = p.shape[0]
-    PC: tl.constexpr = CHAIN // CW  # parts per chain
-    NC: tl.constexpr = p.shape[1] // PC
+    NC: tl.constexpr = p.shape[1] // CHAIN
     if USE_ASM:
-        if PC > 1:
-            h = tl.reduce(tl.reshape(p, [R, NC, PC]), 2, _hadd2)
+        if CHAIN > 1:
+            h = tl.reduce(tl.reshape(p, [R, NC, CHAIN]), 2, _hadd2)
         else:
             h = p
         if SCALE_IN_ASM:
@@ -446,7 +408,7 @@ def _gemv_kernel(
     CHAIN: tl.constexpr, T: tl.constexpr, USE_ASM: tl.constexpr, ASM: tl.constexpr, CONS: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, SCALE_IN_ASM: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False, EARLY_W: tl.constexpr = True,
-    PDL_CHAIN: tl.constexpr = False, CW: tl.constexpr = 1,
+    PDL_CHAIN: tl.constexpr = False,
 ):
     """out[m, n] (+)= sum_k x[m, k] * W[n, k] over this program's K slice (split-K: fp32
     atomics into a zeroed fp32 ``out``; else the final dtype is written directly).
@@ -459,7 +421,7 @@ def _gemv_kernel(
     ``BLOCK_KW`` words, each with its own power of two (``xs[m, chunk]``). ``EARLY_W``
     (with ``USE_PDL`` and ``PREFETCH``): the first step's weight loads are issued before the
     wait; ``PDL_CHAIN``: the next kernel (the next call's prep) may launch once every program
-    of this grid runs. ``CW``: words per PTX call (1 or 2, dividing ``CHAIN``)."""
+    of this grid runs."""
     XR: tl.constexpr = 4 if (KIND == 0 or KIND == 4 or KIND == 6) else 2
     if USE_PDL and PDL_CHAIN:
         gdc_launch_dependents()
@@ -494,7 +456,7 @@ def _gemv_kernel(
             else:
                 w, raw, kz, xs = _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z,
                                             k_lo + i, KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR)
-            parts = _word_parts(w, kz, xs, XR, T, KIND, MBITS, USE_ASM, ASM, CONS, HAS_ZP, CW)
+            parts = _word_parts(w, kz, xs, XR, T, KIND, MBITS, USE_ASM, ASM, CONS, HAS_ZP)
             if SCALE_IN_ASM:
                 scale = 1.0
             else:
@@ -506,8 +468,7 @@ def _gemv_kernel(
                     xf = tl.load(xs_ptr + (m0 + t) * NCH + chunk)
                 else:
                     xf = tl.load(xs_ptr + (m0 + t) * NCH + chunk, mask=chunk < NCH, other=0.0)
-                new = new + (accs[t] + _chain_finish(parts[t], raw, CHAIN, USE_ASM, SCALE_IN_ASM, SPAIR,
-                                                           CW if USE_ASM else 1) * (scale * xf),)
+                new = new + (accs[t] + _chain_finish(parts[t], raw, CHAIN, USE_ASM, SCALE_IN_ASM, SPAIR) * (scale * xf),)
             accs = new
             if PREFETCH:
                 w = w2

@@ -92,18 +92,6 @@ def test_asm_text():
     assert "mov.b32 k, $2;" in a and "$6" in a and "$7" not in a and a.count("sub.rn.f16x2") == 4
     assert kern.word_constraints(kern.U4Z, 1) == "=r,r,r,r,r,r,r"
     assert "cvt.rn.f16x2.e4m3x2" in kern.FINISH_E4M3_ASM.value
-    # two words per call (GemvConfig.chain_fma): outputs $0 $1, words $2 $3, then word c's
-    # token t's pair j at $(4 + (c * 2 + t) * 4 + j); one multiply per token, the rest fma
-    a = kern.word_asm(kern.F4, 1, tokens=2, select=True, words=2)
-    lines = a.splitlines()
-    second = next(i for i, ln in enumerate(lines) if "$3" in ln)  # the second word's decode
-    assert all("$3" not in ln for ln in lines[:second]) and "$2" in lines[3] and second > 10
-    assert a.count("mul.rn.f16x2") == 2 and a.count("fma.rn.f16x2") == 14
-    assert "fma.rn.f16x2 a1, p3, $19, a1;" in a and "$20" not in a
-    assert all(int(ln.split("$")[1].split(",")[0]) >= 12 for ln in lines[second:] if "fma.rn" in ln)
-    assert kern.word_constraints(kern.F4, 2, 2) == ",".join(["=r"] * 2 + ["r"] * 18)
-    with pytest.raises(ValueError):
-        kern.word_asm(kern.U4Z, 0, tokens=1, words=2)
 
 
 @pytest.mark.parametrize("kind,k", [(0, 256), (0, 200), (1, 256), (3, 100)])
@@ -232,8 +220,7 @@ def test_scale_pairs_and_select_match_the_plain_path(m, n, asm, gen):
     base = GemvConfig(block_n=8, block_kw=32, f4_select=False, scale_pairs=False)
     want = gemv(x.to(DEV), q.to(DEV), None, base, use_asm=asm)
     for cfg in (GemvConfig(block_n=8, block_kw=32, f4_select=False, scale_pairs=True),
-                GemvConfig(block_n=8, block_kw=32, scale_pairs=True, f4_select=True, prefetch=True),
-                GemvConfig(block_n=8, block_kw=32, chain_fma=True, prefetch=True)):
+                GemvConfig(block_n=8, block_kw=32, scale_pairs=True, f4_select=True, prefetch=True)):
         got = gemv(x.to(DEV), q.to(DEV), None, cfg, use_asm=asm)
         assert rel(got, ref) < 1e-2
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)
