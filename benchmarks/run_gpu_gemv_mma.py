@@ -9,6 +9,7 @@ last; JSON to $OUT/gemv_mma.json.
 
     PYTHONPATH=. python benchmarks/run_gpu_gemv_mma.py [--quick]
     MMA_SWEEP=1 PYTHONPATH=. python benchmarks/run_gpu_gemv_mma.py   (tile sweep only)
+    MMA_TIME=1 PYTHONPATH=. python benchmarks/run_gpu_gemv_mma.py    (routed ms.linear, 4-16 tokens)
 """
 from __future__ import annotations
 
@@ -195,8 +196,31 @@ def main() -> None:
               f"{d['mma auto']['speedup']:8.2f} {100 * d['mma auto']['pct_copy']:5.1f}%")
 
 
+def time_main() -> None:
+    """MMA_TIME=1: ``ms.linear`` (routed) on 28672x8192 at 4, 8 and 16 tokens, NVFP4 and
+    MXFP4, with cuBLAS bf16 ``F.linear``, for A/B runs of the environment switches."""
+    res, bw = start_run()
+    g = torch.Generator(device=dev).manual_seed(9)
+    n, k = 28672, 8192
+    w = torch.randn(n, k, device=dev, generator=g)
+    wb = [w.to(torch.bfloat16) for _ in range(2)]
+    for name in ("nvfp4", "mxfp4"):
+        ql = [ms.quantize(w, name) for _ in range(4)]
+        for m in (4, 8, 16):
+            x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+            cub = bench([lambda wt=wt: F.linear(x, wt) for wt in wb])
+            t = bench([lambda q=q: ms.linear(x, q) for q in ql])
+            res["timings"].append(dict(fmt=name, m=m, ms=t, cublas_ms=cub))
+            print(f"{name:6s} M={m:2d} ms.linear {t * 1e3:7.1f} us {cub / t:5.2f}x cuBLAS "
+                  f"{100 * ql[0].nbytes / (t * 1e-3) / 1e9 / bw:5.1f}% copy", flush=True)
+    with open(os.path.join(OUT, "gemv_mma_time.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
 if __name__ == "__main__":
-    if os.environ.get("MMA_SWEEP") == "1":
+    if os.environ.get("MMA_TIME") == "1":
+        time_main()
+    elif os.environ.get("MMA_SWEEP") == "1":
         sweep_main([C(2, 8, 2), C(2, 8, 1), C(2, 4, 4), C(2, 4, 2), C(2, 4, 1), C(1, 8, 1)])
     else:
         main()

@@ -1,12 +1,13 @@
-"""Compile the decode GEMV and its activation prep for sm_90 without a GPU, exactly as
-``qlinear.gemv`` launches them on an H200 (config from ``choose_gemv_config`` unless
-overridden), and write their PTX / SASS.
+"""Compile the decode GEMV and its activation prep (or, ``--mma``, the tensor-core decode
+kernel) for sm_90 without a GPU, as ``qlinear`` launches them on an H200 (config from
+``choose_gemv_config`` / ``choose_gemv_mma_config`` unless overridden), and write their
+PTX / SASS.
 
     python tools/gemv_ptx.py OUTDIR [--fmt nvfp4] [--m 1] [--n 28672] [--k 8192]
-                             [--config "{'pdl': True}"] [--sass]
+                             [--config "{'pdl': True}"] [--sass] [--mma]
 
-Writes ``OUTDIR/_gemv_kernel.ptx`` and ``OUTDIR/_prep_x_kernel.ptx`` (``.sass`` too with
-``--sass``) and prints the loop-body instruction histogram of the GEMV. Used by
+Writes ``OUTDIR/<kernel>.ptx`` for each launch (``.sass`` too with ``--sass``) and prints
+the loop-body instruction histogram of the main kernel. Used by
 ``tests/kernels/test_gemv.py`` (the order of loads around the programmatic-launch wait)
 and to count instructions before spending device time. Needs only the triton wheel.
 """
@@ -32,24 +33,33 @@ import compile_check as cc  # noqa: E402
 import microscale as ms  # noqa: E402
 from microscale import qlinear as L  # noqa: E402
 from microscale.kernels import _gemv_kernels as kern  # noqa: E402
+from microscale.kernels import _gemv_mma as mkern  # noqa: E402
 from sass import loop_counts  # noqa: E402
 
 
-def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict) -> dict:
-    """``{kernel name: compiled kernel}`` for one ``gemv`` call's launches (sm_90)."""
+def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict, mma: bool = False) -> dict:
+    """``{kernel name: compiled kernel}`` for one ``gemv`` (``mma``: ``gemv_mma``) call's
+    launches (sm_90; the host takes the device for a Hopper one)."""
     q = ms.quantize(torch.randn(64, k), fmt)
     x = torch.zeros(m, k, dtype=torch.bfloat16)
     cc.SPECS.clear()
-    saved = L.launch
+    saved = L.launch, L._pdl_capable, L._num_sms
     L.launch = lambda fn, grid, *a, **kw: cc._record(fn, a, kw)
+    L._pdl_capable = lambda device: True
+    L._num_sms = lambda device: 132
     try:
-        cfg = replace(L.choose_gemv_config(n, k, torch.device("cpu"), m), **overrides)
-        L.gemv(x, q, None, cfg, use_asm=True)
+        if mma:
+            cfg = replace(L.choose_gemv_mma_config(n, k, torch.device("cpu"), m), **overrides)
+            L._gemv_mma_launch(x, q, None, cfg)
+        else:
+            cfg = replace(L.choose_gemv_config(n, k, torch.device("cpu"), m), **overrides)
+            L.gemv(x, q, None, cfg, use_asm=True)
     finally:
-        L.launch = saved
+        L.launch, L._pdl_capable, L._num_sms = saved
+    mods = (kern, mkern)
     out = {}
     for s in cc.SPECS.values():
-        fn = getattr(kern, s["kernel"])
+        fn = next(getattr(md, s["kernel"]) for md in mods if hasattr(md, s["kernel"]))
         src = ASTSource(fn=fn, signature=s["signature"], constexprs=s["constexprs"], attrs=s["attrs"])
         out[s["kernel"]] = triton.compile(src, target=cc.TARGET, options=s["options"])
     return out
@@ -73,17 +83,18 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8192)
     ap.add_argument("--config", default="{}", help="GemvConfig fields to override, a Python dict literal")
     ap.add_argument("--sass", action="store_true")
+    ap.add_argument("--mma", action="store_true", help="the tensor-core decode kernel (gemv_mma) instead")
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
-    for name, c in compile_gemv(a.fmt, a.m, a.n, a.k, ast.literal_eval(a.config)).items():
+    for name, c in compile_gemv(a.fmt, a.m, a.n, a.k, ast.literal_eval(a.config), a.mma).items():
         with open(os.path.join(a.outdir, name + ".ptx"), "w") as f:
             f.write(c.asm["ptx"])
-        if a.sass or name == "_gemv_kernel":
+        if a.sass or name in ("_gemv_kernel", "_gemv_mma_kernel"):
             text = sass_of(c)
             if a.sass:
                 with open(os.path.join(a.outdir, name + ".sass"), "w") as f:
                     f.write(text)
-            if name == "_gemv_kernel":
+            if name in ("_gemv_kernel", "_gemv_mma_kernel"):
                 print(name, loop_counts(text))
 
 
