@@ -521,10 +521,9 @@ def _weight_views(q: QTensor) -> _WeightViews:
 #: first weight loads go out before it waits for the activation prep (``EARLY_W``), and
 #: with ``_PDL_CHAIN`` it lets the next kernel launch once all its programs run while the
 #: prep is launched as a dependent of the kernel before it (waiting for it before reading x),
-#: so one call's weight loads overlap the previous call's tail. The tensor-core decode
-#: kernel (:func:`gemv_mma`) does the same with ``_PDL_CHAIN``: launched as a dependent, its
-#: first codes and scales loaded before it waits. Environment switches for measurement:
-#: ``MICROSCALE_GEMV_EARLY_W=0`` / ``MICROSCALE_GEMV_PDL_CHAIN=0``.
+#: so one call's weight loads overlap the previous call's tail (the same for the
+#: tensor-core decode kernel measured no gain: ``benchmarks/NOTES_linear.md``). Environment
+#: switches for measurement: ``MICROSCALE_GEMV_EARLY_W=0`` / ``MICROSCALE_GEMV_PDL_CHAIN=0``.
 _EARLY_W = os.environ.get("MICROSCALE_GEMV_EARLY_W", "1") == "1"
 _PDL_CHAIN = os.environ.get("MICROSCALE_GEMV_PDL_CHAIN", "1") == "1"
 
@@ -533,6 +532,7 @@ _PDL_CHAIN = os.environ.get("MICROSCALE_GEMV_PDL_CHAIN", "1") == "1"
 def _pdl_capable(device: torch.device) -> bool:
     """Programmatic dependent launch on ``device`` (CUDA, compute capability 9.0+)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
 
 #: Largest token count routed to :func:`gemv` (tokens share one decode in groups of up to 4;
 #: from 5 tokens the split-K tensor-core kernel wins on the H200: NVFP4 M=6 87 us against
@@ -850,14 +850,13 @@ def _gemv_mma_launch(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c:
         ws, cnt = _workspace(x2.device, split * tiles * 4 * c.row_groups * tg * 32 * c.num_warps, tiles)
     else:
         ws = cnt = out
-    pdl = _PDL_CHAIN and _pdl_capable(x2.device)  # (see _PDL_CHAIN)
     launch(kern._gemv_mma_kernel, (tiles, split),
            x2, wv.words, scales, gs, bias if bias is not None else out, out, ws, cnt, ke,
            n, m, x2.stride(0), kw, scales.stride(0), out.stride(0), post,
            KW_PER_SPLIT=kw // split, RG=c.row_groups, WPL=c.words_per_lane, TG=tg, WPG=wpg, SK=sk, SPLIT_K=split,
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, LASM=lasm, LCONS=lcons, NOUT=nout,
-           XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps, PDL=pdl,
-           num_warps=c.num_warps, num_stages=1, **({"launch_pdl": True} if pdl else {}))
+           XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps,
+           num_warps=c.num_warps, num_stages=1)
     return out
 
 

@@ -38,7 +38,6 @@ import functools
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 #: scale kinds served (the ``SK`` constexpr): E8M0 and UE4M3 block scales
 SK_E8M0, SK_UE4M3 = 1, 2
@@ -169,7 +168,7 @@ def _gemv_mma_kernel(
     KW_PER_SPLIT: tl.constexpr, RG: tl.constexpr, WPL: tl.constexpr, TG: tl.constexpr, WPG: tl.constexpr,
     SK: tl.constexpr, SPLIT_K: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
     LASM: tl.constexpr, LCONS: tl.constexpr, NOUT: tl.constexpr, XASM: tl.constexpr, XCONS: tl.constexpr,
-    NXOUT: tl.constexpr, SASM: tl.constexpr, SCONS: tl.constexpr, NW: tl.constexpr, PDL: tl.constexpr = False,
+    NXOUT: tl.constexpr, SASM: tl.constexpr, SCONS: tl.constexpr, NW: tl.constexpr,
 ):
     """out[m, n] = sum_k x[m, k] W[n, k] (+ bias) for this program's rows, one element per
     thread (see the module notes). ``w_ptr``: int32 words of codes; ``s_ptr``: uint8
@@ -179,11 +178,7 @@ def _gemv_mma_kernel(
     Codes and scales of step i+1 are loaded before step i's arithmetic (ptxas moves these
     loads to the loop's end; loading them ahead into L2 instead measured slower); the
     activations, L1/L2 hits, in their own step (a register prefetch of them measured slower:
-    registers). ``PDL`` (launched as a programmatic dependent, Hopper+): the next kernel may
-    launch once every program runs; the first step's codes and scales are loaded before
-    waiting for the previous kernel, everything else (x, workspace, counters, output) after."""
-    if PDL:
-        gdc_launch_dependents()
+    registers)."""
     STEP: tl.constexpr = 4 * WPL  # words per row per step
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -208,8 +203,6 @@ def _gemv_mma_kernel(
     for c in tl.static_range(4 * RG * TG):
         accs = accs + (tl.zeros([32 * NW], dtype=tl.float32),)
     d = _load(ws, ss, (), LASM, LCONS, NOUT)
-    if PDL:
-        gdc_wait()
     for i in range(0, KW_PER_SPLIT, STEP):
         nxt = tl.minimum(i + STEP, KW_PER_SPLIT - STEP)  # the last step reloads itself
         ws2 = ()
