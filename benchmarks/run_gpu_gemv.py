@@ -100,9 +100,11 @@ def main() -> None:
             bias = torch.randn(n, device=dev, generator=g)
             ref = x.double() @ q.dequantize(torch.float64).T + bias.double()
             for asm, pdl, sel in ((True, False, False), (True, True, False), (False, False, False),
-                                  (True, False, True)):
+                                  (True, False, True), (True, False, "direct")):
                 cfg = L.GemvConfig(block_n=4, block_kw=128, pdl=True, prefetch=True) if pdl else None
-                if sel:  # the shift decode and byte-loaded scales (the defaults are f4_select / scale_pairs)
+                if sel == "direct":  # PTX scale loads in the layout of their use
+                    cfg = replace(L.choose_gemv_config(n, k, dev, m), scale_direct=True)
+                elif sel:  # the shift decode and byte-loaded scales (the defaults are f4_select / scale_pairs)
                     cfg = replace(L.choose_gemv_config(n, k, dev, m), f4_select=False, scale_pairs=False)
                 out = L.gemv(x, q, bias, cfg, use_asm=asm)
                 e = ((out.double() - ref).norm() / ref.norm()).item()
@@ -140,6 +142,7 @@ def main() -> None:
         # the default's select decode / paired scales turned off (label without x / y)
         sel = [replace(d0, f4_select=False, scale_pairs=False)] if fname in ("nvfp4", "mxfp4") else []
         sel += [replace(d0, scale_pairs=False), replace(d0, f4_select=False)] if fname == "nvfp4" else []
+        sel += [replace(d0, scale_direct=True)]  # PTX scale loads in the layout of their use (label ...d)
         for cfg in [None] + sel + [L.GemvConfig(bn, bkw, 1, nw, st, pdl=bool(p), prefetch=bool(pf))
                                    for bn, bkw, nw, st, p, pf in grid]:
             try:
@@ -149,7 +152,7 @@ def main() -> None:
                 continue
             r = dict(fmt=fname, m=m, n=n, k=k, variant="auto" if cfg is None else f"{cfg.block_n}x{cfg.block_kw}"
                      f"w{cfg.num_warps}s{cfg.num_stages}{'p' if cfg.pdl else ''}{'f' if cfg.prefetch else ''}"
-                     f"{'x' if cfg.f4_select else ''}{'y' if cfg.scale_pairs else ''}", ms=t, cublas_ms=cub[m], speedup=cub[m] / t,
+                     f"{'x' if cfg.f4_select else ''}{'y' if cfg.scale_pairs else ''}{'d' if cfg.scale_direct else ''}", ms=t, cublas_ms=cub[m], speedup=cub[m] / t,
                      GBps=qbytes / (t * 1e-3) / 1e9, pct_copy=qbytes / (t * 1e-3) / 1e9 / bw)
             res["timings"].append(r)
             rows.append(r)

@@ -555,7 +555,10 @@ class GemvConfig:
     16-bit pairs of neighbouring chains (half the loads, a smaller layout conversion). Both
     are on by default (H200, 28672x8192 at 1 token: NVFP4 40.8 -> 37.4 us with both, MXFP4
     37.9 -> 36.2 us with the select decode; ``benchmarks/NOTES_linear.md``) and are ignored
-    where they do not apply (other element kinds, other scales, odd scale strides)."""
+    where they do not apply (other element kinds, other scales, odd scale strides).
+    ``scale_direct``: byte block scales loaded by PTX straight into the layout of their use
+    (no shared-memory layout conversion and barriers per K step; PTX path, unmasked tiles,
+    formats without zero points; compiled, not yet timed on the GPU, so off by default)."""
 
     block_n: int = 8
     block_kw: int = 256
@@ -568,6 +571,7 @@ class GemvConfig:
     prefetch: bool = False
     f4_select: bool = True
     scale_pairs: bool = True
+    scale_direct: bool = False
 
 
 @functools.lru_cache(maxsize=256)
@@ -686,6 +690,8 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
     zp = wv.zero_points if f.zero_point else scales
     kw_per = -(-kw // split)
     kw_per = -(-kw_per // c.block_kw) * c.block_kw
+    even_n, even_k = n % c.block_n == 0, kw_per * split == kw
+    sdirect = c.scale_direct and asm and even_n and even_k and scales.element_size() == 1 and not f.zero_point
     el = f.element
     elem_c = 2.0 ** (15 - el.bias) if kind == kern.F4 else 2.0 ** (-el.frac_bits) if el.kind == "int" else 1.0
     launch(kern._gemv_kernel, (-(-n // c.block_n), split),
@@ -696,8 +702,8 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
         USE_ASM=asm, ASM=kern.word_asm(kind, el.mbits, tokens, c.f4_select) if asm else "",
         CONS=kern.word_constraints(kind, tokens), SCALE_IN_ASM=s_in,
         USE_PDL=pdl, PREFETCH=c.prefetch, HAS_ZP=f.zero_point, SPAIR=spair, EARLY_W=_EARLY_W,
-        PDL_CHAIN=chain_pdl, **({"launch_pdl": True} if pdl else {}),
-        EVEN_N=n % c.block_n == 0, EVEN_K=kw_per * split == kw, num_warps=c.num_warps, num_stages=c.num_stages)
+        PDL_CHAIN=chain_pdl, SDIRECT=sdirect, **({"launch_pdl": True} if pdl else {}),
+        EVEN_N=even_n, EVEN_K=even_k, num_warps=c.num_warps, num_stages=c.num_stages)
     return out.to(x2.dtype) if split > 1 else out
 
 

@@ -277,11 +277,15 @@ def _hadd2(a, b):
 @triton.jit
 def _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k0, KW: tl.constexpr,
                       WPG: tl.constexpr, CHAIN: tl.constexpr, BLOCK_KW: tl.constexpr, EVEN_N: tl.constexpr,
-                      EVEN_K: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False):
+                      EVEN_K: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False,
+                      SDIRECT: tl.constexpr = False):
     """One K step's weight operands from word ``k0``: codes ``[BLOCK_N, BLOCK_KW]``, raw
     block scales ``[BLOCK_N, BLOCK_KW // CHAIN]`` (one per chain; ``SPAIR``: 16-bit pairs,
     ``[BLOCK_N, BLOCK_KW // CHAIN // 2]``) and the zero-point operand per word (f16x2
-    ``1024 + z``; 0 without zero points)."""
+    ``1024 + z``; 0 without zero points). ``SDIRECT`` (PTX, unmasked tiles, byte scales):
+    the scales are loaded by PTX, which Triton does not re-lay-out like its own loads, so
+    they arrive in the layout of their use and the loop carries them without a
+    shared-memory layout conversion."""
     NC: tl.constexpr = BLOCK_KW // CHAIN
     kw = k0 + tl.arange(0, BLOCK_KW)
     kw_ok = kw < KW
@@ -292,13 +296,22 @@ def _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, str
         kc = k0 + CHAIN * tl.arange(0, NC)  # first word of each chain
         s_ptrs = s_ptr + offs_n[:, None] * stride_s + (kc // WPG)[None, :]
     w_ptrs = w_ptr + offs_n[:, None] * stride_w + kw[None, :]
-    if EVEN_N and EVEN_K:  # no masks: unpredicated 16-byte loads
+    if SDIRECT:  # (a PTX load is no layout anchor: the addresses take the layout of the use)
+        w = tl.load(w_ptrs)
+        addr = s_ptrs.to(tl.int64, bitcast=True)
+        if SPAIR:
+            raw = tl.inline_asm_elementwise("ld.global.nc.u16 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
+                                            is_pure=True, pack=1)
+        else:
+            raw = tl.inline_asm_elementwise("ld.global.nc.u8 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
+                                            is_pure=True, pack=1)
+    elif EVEN_N and EVEN_K:  # no masks: unpredicated 16-byte loads
         w = tl.load(w_ptrs)
         raw = tl.load(s_ptrs).to(tl.int32)
     else:
         w = tl.load(w_ptrs, mask=n_ok[:, None] & kw_ok[None, :], other=0)
         raw = tl.load(s_ptrs, mask=n_ok[:, None] & (kc < KW)[None, :], other=0).to(tl.int32)
-    if SPAIR:
+    if SPAIR and not SDIRECT:
         raw = raw & 0xFFFF
     if HAS_ZP:  # per word (an L1 hit after the first of its block): f16x2 of 1024 + z
         z_ptrs = z_ptr + offs_n[:, None] * stride_z + (kw // WPG)[None, :]
@@ -333,10 +346,11 @@ def _load_x_step(x_ptr, k0, KW: tl.constexpr, XR: tl.constexpr, T: tl.constexpr,
 @triton.jit
 def _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k0, KW: tl.constexpr,
                XR: tl.constexpr, T: tl.constexpr, WPG: tl.constexpr, CHAIN: tl.constexpr, BLOCK_KW: tl.constexpr,
-               EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False):
+               EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False,
+               SDIRECT: tl.constexpr = False):
     """One K step's operands: :func:`_load_weight_step`'s, then :func:`_load_x_step`'s."""
     w, raw, kz = _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k0, KW, WPG,
-                                   CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR)
+                                   CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR, SDIRECT)
     return w, raw, kz, _load_x_step(x_ptr, k0, KW, XR, T, BLOCK_KW, EVEN_K)
 
 
@@ -408,7 +422,7 @@ def _gemv_kernel(
     CHAIN: tl.constexpr, T: tl.constexpr, USE_ASM: tl.constexpr, ASM: tl.constexpr, CONS: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, SCALE_IN_ASM: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False, EARLY_W: tl.constexpr = True,
-    PDL_CHAIN: tl.constexpr = False,
+    PDL_CHAIN: tl.constexpr = False, SDIRECT: tl.constexpr = False,
 ):
     """out[m, n] (+)= sum_k x[m, k] * W[n, k] over this program's K slice (split-K: fp32
     atomics into a zeroed fp32 ``out``; else the final dtype is written directly).
@@ -421,7 +435,7 @@ def _gemv_kernel(
     ``BLOCK_KW`` words, each with its own power of two (``xs[m, chunk]``). ``EARLY_W``
     (with ``USE_PDL`` and ``PREFETCH``): the first step's weight loads are issued before the
     wait; ``PDL_CHAIN``: the next kernel (the next call's prep) may launch once every program
-    of this grid runs."""
+    of this grid runs. ``SDIRECT``: see :func:`_load_weight_step`."""
     XR: tl.constexpr = 4 if (KIND == 0 or KIND == 4 or KIND == 6) else 2
     if USE_PDL and PDL_CHAIN:
         gdc_launch_dependents()
@@ -443,7 +457,7 @@ def _gemv_kernel(
             # the weights do not come from the activation prep: their first loads are in
             # flight while a programmatic dependent launch waits for it
             w, raw, kz = _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k_lo,
-                                           KW, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR)
+                                           KW, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR, SDIRECT)
             if USE_PDL and EARLY_W and m0 == 0:  # x is ready only after this
                 gdc_wait()
             xs = _load_x_step(x_ptr, k_lo, KW, XR, T, BLOCK_KW, EVEN_K)
@@ -452,10 +466,10 @@ def _gemv_kernel(
                 nxt = tl.minimum(i + BLOCK_KW, KW_PER_SPLIT - BLOCK_KW)
                 w2, raw2, kz2, xs2 = _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s,
                                                 stride_z, k_lo + nxt, KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K,
-                                                HAS_ZP, SPAIR)
+                                                HAS_ZP, SPAIR, SDIRECT)
             else:
                 w, raw, kz, xs = _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z,
-                                            k_lo + i, KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR)
+                                            k_lo + i, KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR, SDIRECT)
             parts = _word_parts(w, kz, xs, XR, T, KIND, MBITS, USE_ASM, ASM, CONS, HAS_ZP)
             if SCALE_IN_ASM:
                 scale = 1.0

@@ -226,8 +226,8 @@ def test_scale_pairs_and_select_match_the_plain_path(m, n, asm, gen):
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)
 
 
-def _gemv_ptx(tmp_path, env: dict, config: str) -> dict:
-    """PTX of the 1-token NVFP4 GEMV and its prep, compiled for sm_90 in a subprocess
+def _gemv_ptx(tmp_path, env: dict, config: str, fmt: str = "nvfp4") -> dict:
+    """PTX of the 1-token GEMV and its prep, compiled for sm_90 in a subprocess
     (``tools/gemv_ptx.py``: the interpreter mode of this process cannot compile)."""
     import os
     import pathlib
@@ -242,7 +242,8 @@ def _gemv_ptx(tmp_path, env: dict, config: str) -> dict:
     e = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     e.update(env)
     r = subprocess.run([sys.executable, str(root / "tools" / "gemv_ptx.py"), str(tmp_path), "--k", "2048",
-                        "--config", config], cwd=root, env=e, capture_output=True, text=True, timeout=300)
+                        "--fmt", fmt, "--config", config], cwd=root, env=e, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return {n: (tmp_path / f"{n}.ptx").read_text() for n in ("_gemv_kernel", "_prep_x_kernel")}
 
@@ -301,3 +302,36 @@ def test_chained_calls_in_a_cuda_graph(name, gen):
     torch.cuda.synchronize()
     for y, y_eager in zip(got, chain(x)):
         assert torch.equal(y, y_eager)
+
+
+@pytest.mark.parametrize("fmt,load", [("nvfp4", "ld.global.nc.u16"), ("mxfp4", "ld.global.nc.u8")])
+def test_scale_direct_drops_the_loop_layout_conversion(fmt, load, tmp_path):
+    """``GemvConfig.scale_direct``: the block scales come from a PTX load in the layout of
+    their use, so the K loop loses the shared-memory conversion and its two barriers
+    (sm_90 PTX; the epilogue's barriers stay)."""
+    base = _gemv_ptx(tmp_path / "base", {}, "{'pdl': True}", fmt)["_gemv_kernel"]
+    direct = _gemv_ptx(tmp_path / "direct", {}, "{'pdl': True, 'scale_direct': True}", fmt)["_gemv_kernel"]
+    assert load not in base and load in direct
+    assert direct.count("bar.sync") == base.count("bar.sync") - 2
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="the PTX scale loads need the GPU")
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3"])
+def test_scale_direct_is_bit_identical(name, gen):
+    """The scale loads change place, not the arithmetic: outputs equal the default's bit
+    for bit, 1-4 tokens, with and without paired scales, whole and ragged row tiles (the
+    ragged one keeps the default loads)."""
+    from dataclasses import replace
+
+    from microscale.qlinear import choose_gemv_config
+
+    for n in (64, 37):
+        q = ms.quantize(torch.randn(n, 1024, generator=gen), name).to(DEV)
+        for m in (1, 2, 3, 4):
+            x = (torch.randn(m, 1024, generator=gen) * 3).to(DEV, torch.bfloat16)
+            base = replace(choose_gemv_config(n, 1024, torch.device(DEV), m), block_kw=64)
+            for pairs in (True, False):
+                c = replace(base, scale_pairs=pairs)
+                want = gemv(x, q, None, c)
+                got = gemv(x, q, None, replace(c, scale_direct=True))
+                assert torch.equal(got, want), (n, m, pairs)
