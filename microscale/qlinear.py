@@ -448,6 +448,12 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     (4/8-bit codes); the split-K tensor-core kernel otherwise (any format). On the CPU the
     float64 reference.
 
+    On Hopper the f16x2 GEMV is a programmatic dependent launch chain: it may start reading
+    ``qweight`` while the kernel before the call is still finishing, when that kernel lets
+    its dependents launch early (microscale's GEMV and dequantize do; its quantize does
+    not). Do not have such a kernel write the weight right before the call (put any other
+    kernel or a synchronization in between), or set ``MICROSCALE_GEMV_PDL_CHAIN=0``.
+
     Args:
         x: bfloat16 or float16 ``[..., K]``.
         qweight: a QTensor ``[N, K]`` (prepared once and cached on it) or the result of

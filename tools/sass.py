@@ -80,7 +80,6 @@ def loop_counts(text: str) -> list[dict]:
     loops = []
     for i, (a, op, line) in enumerate(ins):
         if op.startswith("BRA"):
-            m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|)\s*0x([0-9a-f]+)", line)
             t = re.search(r"0x([0-9a-f]+)", line.split("BRA", 1)[1])
             if t:
                 tgt = int(t.group(1), 16)

@@ -631,13 +631,16 @@ def _scale_offset(r, c, SC, LAYOUT: tl.constexpr):
 
 
 @triton.jit
-def _pdl_start(PDL: tl.constexpr):
-    """Launched as a programmatic dependent (Hopper+): let the next kernel launch once every
-    program of this grid runs, and wait for the previous kernel's results before any read.
-    The early launch hides the launch and ramp of back-to-back kernels; every read and
-    write stays after the wait, so the stream order is what it was."""
+def _pdl_start(PDL: tl.constexpr, TRIGGER: tl.constexpr):
+    """Launched as a programmatic dependent (Hopper+): wait for the previous kernel's results
+    before any read (every read and write stays after the wait, so the stream order is what
+    it was) and, with ``TRIGGER``, let the next kernel launch once every program of this
+    grid runs, which hides the launch and ramp of back-to-back kernels. Quantize does not
+    trigger: its codes may be a weight that the decode GEMV reads before its own wait
+    (``qlinear._PDL_CHAIN``); dequantize writes dense tensors only."""
     if PDL:
-        gdc_launch_dependents()
+        if TRIGGER:
+            gdc_launch_dependents()
         gdc_wait()
 
 
@@ -711,7 +714,7 @@ def _quantize_kernel(
     PK: tl.constexpr = False, EVEN: tl.constexpr = False, PREFETCH: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
-    _pdl_start(PDL)
+    _pdl_start(PDL, False)
     RB: tl.constexpr = TR // BR
     NB: tl.constexpr = TK // B
     # SPLIT: load each block's B elements as B / VEC vectors of VEC (16 bytes) along a slow
@@ -1366,7 +1369,7 @@ def _dequantize_kernel(
     * otherwise the general path: decode by bit placement, scale, zero point, global.
 
     ``EVEN``: the grid tiles R and K exactly, so no masks. ``PDL``: see :func:`_pdl_start`."""
-    _pdl_start(PDL)
+    _pdl_start(PDL, True)
     RB: tl.constexpr = TR // BR
     NB: tl.constexpr = TK // B
     PACK_WORD: tl.constexpr = (8 % BITS) != 0

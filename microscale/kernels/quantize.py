@@ -90,7 +90,8 @@ _DEQ_HINTS = os.environ.get("MICROSCALE_DEQ_CACHE_HINTS", "1") == "1"
 # the current one (``PREF`` in the kernel)
 _PREFETCH = os.environ.get("MICROSCALE_QUANT_PREFETCH", "1") == "1"
 # the quantize / dequantize kernels launched as programmatic dependents on Hopper+ (each
-# waits for the previous kernel before any read; hides launch and ramp between kernels)
+# waits for the previous kernel before any read; dequantize also lets the next kernel
+# launch early, hiding launch and ramp between kernels: ``_k._pdl_start``)
 _PDL = os.environ.get("MICROSCALE_QUANT_PDL", "1") == "1" and not _INTERPRET
 
 

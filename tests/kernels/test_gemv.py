@@ -335,3 +335,30 @@ def test_scale_direct_is_bit_identical(name, gen):
                 want = gemv(x, q, None, c)
                 got = gemv(x, q, None, replace(c, scale_direct=True))
                 assert torch.equal(got, want), (n, m, pairs)
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="programmatic launches: GPU only")
+def test_quantize_then_linear_back_to_back(gen):
+    """A weight quantized on the GPU and used by the very next call (nothing in between,
+    eager and in a CUDA graph): the GEMV's weight loads ahead of its programmatic-launch wait
+    must see finished codes, so quantize must not let its dependents launch early."""
+    n, k = 8192, 4096
+    w = torch.empty(n, k, device=DEV)
+    x = torch.randn(1, k, generator=gen).to(DEV, torch.bfloat16)
+    for name in ("nvfp4", "mxfp4"):
+        for _ in range(3):
+            w.copy_(torch.randn(n, k, generator=gen))
+            q = ms.quantize(w, name)
+            y = ms.linear(x, q)
+            ref = x.double() @ q.dequantize(torch.float64).T
+            assert rel(y, ref.cpu()) < 1e-2, name
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            qg = ms.quantize(w, name)
+            yg = ms.linear(x, qg)
+        for _ in range(3):
+            w.copy_(torch.randn(n, k, generator=gen))
+            graph.replay()
+            torch.cuda.synchronize()
+            ref = x.double() @ qg.dequantize(torch.float64).T
+            assert rel(yg, ref.cpu()) < 1e-2, name
