@@ -65,7 +65,7 @@ import torch
 
 from . import reference
 from .formats import Format, pack_codes, unpack_codes
-from .kernels._launch import cdiv, launch, next_pow2
+from .kernels._launch import cdiv, launch, next_pow2, pdl_capable
 from .qtensor import QTensor
 
 __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_config", "gemv", "gemv_supported",
@@ -448,11 +448,14 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     (4/8-bit codes); the split-K tensor-core kernel otherwise (any format). On the CPU the
     float64 reference.
 
-    On Hopper the f16x2 GEMV is a programmatic dependent launch chain: it may start reading
-    ``qweight`` while the kernel before the call is still finishing, when that kernel lets
-    its dependents launch early (microscale's GEMV and dequantize do; its quantize does
-    not). Do not have such a kernel write the weight right before the call (put any other
-    kernel or a synchronization in between), or set ``MICROSCALE_GEMV_PDL_CHAIN=0``.
+    On Hopper the f16x2 GEMV runs as a programmatic dependent launch chain: once a weight
+    has been used and its tensors are unchanged (torch's version counters), the GEMV may
+    start reading it while earlier kernels that let their dependents launch early are still
+    running (microscale's GEMV and dequantize do; its quantize does not). A QTensor's first
+    use, and its first use after an in-place change through torch, read it only after
+    those kernels complete. A weight rewritten by other means (a custom kernel writing its
+    memory) must not be rewritten by such kernels right before the call; or set
+    ``MICROSCALE_GEMV_PDL_CHAIN=0``.
 
     Args:
         x: bfloat16 or float16 ``[..., K]``.
@@ -506,18 +509,25 @@ def _weight_views(q: QTensor) -> _WeightViews:
     """The views of q's tensors the decode kernels take, made once per QTensor and version
     of its tensors and kept on it (each view is a torch call: ~6 µs of host time on the
     H200 machine's CPU, per launch)."""
+    return _weight_views_hit(q)[0]
+
+
+def _weight_views_hit(q: QTensor) -> tuple[_WeightViews, bool]:
+    """:func:`_weight_views` and whether they came from the cache: False on a QTensor's first
+    use and after any in-place change of its tensors (when kernels still in flight may be
+    writing them, so the GEMV must not read them ahead of its wait)."""
     key = tuple((t.data_ptr(), t._version) if t is not None else None
                 for t in (q.data, q.scales, q.zero_points, q.global_scale))
     hit = q.__dict__.get("_ms_weight_views")
     if hit is not None and hit[0] == key:
-        return hit[1]
+        return hit[1], True
     sc = q.scales.contiguous()
     wv = _WeightViews(q.data.contiguous().view(torch.int32), sc.view(_INT_VIEW[sc.element_size()]),
                       sc.view(torch.uint8) if sc.element_size() == 1 else None,
                       None if q.zero_points is None else q.zero_points.contiguous(),
                       None if q.global_scale is None else q.global_scale.reshape(1).to(torch.float32).contiguous())
     q.__dict__["_ms_weight_views"] = (key, wv)
-    return wv
+    return wv, False
 
 
 # ----------------------------------------------------------------------------------
@@ -532,12 +542,7 @@ def _weight_views(q: QTensor) -> _WeightViews:
 #: switches for measurement: ``MICROSCALE_GEMV_EARLY_W=0`` / ``MICROSCALE_GEMV_PDL_CHAIN=0``.
 _EARLY_W = os.environ.get("MICROSCALE_GEMV_EARLY_W", "1") == "1"
 _PDL_CHAIN = os.environ.get("MICROSCALE_GEMV_PDL_CHAIN", "1") == "1"
-
-
-@functools.lru_cache(maxsize=64)
-def _pdl_capable(device: torch.device) -> bool:
-    """Programmatic dependent launch on ``device`` (CUDA, compute capability 9.0+)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+_pdl_capable = pdl_capable  # (module attribute: tools/gemv_ptx.py stands in a Hopper)
 
 
 #: Largest token count routed to :func:`gemv` (tokens share one decode in groups of up to 4;
@@ -554,7 +559,9 @@ class GemvConfig:
     step, K split ``split_k`` ways (fp32 atomics when > 1); ``chain``: words whose products
     accumulate in f16 before one conversion to f32 (0: as many as a scale block holds,
     at most 4); ``tokens``: tokens sharing one decode (0: all, at most 4); ``pdl``: launch
-    the GEMV as a programmatic dependent of the activation prep (Hopper+); ``prefetch``:
+    the GEMV as a programmatic dependent of the activation prep (Hopper+), which also
+    brings the launch chain with the previous call and, once the weight's views are cached,
+    its first weight loads ahead of the wait (``_PDL_CHAIN`` / ``_EARLY_W``); ``prefetch``:
     load the next K step's operands before the current step's arithmetic; ``f4_select``:
     4-bit float codes decoded by the select variant (``_gemv_kernels._decode_word_ptx``:
     11% fewer SASS per word); ``scale_pairs``: UE4M3 scales applied in the PTX loaded as
@@ -680,17 +687,19 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
     if mp > m:
         xp[m:].zero_()
         xs[m:].zero_()
-    pdl = asm and c.pdl
-    chain_pdl = pdl and _PDL_CHAIN
-    launch(kern._prep_x_kernel, (m, nch), x2, xp, xs, x2.stride(0), K=k, XE=xe, KIND=kind, CW=c.block_kw,
-           USE_PDL=pdl, WAIT_PDL=chain_pdl, num_warps=4, **({"launch_pdl": True} if chain_pdl else {}))
-    wv = _weight_views(q)
+    # everything the GEMV launch needs is made before the prep, so that the GEMV directly
+    # follows it (its programmatic-launch primary): views (copies on a first use), output
+    wv, settled = _weight_views_hit(q)
     scales = wv.scales_int
     spair = (c.scale_pairs and s_in and scales.element_size() == 1 and scales.stride(0) % 2 == 0
              and scales.data_ptr() % 2 == 0)
     split = c.split_k
     out = (torch.zeros if split > 1 else torch.empty)((m, n), dtype=torch.float32 if split > 1 else x2.dtype,
                                                       device=x2.device)
+    pdl = asm and c.pdl
+    chain_pdl = pdl and _PDL_CHAIN
+    launch(kern._prep_x_kernel, (m, nch), x2, xp, xs, x2.stride(0), K=k, XE=xe, KIND=kind, CW=c.block_kw,
+           USE_PDL=pdl, WAIT_PDL=chain_pdl, num_warps=4, **({"launch_pdl": True} if chain_pdl else {}))
     gs = q.global_scale if q.global_scale is not None else xs
     b = bias if bias is not None else xs
     zp = wv.zero_points if f.zero_point else scales
@@ -707,7 +716,7 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
         BLOCK_N=c.block_n, BLOCK_KW=c.block_kw, KW_PER_SPLIT=kw_per, SPLIT_K=split, CHAIN=chain, T=tokens,
         USE_ASM=asm, ASM=kern.word_asm(kind, el.mbits, tokens, c.f4_select) if asm else "",
         CONS=kern.word_constraints(kind, tokens), SCALE_IN_ASM=s_in,
-        USE_PDL=pdl, PREFETCH=c.prefetch, HAS_ZP=f.zero_point, SPAIR=spair, EARLY_W=_EARLY_W,
+        USE_PDL=pdl, PREFETCH=c.prefetch, HAS_ZP=f.zero_point, SPAIR=spair, EARLY_W=_EARLY_W and settled,
         PDL_CHAIN=chain_pdl, SDIRECT=sdirect, **({"launch_pdl": True} if pdl else {}),
         EVEN_N=even_n, EVEN_K=even_k, num_warps=c.num_warps, num_stages=c.num_stages)
     return out.to(x2.dtype) if split > 1 else out

@@ -6,6 +6,7 @@ sm_90, without a GPU.
     python tools/compile_check.py --smoke    # a few launches, one per kind of run-time branch
     python tools/compile_check.py -j 4 --filter nvfp4 --list
     python tools/compile_check.py --sass     # SASS per element on the clean-tile path
+    python tools/compile_check.py --pdl-order   # programmatic-launch order of quantize / dequantize
 
 Why: the Triton interpreter (``TRITON_INTERPRET=1``, the CPU test suite) evaluates a
 run-time ``if`` in Python, so it accepts code the compiler rejects (e.g. a variable
@@ -45,7 +46,7 @@ from triton.runtime.jit import create_function_from_signature  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from microscale import fused, reference_fused  # noqa: E402
+from microscale import fused, reference, reference_fused  # noqa: E402
 from microscale.formats import registry  # noqa: E402
 from microscale.kernels import _quantize_kernels as _k  # noqa: E402
 from microscale.kernels import quantize as kq  # noqa: E402
@@ -336,6 +337,41 @@ def collect(mode: str) -> list[dict]:
     return list(SPECS.values())
 
 
+def pdl_order() -> int:
+    """With programmatic dependent launch on (a Hopper stood in): the quantize kernel waits
+    before its first global load and never lets its dependents launch early (its codes may
+    be the next ``ms.linear``'s weight, read by the decode GEMV ahead of its own wait); the
+    dequantize kernel waits before its first load and triggers. Prints each kernel's facts;
+    1 when a rule is broken."""
+    saved = kq._pdl_ok
+    kq._pdl_ok = lambda dev: True
+    SPECS.clear()
+    try:
+        with intercept():
+            x = torch.randn(256, 1024).to(torch.bfloat16)
+            for name in ("nvfp4", "mxfp4", "mxfp8_e4m3"):
+                kq.quantize(x, name)
+                kq.dequantize(reference.quantize(x, name), torch.bfloat16)
+    finally:
+        kq._pdl_ok = saved
+    bad = 0
+    for s in SPECS.values():
+        if s["kernel"] not in ("_quantize_kernel", "_dequantize_kernel"):
+            continue
+        fn = getattr(_k, s["kernel"])
+        c = triton.compile(ASTSource(fn=fn, signature=s["signature"], constexprs=s["constexprs"], attrs=s["attrs"]),
+                           target=TARGET, options=s["options"])
+        ptx = c.asm["ptx"]
+        wait, load = ptx.find("griddepcontrol.wait"), ptx.find("ld.global")
+        trig = "griddepcontrol.launch_dependents" in ptx
+        ok = (s["options"].get("launch_pdl") and 0 <= wait < load
+              and trig == (s["kernel"] == "_dequantize_kernel"))
+        bad += not ok
+        print(f"{s['kernel']:20s} launch_pdl={s['options'].get('launch_pdl')} wait_before_loads={0 <= wait < load} "
+              f"triggers={trig} {'ok' if ok else 'BROKEN'}")
+    return 1 if bad else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="registry launches only, one shape")
@@ -345,7 +381,11 @@ def main() -> int:
     ap.add_argument("--list", action="store_true", help="list the specializations, compile nothing")
     ap.add_argument("--sass", action="store_true", help="only: SASS per element on the clean-tile path, "
                     "16384^2 bf16, 16x256 tiles, 4 warps (NVFP4 static/dynamic, MXFP4, MXFP8)")
+    ap.add_argument("--pdl-order", action="store_true", help="only: the programmatic-launch rules of the "
+                    "quantize / dequantize kernels (wait before any load; only dequantize triggers)")
     a = ap.parse_args()
+    if a.pdl_order:
+        return pdl_order()
     if a.sass:
         sass_report()
         return 0

@@ -1,15 +1,16 @@
 """Compile the decode GEMV and its activation prep (or, ``--mma``, the tensor-core decode
-kernel) for sm_90 without a GPU, as ``qlinear`` launches them on an H200 (config from
-``choose_gemv_config`` / ``choose_gemv_mma_config`` unless overridden), and write their
-PTX / SASS.
+kernel) for sm_90 without a GPU, as ``qlinear`` launches them on an H200 for a weight's
+second call (config from ``choose_gemv_config`` / ``choose_gemv_mma_config`` unless
+overridden), and write their PTX / SASS.
 
     python tools/gemv_ptx.py OUTDIR [--fmt nvfp4] [--m 1] [--n 28672] [--k 8192]
                              [--config "{'pdl': True}"] [--sass] [--mma]
 
 Writes ``OUTDIR/<kernel>.ptx`` for each launch (``.sass`` too with ``--sass``) and prints
 the loop-body instruction histogram of the main kernel. Used by
-``tests/kernels/test_gemv.py`` (the order of loads around the programmatic-launch wait)
-and to count instructions before spending device time. Needs only the triton wheel.
+``tests/kernels/test_gemv.py`` (the order of loads around the programmatic-launch wait,
+the scale loads of ``scale_direct``) and to count instructions before spending device
+time. Needs only the triton wheel.
 """
 from __future__ import annotations
 
@@ -48,12 +49,14 @@ def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict, mma: bool = 
     L._pdl_capable = lambda device: True
     L._num_sms = lambda device: 132
     try:
-        if mma:
-            cfg = replace(L.choose_gemv_mma_config(n, k, torch.device("cpu"), m), **overrides)
-            L._gemv_mma_launch(x, q, None, cfg)
-        else:
-            cfg = replace(L.choose_gemv_config(n, k, torch.device("cpu"), m), **overrides)
-            L.gemv(x, q, None, cfg, use_asm=True)
+        for _ in range(2):  # the second call: the steady state (the weight's views cached)
+            cc.SPECS.clear()
+            if mma:
+                cfg = replace(L.choose_gemv_mma_config(n, k, torch.device("cpu"), m), **overrides)
+                L._gemv_mma_launch(x, q, None, cfg)
+            else:
+                cfg = replace(L.choose_gemv_config(n, k, torch.device("cpu"), m), **overrides)
+                L.gemv(x, q, None, cfg, use_asm=True)
     finally:
         L.launch, L._pdl_capable, L._num_sms = saved
     mods = (kern, mkern)

@@ -13,6 +13,7 @@ kernel read at compile time are unchanged: microscale's kernels read only consta
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -34,6 +35,14 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(n: int) -> int:
     """Smallest power of two >= ``n`` (1 for ``n <= 1``), as ``triton.next_power_of_2``."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=64)
+def pdl_capable(device: torch.device) -> bool:
+    """Programmatic dependent launch (``griddepcontrol``) on ``device``: an NVIDIA GPU of
+    compute capability 9.0 or newer (not ROCm, whose capability numbers overlap)."""
+    return (device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device) >= (9, 0))
 
 
 def _spec(a):

@@ -42,7 +42,7 @@ from ..formats import (
 from ..formats.elements import _enum
 from ..qtensor import QTensor
 from . import _quantize_kernels as _k
-from ._launch import cdiv, launch, next_pow2
+from ._launch import cdiv, launch, next_pow2, pdl_capable
 
 __all__ = ["QuantizeConfig", "choose_config", "choose_dequantize_config", "GemmQuantized", "quantize", "quantize_for_gemm", "dequantize",
            "unsupported_reason"]
@@ -95,10 +95,10 @@ _PREFETCH = os.environ.get("MICROSCALE_QUANT_PREFETCH", "1") == "1"
 _PDL = os.environ.get("MICROSCALE_QUANT_PDL", "1") == "1" and not _INTERPRET
 
 
-@functools.lru_cache(maxsize=64)
 def _pdl_ok(dev: torch.device) -> bool:
-    """Programmatic dependent launch on this device (CUDA, compute capability 9.0+)."""
-    return _PDL and dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (9, 0)
+    """Whether the quantize / dequantize kernels launch as programmatic dependents on ``dev``."""
+    return _PDL and pdl_capable(dev)
+
 _RULES = {ScaleRule.FLOOR: 0, ScaleRule.CEIL: 1, ScaleRule.EVEN: 2, ScaleRule.RCEIL: 3, ScaleRule.AMAX: 4,
           ScaleRule.MINMAX: 5}
 _TWO_LEVEL = {TwoLevel.MODELOPT: 1, TwoLevel.TORCHAO: 2, TwoLevel.COMPRESSED_TENSORS: 3}

@@ -239,7 +239,7 @@ def _gemv_ptx(tmp_path, env: dict, config: str, fmt: str = "nvfp4") -> dict:
     if not (pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("the triton wheel has no bundled ptxas")
     root = pathlib.Path(__file__).resolve().parents[2]
-    e = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    e = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET" and not k.startswith("MICROSCALE_GEMV_")}
     e.update(env)
     r = subprocess.run([sys.executable, str(root / "tools" / "gemv_ptx.py"), str(tmp_path), "--k", "2048",
                         "--fmt", fmt, "--config", config], cwd=root, env=e, capture_output=True, text=True,
@@ -319,29 +319,33 @@ def test_scale_direct_drops_the_loop_layout_conversion(fmt, load, tmp_path):
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3"])
 def test_scale_direct_is_bit_identical(name, gen):
     """The scale loads change place, not the arithmetic: outputs equal the default's bit
-    for bit, 1-4 tokens, with and without paired scales, whole and ragged row tiles (the
-    ragged one keeps the default loads)."""
+    for bit, 1-4 tokens, with and without paired scales (NVFP4), K split in two (two fp32
+    atomic adds onto zero give the same sum in either order), whole and ragged row tiles
+    (the ragged one keeps the default loads)."""
     from dataclasses import replace
 
     from microscale.qlinear import choose_gemv_config
 
-    for n in (64, 37):
-        q = ms.quantize(torch.randn(n, 1024, generator=gen), name).to(DEV)
+    for n, k, split in ((64, 1024, 1), (37, 1024, 1), (64, 2048, 2)):
+        q = ms.quantize(torch.randn(n, k, generator=gen), name).to(DEV)
         for m in (1, 2, 3, 4):
-            x = (torch.randn(m, 1024, generator=gen) * 3).to(DEV, torch.bfloat16)
-            base = replace(choose_gemv_config(n, 1024, torch.device(DEV), m), block_kw=64)
-            for pairs in (True, False):
+            x = (torch.randn(m, k, generator=gen) * 3).to(DEV, torch.bfloat16)
+            base = replace(choose_gemv_config(n, k, torch.device(DEV), m), block_kw=64, split_k=split)
+            for pairs in ((True, False) if name == "nvfp4" else (True,)):
                 c = replace(base, scale_pairs=pairs)
                 want = gemv(x, q, None, c)
                 got = gemv(x, q, None, replace(c, scale_direct=True))
-                assert torch.equal(got, want), (n, m, pairs)
+                assert torch.equal(got, want), (n, m, split, pairs)
 
 
 @pytest.mark.skipif(DEV == "cpu", reason="programmatic launches: GPU only")
 def test_quantize_then_linear_back_to_back(gen):
     """A weight quantized on the GPU and used by the very next call (nothing in between,
-    eager and in a CUDA graph): the GEMV's weight loads ahead of its programmatic-launch wait
-    must see finished codes, so quantize must not let its dependents launch early."""
+    eager and in a CUDA graph) gives the right result. (A functional check: a race would
+    rarely show here; the guarantees are checked on the compiled code and the host's
+    choices: ``test_pdl_weight_loads_go_out_before_the_wait``,
+    ``test_first_use_of_a_weight_reads_it_after_the_wait`` and
+    ``test_quantize_kernel_never_triggers_its_dependents``.)"""
     n, k = 8192, 4096
     w = torch.empty(n, k, device=DEV)
     x = torch.randn(1, k, generator=gen).to(DEV, torch.bfloat16)
@@ -362,3 +366,30 @@ def test_quantize_then_linear_back_to_back(gen):
             torch.cuda.synchronize()
             ref = x.double() @ qg.dequantize(torch.float64).T
             assert rel(yg, ref.cpu()) < 1e-2, name
+
+
+def test_first_use_of_a_weight_reads_it_after_the_wait(monkeypatch, gen):
+    """The GEMV reads a weight ahead of its programmatic-launch wait (``EARLY_W``) only once
+    its views are cached: not on the weight's first use (kernels still in flight may be
+    writing it, and the views may be fresh copies) and not after an in-place change."""
+    from microscale import qlinear as L
+
+    seen = []
+    real = L.launch
+
+    def spy(fn, grid, *a, **kw):
+        if "EARLY_W" in kw:
+            seen.append(kw["EARLY_W"])
+        return real(fn, grid, *a, **kw)
+
+    monkeypatch.setattr(L, "launch", spy)
+    monkeypatch.setattr(L, "_EARLY_W", True)
+    q = ms.quantize(torch.randn(16, 256, generator=gen), "nvfp4").to(DEV)
+    x = torch.randn(1, 256, generator=gen).to(DEV, torch.bfloat16)
+    cfg = GemvConfig(block_n=8, block_kw=32)
+    for _ in range(2):
+        gemv(x, q, None, cfg)
+    q.data.view(torch.uint8)[0, 0] ^= 1
+    gemv(x, q, None, cfg)
+    gemv(x, q, None, cfg)
+    assert seen == [False, True, False, True]

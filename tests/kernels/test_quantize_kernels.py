@@ -438,6 +438,28 @@ def test_kernels_compile_for_sm90():
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
 
 
+def test_quantize_kernel_never_triggers_its_dependents():
+    """Launched as programmatic dependents (Hopper+), the quantize and dequantize kernels
+    wait for the previous kernel before their first global load; only dequantize lets the
+    next kernel launch early (quantize's codes may be the next ``ms.linear``'s weight,
+    which the decode GEMV reads ahead of its own wait). Checked on PTX compiled for sm_90
+    (``tools/compile_check.py --pdl-order``)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    import triton
+
+    if not (pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("the triton wheel has no bundled ptxas")
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(root / "tools" / "compile_check.py"), "--pdl-order"], cwd=root,
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.count(" ok") == 6, r.stdout[-3000:] + r.stderr[-3000:]
+
+
 def test_markstein_division_keeps_the_sign_of_zero(monkeypatch):
     """The GPU fast path divides by Markstein's sequence; for x = -0 its last fma gives
     +0 + -0 = +0, so the sign must be put back (x / d keeps x's sign, d > 0). With
