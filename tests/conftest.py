@@ -23,3 +23,28 @@ def gen() -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(int(os.environ.get("MICROSCALE_TEST_SEED", "1234")))
     return g
+
+
+@pytest.fixture
+def run_tool():
+    """Runs ``tools/<script>`` in a subprocess without ``TRITON_INTERPRET`` (and without the
+    ``MICROSCALE_GEMV_*`` switches, plus ``env`` on top), for the checks that compile
+    kernels for sm_90 on CPU with the triton wheel's ptxas (skipped where it has none).
+    Returns the CompletedProcess."""
+    import pathlib
+    import subprocess
+    import sys
+
+    import triton
+
+    if not (pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("the triton wheel has no bundled ptxas")
+    root = pathlib.Path(__file__).resolve().parents[1]
+
+    def run(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        e = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET" and not k.startswith("MICROSCALE_GEMV_")}
+        e.update(env or {})
+        return subprocess.run([sys.executable, str(root / "tools" / script), *args], cwd=root, env=e,
+                              capture_output=True, text=True, timeout=600)
+
+    return run

@@ -29,9 +29,7 @@ import contextlib
 import importlib.util
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 
@@ -50,6 +48,7 @@ from microscale import fused, reference, reference_fused  # noqa: E402
 from microscale.formats import registry  # noqa: E402
 from microscale.kernels import _quantize_kernels as _k  # noqa: E402
 from microscale.kernels import quantize as kq  # noqa: E402
+from sass import dump_compiled  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = make_backend(TARGET)
@@ -297,7 +296,6 @@ def sass_report(shape=(16384, 16384), config=(16, 256, 4)) -> None:
     x = torch.empty(shape, dtype=torch.bfloat16)
     cfg = kq.QuantizeConfig(*config)
     per_thread = cfg.tile_rows * cfg.tile_cols // (32 * cfg.num_warps)
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     for label, name, kw in cases:
         SPECS.clear()
         with intercept():
@@ -305,11 +303,7 @@ def sass_report(shape=(16384, 16384), config=(16, 256, 4)) -> None:
         s = next(v for v in SPECS.values() if v["kernel"] == "_quantize_kernel")
         k = triton.compile(ASTSource(fn=_k._quantize_kernel, signature=s["signature"], constexprs=s["constexprs"],
                                      attrs=s["attrs"]), target=TARGET, options=s["options"])
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(k.asm["cubin"])
-            f.flush()
-            text = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-        n, hist = clean_path_count(text)
+        n, hist = clean_path_count(dump_compiled(k, "-sass"))
         top = ", ".join(f"{o} {c}" for o, c in list(hist.items())[:8])
         print(f"{label:14s} {n:5d} instructions / {per_thread} elements = {n / per_thread:5.1f} per element  ({top})")
 

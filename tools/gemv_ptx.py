@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import ast
 import os
-import subprocess
 import sys
-import tempfile
 from dataclasses import replace
 
 os.environ.pop("TRITON_INTERPRET", None)  # before triton / microscale are imported
@@ -35,7 +33,7 @@ import microscale as ms  # noqa: E402
 from microscale import qlinear as L  # noqa: E402
 from microscale.kernels import _gemv_kernels as kern  # noqa: E402
 from microscale.kernels import _gemv_mma as mkern  # noqa: E402
-from sass import loop_counts  # noqa: E402
+from sass import dump_compiled, loop_counts  # noqa: E402
 
 
 def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict, mma: bool = False) -> dict:
@@ -68,15 +66,6 @@ def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict, mma: bool = 
     return out
 
 
-def sass_of(compiled) -> str:
-    """cuobjdump -sass of a compiled kernel's cubin (the triton wheel's binary)."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("outdir")
@@ -93,7 +82,7 @@ def main() -> None:
         with open(os.path.join(a.outdir, name + ".ptx"), "w") as f:
             f.write(c.asm["ptx"])
         if a.sass or name in ("_gemv_kernel", "_gemv_mma_kernel"):
-            text = sass_of(c)
+            text = dump_compiled(c, "-sass")
             if a.sass:
                 with open(os.path.join(a.outdir, name + ".sass"), "w") as f:
                     f.write(text)

@@ -44,6 +44,14 @@ def _cuobjdump(path: str, *flags: str) -> str:
         os.unlink(path)
 
 
+def dump_compiled(compiled, *flags: str) -> str:
+    """``cuobjdump <flags>`` (e.g. ``-sass``, ``-res-usage``) of a kernel returned by
+    ``triton.compile``."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+    return _cuobjdump(f.name, *flags)
+
+
 def sass(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3,
          arch: int = 90, divisible: tuple[str, ...] | None = None) -> str:
     """SASS text of ``fn`` (a ``@triton.jit`` function) specialised to the given types.

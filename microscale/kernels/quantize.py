@@ -99,6 +99,7 @@ def _pdl_ok(dev: torch.device) -> bool:
     """Whether the quantize / dequantize kernels launch as programmatic dependents on ``dev``."""
     return _PDL and pdl_capable(dev)
 
+
 _RULES = {ScaleRule.FLOOR: 0, ScaleRule.CEIL: 1, ScaleRule.EVEN: 2, ScaleRule.RCEIL: 3, ScaleRule.AMAX: 4,
           ScaleRule.MINMAX: 5}
 _TWO_LEVEL = {TwoLevel.MODELOPT: 1, TwoLevel.TORCHAO: 2, TwoLevel.COMPRESSED_TENSORS: 3}
@@ -394,6 +395,7 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
     ep = _element_params(elem, overflow)
     frac_scale = float(2.0 ** elem.frac_bits)
     p32 = _pack32(fmt, cfg)
+    pdl = _pdl_ok(dev)
     launch(_k._quantize_kernel, grid,
         x2, dummy if y2 is None else y2, dummy if w is None else w,
         data.view(torch.int32) if p32 else data, scale_arg, dummy if zps is None else zps,
@@ -411,8 +413,8 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         MANUAL_BF16=_MANUAL_BF16, PACK32=p32, FAST=True, MARKSTEIN=_MARKSTEIN,
         HW_FP8=_hw_fp8(elem, rounding, overflow), ASM=_ASM,
         PK=pk and p32, PREFETCH=_PREFETCH,  # (a user config whose columns split a word of codes keeps the float32 path)
-        EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0, PDL=_pdl_ok(dev),
-        num_warps=cfg.num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if _pdl_ok(dev) else {}),
+        EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0, PDL=pdl,
+        num_warps=cfg.num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}),
     )
     g = None
     if two:
@@ -542,6 +544,7 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
     if e.bits == 8:
         hw8 = _hw_fp8(e, Rounding.NEAREST_EVEN, Overflow.SATURATE) or 3
     even = R % cfg.tile_rows == 0 and K % cfg.tile_cols == 0
+    pdl = _pdl_ok(q.device)
     launch(_k._dequantize_kernel, grid,
         data.view(torch.int32) if p32 else data, scales, data if q.zero_points is None else q.zero_points.contiguous(), data if g is None else g,
         out, R, K, K // fmt.block_size,
@@ -551,8 +554,8 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
         INF_CODE=e.inf_code if e.has_inf else -1,
         SCALE_KIND=skind, HAS_ZP=fmt.zero_point, HAS_GLOBAL=fmt.global_scale, MANUAL_BF16=_MANUAL_BF16,
         PACK32=p32, LUT=lut, HW8=hw8, EVEN=even, ASM=_ASM, KWD=4 if K % 32 == 0 else 2 if K % 16 == 0 else 1 if K % 8 == 0 else 0,
-        SMEM_STORE=not _DEQ_REG_STORE, HINTS=_DEQ_HINTS, PDL=_pdl_ok(q.device),
-        num_warps=cfg.num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if _pdl_ok(q.device) else {}),
+        SMEM_STORE=not _DEQ_REG_STORE, HINTS=_DEQ_HINTS, PDL=pdl,
+        num_warps=cfg.num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}),
     )
     if tuple(pshape) != tuple(q.shape):
         out = out[tuple(slice(0, n) for n in q.shape)]

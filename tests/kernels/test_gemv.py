@@ -226,29 +226,15 @@ def test_scale_pairs_and_select_match_the_plain_path(m, n, asm, gen):
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)
 
 
-def _gemv_ptx(tmp_path, env: dict, config: str, fmt: str = "nvfp4") -> dict:
+def _gemv_ptx(run_tool, tmp_path, env: dict, config: str, fmt: str = "nvfp4") -> dict:
     """PTX of the 1-token GEMV and its prep, compiled for sm_90 in a subprocess
     (``tools/gemv_ptx.py``: the interpreter mode of this process cannot compile)."""
-    import os
-    import pathlib
-    import subprocess
-    import sys
-
-    import triton
-
-    if not (pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
-        pytest.skip("the triton wheel has no bundled ptxas")
-    root = pathlib.Path(__file__).resolve().parents[2]
-    e = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET" and not k.startswith("MICROSCALE_GEMV_")}
-    e.update(env)
-    r = subprocess.run([sys.executable, str(root / "tools" / "gemv_ptx.py"), str(tmp_path), "--k", "2048",
-                        "--fmt", fmt, "--config", config], cwd=root, env=e, capture_output=True, text=True,
-                       timeout=300)
+    r = run_tool("gemv_ptx.py", str(tmp_path), "--k", "2048", "--fmt", fmt, "--config", config, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return {n: (tmp_path / f"{n}.ptx").read_text() for n in ("_gemv_kernel", "_prep_x_kernel")}
 
 
-def test_pdl_weight_loads_go_out_before_the_wait(tmp_path):
+def test_pdl_weight_loads_go_out_before_the_wait(run_tool, tmp_path):
     """With a programmatic dependent launch the GEMV issues its first step's code loads
     (16-byte) before ``griddepcontrol.wait`` and lets the next kernel launch at its start;
     the prep, launched as a dependent of the kernel before it, waits before reading x.
@@ -257,12 +243,12 @@ def test_pdl_weight_loads_go_out_before_the_wait(tmp_path):
     def first(ptx, s):
         return ptx.index(s) if s in ptx else len(ptx)
 
-    p = _gemv_ptx(tmp_path / "on", {}, "{'pdl': True}")
+    p = _gemv_ptx(run_tool, tmp_path / "on", {}, "{'pdl': True}")
     g, prep = p["_gemv_kernel"], p["_prep_x_kernel"]
     assert first(g, "ld.global.v4") < first(g, "griddepcontrol.wait") < len(g)
     assert first(g, "griddepcontrol.launch_dependents") < first(g, "griddepcontrol.wait")
     assert first(prep, "griddepcontrol.wait") < first(prep, "ld.global") < len(prep)
-    p = _gemv_ptx(tmp_path / "off", {"MICROSCALE_GEMV_EARLY_W": "0", "MICROSCALE_GEMV_PDL_CHAIN": "0"},
+    p = _gemv_ptx(run_tool, tmp_path / "off", {"MICROSCALE_GEMV_EARLY_W": "0", "MICROSCALE_GEMV_PDL_CHAIN": "0"},
                   "{'pdl': True}")
     g, prep = p["_gemv_kernel"], p["_prep_x_kernel"]
     assert first(g, "griddepcontrol.wait") < first(g, "ld.global") and "launch_dependents" not in g
@@ -305,12 +291,12 @@ def test_chained_calls_in_a_cuda_graph(name, gen):
 
 
 @pytest.mark.parametrize("fmt,load", [("nvfp4", "ld.global.nc.u16"), ("mxfp4", "ld.global.nc.u8")])
-def test_scale_direct_drops_the_loop_layout_conversion(fmt, load, tmp_path):
+def test_scale_direct_drops_the_loop_layout_conversion(fmt, load, run_tool, tmp_path):
     """``GemvConfig.scale_direct``: the block scales come from a PTX load in the layout of
     their use, so the K loop loses the shared-memory conversion and its two barriers
     (sm_90 PTX; the epilogue's barriers stay)."""
-    base = _gemv_ptx(tmp_path / "base", {}, "{'pdl': True}", fmt)["_gemv_kernel"]
-    direct = _gemv_ptx(tmp_path / "direct", {}, "{'pdl': True, 'scale_direct': True}", fmt)["_gemv_kernel"]
+    base = _gemv_ptx(run_tool, tmp_path / "base", {}, "{'pdl': True}", fmt)["_gemv_kernel"]
+    direct = _gemv_ptx(run_tool, tmp_path / "direct", {}, "{'pdl': True, 'scale_direct': True}", fmt)["_gemv_kernel"]
     assert load not in base and load in direct
     assert direct.count("bar.sync") == base.count("bar.sync") - 2
 

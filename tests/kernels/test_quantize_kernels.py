@@ -415,48 +415,23 @@ def test_fast_path_activation_like(case, dtype, gen):
 
 
 # ---- the kernels compile for the GPU ----------------------------------------------------
-def test_kernels_compile_for_sm90():
+def test_kernels_compile_for_sm90(run_tool):
     """The interpreter runs a run-time ``if`` in Python, so it accepts branches that give a
     variable different types/shapes; the compiler does not. Compile (no GPU needed: the
     triton wheel's ptxas) one launch per kind of run-time branch for sm_90
     (``tools/compile_check.py --smoke``; without ``--smoke`` it compiles every
     specialization the library and the GPU benchmark launch)."""
-    import os
-    import pathlib
-    import subprocess
-    import sys
-
-    import triton
-
-    ptxas = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if not ptxas.exists():
-        pytest.skip("the triton wheel has no bundled ptxas")
-    root = pathlib.Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(root / "tools" / "compile_check.py"), "--smoke", "-j", "2"], cwd=root,
-                       env=env, capture_output=True, text=True, timeout=600)
+    r = run_tool("compile_check.py", "--smoke", "-j", "2")
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
 
 
-def test_quantize_kernel_never_triggers_its_dependents():
+def test_quantize_kernel_never_triggers_its_dependents(run_tool):
     """Launched as programmatic dependents (Hopper+), the quantize and dequantize kernels
     wait for the previous kernel before their first global load; only dequantize lets the
     next kernel launch early (quantize's codes may be the next ``ms.linear``'s weight,
     which the decode GEMV reads ahead of its own wait). Checked on PTX compiled for sm_90
     (``tools/compile_check.py --pdl-order``)."""
-    import os
-    import pathlib
-    import subprocess
-    import sys
-
-    import triton
-
-    if not (pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
-        pytest.skip("the triton wheel has no bundled ptxas")
-    root = pathlib.Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(root / "tools" / "compile_check.py"), "--pdl-order"], cwd=root,
-                       env=env, capture_output=True, text=True, timeout=600)
+    r = run_tool("compile_check.py", "--pdl-order")
     assert r.returncode == 0 and r.stdout.count(" ok") == 6, r.stdout[-3000:] + r.stderr[-3000:]
 
 
