@@ -102,8 +102,8 @@ def main() -> None:
             for asm, pdl, sel in ((True, False, False), (True, True, False), (False, False, False),
                                   (True, False, True), (True, False, "direct")):
                 cfg = L.GemvConfig(block_n=4, block_kw=128, pdl=True, prefetch=True) if pdl else None
-                if sel == "direct":  # PTX scale loads in the layout of their use
-                    cfg = replace(L.choose_gemv_config(n, k, dev, m), scale_direct=True)
+                if sel == "direct":  # scales by tl.load (the default loads them in PTX, scale_direct)
+                    cfg = replace(L.choose_gemv_config(n, k, dev, m), scale_direct=False)
                 elif sel:  # the shift decode and byte-loaded scales (the defaults are f4_select / scale_pairs)
                     cfg = replace(L.choose_gemv_config(n, k, dev, m), f4_select=False, scale_pairs=False)
                 out = L.gemv(x, q, bias, cfg, use_asm=asm)
@@ -142,7 +142,7 @@ def main() -> None:
         # the default's select decode / paired scales turned off (label without x / y)
         sel = [replace(d0, f4_select=False, scale_pairs=False)] if fname in ("nvfp4", "mxfp4") else []
         sel += [replace(d0, scale_pairs=False), replace(d0, f4_select=False)] if fname == "nvfp4" else []
-        sel += [replace(d0, scale_direct=True)]  # PTX scale loads in the layout of their use (label ...d)
+        sel += [replace(d0, scale_direct=False)]  # scales by tl.load (label without d; the default has d)
         for cfg in [None] + sel + [L.GemvConfig(bn, bkw, 1, nw, st, pdl=bool(p), prefetch=bool(pf))
                                    for bn, bkw, nw, st, p, pf in grid]:
             try:

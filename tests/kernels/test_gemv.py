@@ -292,11 +292,11 @@ def test_chained_calls_in_a_cuda_graph(name, gen):
 
 @pytest.mark.parametrize("fmt,load", [("nvfp4", "ld.global.nc.u16"), ("mxfp4", "ld.global.nc.u8")])
 def test_scale_direct_drops_the_loop_layout_conversion(fmt, load, run_tool, tmp_path):
-    """``GemvConfig.scale_direct``: the block scales come from a PTX load in the layout of
-    their use, so the K loop loses the shared-memory conversion and its two barriers
+    """``GemvConfig.scale_direct`` (the default): the block scales come from a PTX load in
+    the layout of their use, so the K loop loses the shared-memory conversion and its two barriers
     (sm_90 PTX; the epilogue's barriers stay)."""
-    base = _gemv_ptx(run_tool, tmp_path / "base", {}, "{'pdl': True}", fmt)["_gemv_kernel"]
-    direct = _gemv_ptx(run_tool, tmp_path / "direct", {}, "{'pdl': True, 'scale_direct': True}", fmt)["_gemv_kernel"]
+    base = _gemv_ptx(run_tool, tmp_path / "base", {}, "{'pdl': True, 'scale_direct': False}", fmt)["_gemv_kernel"]
+    direct = _gemv_ptx(run_tool, tmp_path / "direct", {}, "{'pdl': True}", fmt)["_gemv_kernel"]
     assert load not in base and load in direct
     assert direct.count("bar.sync") == base.count("bar.sync") - 2
 
@@ -318,7 +318,7 @@ def test_scale_direct_is_bit_identical(name, gen):
             x = (torch.randn(m, k, generator=gen) * 3).to(DEV, torch.bfloat16)
             base = replace(choose_gemv_config(n, k, torch.device(DEV), m), block_kw=64, split_k=split)
             for pairs in ((True, False) if name == "nvfp4" else (True,)):
-                c = replace(base, scale_pairs=pairs)
+                c = replace(base, scale_pairs=pairs, scale_direct=False)
                 want = gemv(x, q, None, c)
                 got = gemv(x, q, None, replace(c, scale_direct=True))
                 assert torch.equal(got, want), (n, m, split, pairs)
