@@ -890,11 +890,11 @@ def _gemv_mma_launch(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c:
         ws = cnt = out
     launch(kern._gemv_mma_kernel, (tiles, split),
            x2, wv.words, scales, gs, bias if bias is not None else out, out, ws, cnt, ke,
-           n, m, x2.stride(0), kw, scales.stride(0), out.stride(0), post,
+           n, m, x2.stride(0), kw, scales.stride(0), out.stride(0), post, kw // split,
            KW_PER_SPLIT=kw // split, RG=c.row_groups, WPL=c.words_per_lane, TG=tg, WPG=wpg, SK=sk, SPLIT_K=split,
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, LASM=lasm, LCONS=lcons, NOUT=nout,
            XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps, **ring,
-           num_warps=c.num_warps, num_stages=1)
+           num_warps=c.num_warps, num_stages=1, verify=kern.verify_one_ring if c.stages else None)
     return out
 
 

@@ -231,6 +231,16 @@ def step_asm(rg: int, wpl: int, tg: int, wpg: int, sk: int) -> tuple[str, str]:
     return "{\n" + "\n".join(body) + "\n}", cons
 
 
+def verify_one_ring(compiled) -> None:
+    """Raise unless the compiled kernel declares the ring once: compiler passes that copy
+    the ring's asm (loop unrolling) give each copy its own ring, which would read slots
+    another copy filled."""
+    n = compiled.asm["ptx"].count(f" {RING_SYMBOL}[")
+    if n != 1:
+        raise RuntimeError(f"gemv_mma: the compiled kernel has {n} copies of its cp.async ring (expected 1); "
+                           "use GemvMmaConfig(stages=0)")
+
+
 TID_ASM = tl.constexpr("mov.u32 $0, %tid.x;")
 
 
@@ -247,7 +257,7 @@ def _load(ws, ss, xs, LASM: tl.constexpr, LCONS: tl.constexpr, NOUT: tl.constexp
 @triton.jit
 def _gemv_mma_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, ke,
-    N, M, stride_x, stride_w, stride_s, stride_o, post,
+    N, M, stride_x, stride_w, stride_s, stride_o, post, kw_split,
     KW_PER_SPLIT: tl.constexpr, RG: tl.constexpr, WPL: tl.constexpr, TG: tl.constexpr, WPG: tl.constexpr,
     SK: tl.constexpr, SPLIT_K: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
     LASM: tl.constexpr, LCONS: tl.constexpr, NOUT: tl.constexpr, XASM: tl.constexpr, XCONS: tl.constexpr,
@@ -293,7 +303,11 @@ def _gemv_mma_kernel(
         d = _load((), ss, (), LASM, LCONS, NOUT)  # scales only
     else:
         d = _load(ws, ss, (), LASM, LCONS, NOUT)
-    for i in range(0, KW_PER_SPLIT, STEP):
+    if RING > 0:
+        kend = kw_split  # a run-time trip count: a fully unrolled loop would give each copy its own ring
+    else:
+        kend = KW_PER_SPLIT
+    for i in range(0, kend, STEP):
         nxt = tl.minimum(i + STEP, KW_PER_SPLIT - STEP)  # the last step reloads itself
         ws2 = ()
         ss2 = ()

@@ -403,16 +403,29 @@ def test_ptx_operands_are_all_bound():
         assert kern.ring_bytes(rg, wpl, tg, stages, nw) == int(re.search(r"\[(\d+)\]", asm).group(1))
 
 
-@pytest.mark.parametrize("config", ["{'stages': 4}", "{'stages': 3, 'ring_x': True, 'num_warps': 2}"])
-def test_ring_compiles_to_one_ring(config, run_tool, tmp_path):
+@pytest.mark.parametrize("m,k,config", [(16, 8192, "{'stages': 4}"),
+                                        (16, 8192, "{'stages': 3, 'ring_x': True, 'num_warps': 2}"),
+                                        (8, 1024, "{'stages': 4}")])  # 4 steps: a loop LLVM would unroll
+def test_ring_compiles_to_one_ring(m, k, config, run_tool, tmp_path):
     """The whole kernel with the ring, compiled for sm_90: the ring's declaration appears
-    once (compiler passes duplicating the asm would give each copy its own ring) and the
+    once (a loop unrolled by the compiler would give each copy of the asm its own ring, so
+    the kernel loops to a run-time bound; ``verify_one_ring`` guards launches) and the
     copies are ``cp.async`` (LDGSTS) into it."""
-    r = run_tool("gemv_ptx.py", str(tmp_path), "--mma", "--m", "16", "--config", config, "--sass")
+    r = run_tool("gemv_ptx.py", str(tmp_path), "--mma", "--m", str(m), "--k", str(k), "--config", config, "--sass")
     assert r.returncode == 0, r.stderr[-2000:]
     ptx = (tmp_path / "_gemv_mma_kernel.ptx").read_text()
     assert ptx.count(f".shared .align 16 .b8 {kern.RING_SYMBOL}[") == 1
     assert "LDGSTS" in (tmp_path / "_gemv_mma_kernel.sass").read_text()
+
+
+def test_verify_one_ring_rejects_copies():
+    class Compiled:
+        asm = {"ptx": f".shared .align 16 .b8 {kern.RING_SYMBOL}[64];\n"}
+
+    kern.verify_one_ring(Compiled)
+    Compiled.asm = {"ptx": Compiled.asm["ptx"] * 2}
+    with pytest.raises(RuntimeError, match="2 copies"):
+        kern.verify_one_ring(Compiled)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
