@@ -62,6 +62,7 @@ GRID = [
     ("mxfp4", 1, _F4),
     ("mxfp8_e4m3", 1, _F8),
     ("int8_fp16", 1, _F8),
+    ("mxint8", 1, []),
     ("int4_affine_g128", 1, _F4),
     ("int8_affine_g128", 1, _F8),
     ("nvfp4", 2, []),

@@ -569,7 +569,7 @@ class GemvConfig:
     are on by default (H200, 28672x8192 at 1 token: NVFP4 40.8 -> 37.4 us with both, MXFP4
     37.9 -> 36.2 us with the select decode; ``benchmarks/NOTES_linear.md``) and are ignored
     where they do not apply (other element kinds, other scales, odd scale strides).
-    ``scale_direct``: byte block scales loaded by PTX straight into the layout of their use
+    ``scale_direct``: block scales loaded by PTX straight into the layout of their use
     (no shared-memory layout conversion and barriers per K step; PTX path, unmasked tiles,
     formats without zero points), on by default (H200, 28672x8192 at 1 token: NVFP4 35.6
     -> 34.1 us, MXFP4 35.4 -> 32.8 us, MXFP8 57.5 -> 56.4 us; bit-identical outputs)."""
@@ -707,7 +707,7 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
     kw_per = -(-kw // split)
     kw_per = -(-kw_per // c.block_kw) * c.block_kw
     even_n, even_k = n % c.block_n == 0, kw_per * split == kw
-    sdirect = c.scale_direct and asm and even_n and even_k and scales.element_size() == 1 and not f.zero_point
+    sdirect = c.scale_direct and asm and even_n and even_k and not f.zero_point
     el = f.element
     elem_c = 2.0 ** (15 - el.bias) if kind == kern.F4 else 2.0 ** (-el.frac_bits) if el.kind == "int" else 1.0
     launch(kern._gemv_kernel, (-(-n // c.block_n), split),
@@ -738,17 +738,12 @@ class GemvMmaConfig:
     """Tiles of :func:`gemv_mma`: each warp takes ``16 * row_groups`` weight rows and
     ``4 * words_per_lane`` int32 words of codes (``32 * words_per_lane`` elements) per row
     per K step; ``num_warps`` warps per program; K split ``split_k`` ways (fp32 partials in
-    a workspace, summed in split order by the tile's last split). ``stages`` >= 2: the code
-    words (and with ``ring_x`` the activations) stream through a per-thread ``cp.async``
-    ring of that many K steps in shared memory (``_gemv_mma.ring_asm``); 0: loaded into
-    registers one step ahead."""
+    a workspace, summed in split order by the tile's last split)."""
 
     row_groups: int = 2
     words_per_lane: int = 8
     num_warps: int = 2
     split_k: int = 1
-    stages: int = 0
-    ring_x: bool = False
 
 
 def _e8m0_window(q: QTensor) -> int | None:
@@ -780,12 +775,6 @@ def _gemv_mma_reason(q: QTensor, x: torch.Tensor, c: GemvMmaConfig) -> str | Non
         return f"needs bfloat16 activations, got {x.dtype}"
     if c.words_per_lane % 4 or k % (32 * c.words_per_lane):
         return f"needs K a multiple of its K step ({32 * c.words_per_lane} elements), got K={k}"
-    if c.stages:
-        from .kernels._gemv_mma import RING_MAX_BYTES, ring_bytes
-
-        tg = -(-(x.numel() // k) // 8) if c.ring_x else 0
-        if c.stages < 2 or ring_bytes(c.row_groups, c.words_per_lane, tg, c.stages, c.num_warps) > RING_MAX_BYTES:
-            return f"needs 2 or more ring stages within {RING_MAX_BYTES} bytes of shared memory, got {c}"
     if not (x.is_cuda and q.data.is_cuda):
         return "needs CUDA tensors"
     if torch.cuda.get_device_capability(x.device) < (9, 0):
@@ -869,13 +858,8 @@ def _gemv_mma_launch(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c:
     else:
         d = _e8m0_window(q)
         sk, ke, post = kern.SK_E8M0, (126 - d) * 0x10001, 2.0 ** d
-    lasm, lcons, nout = kern.load_asm(c.row_groups, c.words_per_lane, 0, c.words_per_lane // wpg, not c.stages)
+    lasm, lcons, nout = kern.load_asm(c.row_groups, c.words_per_lane, 0, c.words_per_lane // wpg)
     xasm, xcons, nxout = kern.load_asm(0, c.words_per_lane, tg, 0)
-    ring = {}
-    if c.stages:
-        rasm, rcons, nrout = kern.ring_asm(c.row_groups, c.words_per_lane, tg if c.ring_x else 0, c.stages,
-                                           c.num_warps, kw // c.split_k // step)
-        ring = dict(RING=c.stages, RX=c.ring_x, RASM=rasm, RCONS=rcons, NROUT=nrout)
     sasm, scons = kern.step_asm(c.row_groups, c.words_per_lane, tg, wpg, sk)
     split = c.split_k
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
@@ -890,11 +874,11 @@ def _gemv_mma_launch(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c:
         ws = cnt = out
     launch(kern._gemv_mma_kernel, (tiles, split),
            x2, wv.words, scales, gs, bias if bias is not None else out, out, ws, cnt, ke,
-           n, m, x2.stride(0), kw, scales.stride(0), out.stride(0), post, kw // split,
+           n, m, x2.stride(0), kw, scales.stride(0), out.stride(0), post,
            KW_PER_SPLIT=kw // split, RG=c.row_groups, WPL=c.words_per_lane, TG=tg, WPG=wpg, SK=sk, SPLIT_K=split,
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, LASM=lasm, LCONS=lcons, NOUT=nout,
-           XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps, **ring,
-           num_warps=c.num_warps, num_stages=1, verify=kern.verify_one_ring if c.stages else None)
+           XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps,
+           num_warps=c.num_warps, num_stages=1)
     return out
 
 

@@ -64,7 +64,6 @@ def _record(fn, args, kwargs):
     if binder is None:
         binder = _BINDERS[fn] = create_function_from_signature(fn.signature, fn.params, BACKEND)
     kwargs = dict(kwargs, debug=False)
-    kwargs.pop("verify", None)  # launch()'s own argument, not the kernel's
     bound, specialization, options = binder(*args, **kwargs)
     key = (fn.__name__, tuple(map(repr, specialization)), tuple(sorted((k, repr(v)) for k, v in options.items())))
     if key not in SPECS:

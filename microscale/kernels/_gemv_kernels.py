@@ -282,10 +282,10 @@ def _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, str
     """One K step's weight operands from word ``k0``: codes ``[BLOCK_N, BLOCK_KW]``, raw
     block scales ``[BLOCK_N, BLOCK_KW // CHAIN]`` (one per chain; ``SPAIR``: 16-bit pairs,
     ``[BLOCK_N, BLOCK_KW // CHAIN // 2]``) and the zero-point operand per word (f16x2
-    ``1024 + z``; 0 without zero points). ``SDIRECT`` (PTX, unmasked tiles, byte scales):
+    ``1024 + z``; 0 without zero points). ``SDIRECT`` (PTX, unmasked tiles):
     the scales are loaded by PTX, which Triton does not re-lay-out like its own loads, so
     they arrive in the layout of their use and the loop carries them without a
-    shared-memory layout conversion."""
+    shared-memory layout conversion (1-, 2- and 4-byte scales)."""
     NC: tl.constexpr = BLOCK_KW // CHAIN
     kw = k0 + tl.arange(0, BLOCK_KW)
     kw_ok = kw < KW
@@ -299,8 +299,12 @@ def _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, str
     if SDIRECT:  # (a PTX load is no layout anchor: the addresses take the layout of the use)
         w = tl.load(w_ptrs)
         addr = s_ptrs.to(tl.int64, bitcast=True)
-        if SPAIR:
+        SBITS: tl.constexpr = s_ptrs.dtype.element_ty.primitive_bitwidth
+        if SPAIR or SBITS == 16:  # (16-bit scales: zero- rather than sign-extended; their decode takes 16 bits)
             raw = tl.inline_asm_elementwise("ld.global.nc.u16 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
+                                            is_pure=True, pack=1)
+        elif SBITS == 32:
+            raw = tl.inline_asm_elementwise("ld.global.nc.u32 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
                                             is_pure=True, pack=1)
         else:
             raw = tl.inline_asm_elementwise("ld.global.nc.u8 $0, [$1];", "=r,l", [addr], dtype=tl.int32,

@@ -46,20 +46,17 @@ _F32_2P119 = "0f7B000000"
 
 
 @functools.lru_cache(maxsize=None)
-def load_asm(rg: int, wpl: int, tg: int, sbytes: int, codes: bool = True) -> tuple[str, str, int]:
+def load_asm(rg: int, wpl: int, tg: int, sbytes: int) -> tuple[str, str, int]:
     """PTX loading a lane's operands of one step: ``2 * rg * wpl`` code words (rows in
-    slot order; none when ``codes`` is False) and ``2 * rg`` scale words (the lane's
-    ``sbytes`` scale bytes of each row, zero extended), then ``tg * wpl * 4`` activation
-    words. Inputs: ``2 * rg`` code addresses (when ``codes``), ``2 * rg`` scale addresses,
-    ``tg`` activation addresses (int64); ``rg`` or ``tg`` may be 0 (codes and scales only /
-    activations only). Returns (asm, constraints, outputs)."""
-    nw, ns, nx = 2 * rg * wpl * codes, 2 * rg, tg * wpl * 4
+    slot order) and ``2 * rg`` scale words (the lane's ``sbytes`` scale bytes of each row,
+    zero extended), then ``tg * wpl * 4`` activation words. Inputs: ``2 * rg`` code
+    addresses, ``2 * rg`` scale addresses, ``tg`` activation addresses (int64); ``rg`` or
+    ``tg`` may be 0 (codes only / activations only). Returns (asm, constraints, outputs)."""
+    nw, ns, nx = 2 * rg * wpl, 2 * rg, tg * wpl * 4
     nout = nw + ns + nx
-    a_w = nout
-    a_s = a_w + 2 * rg * codes
-    a_x = a_s + 2 * rg
+    a_w, a_s, a_x = nout, nout + 2 * rg, nout + 4 * rg
     lines = []
-    for r in range(2 * rg if codes else 0):
+    for r in range(2 * rg):
         for v in range(wpl // 4):
             o = r * wpl + 4 * v
             lines.append(f"ld.global.nc.v4.b32 {{${o}, ${o + 1}, ${o + 2}, ${o + 3}}}, [${a_w + r}+{16 * v}];")
@@ -71,87 +68,7 @@ def load_asm(rg: int, wpl: int, tg: int, sbytes: int, codes: bool = True) -> tup
         for u in range(wpl):
             o = nw + ns + (q * wpl + u) * 4
             lines.append(f"ld.global.nc.v4.b32 {{${o}, ${o + 1}, ${o + 2}, ${o + 3}}}, [${a_x + q}+{16 * u}];")
-    cons = ",".join(["=r"] * nout + ["l"] * (2 * rg * codes + 2 * rg + tg))
-    return "{\n" + "\n".join(lines) + "\n}", cons, nout
-
-
-#: name of the shared-memory ring :func:`ring_asm` declares (one per kernel: tests count it)
-RING_SYMBOL = "ms_gemv_ring"
-#: the most static shared memory a kernel may declare
-RING_MAX_BYTES = 48 * 1024
-
-
-def ring_bytes(rg: int, wpl: int, tg: int, stages: int, nw: int) -> int:
-    """Shared memory of :func:`ring_asm`'s ring: ``stages`` slots of every thread's
-    16-byte chunks (codes of ``2 * rg`` rows, activations of ``tg`` token groups when
-    ``tg``)."""
-    return stages * (2 * rg * wpl // 4 + tg * wpl) * 32 * nw * 16
-
-
-@functools.lru_cache(maxsize=None)
-def ring_asm(rg: int, wpl: int, tg: int, stages: int, nw: int, nstep: int) -> tuple[str, str, int]:
-    """PTX of a per-thread ``cp.async`` ring for the code words (and, when ``tg``, the
-    activation words) of a lane. At step ``i`` (input, in words from the split's start) it
-    issues the 16-byte copies of step ``i + stages - 1`` into that step's slot (at ``i == 0``
-    first those of steps ``0 .. stages - 2``), waits for step ``i``'s group and returns step
-    ``i``'s words from shared memory (outputs as :func:`load_asm`'s, without scales). Inputs: ``2 * rg`` code addresses and ``tg`` activation addresses of
-    the split's first step (int64), then ``i``.
-
-    Why: the register-prefetched loads of the default keep one step in flight per warp
-    and ptxas sinks them to the loop's end; a ring keeps ``stages - 1`` steps in flight
-    without registers. Each thread reads back only the chunks it copied itself, so the
-    ring needs no barriers: ``cp.async.wait_group`` orders a thread's own copies. Slot
-    layout ``[slot][chunk][thread]`` x 16 bytes keeps every ``ld.shared.v4`` of a warp on
-    distinct banks. ``nstep``: steps per split (the prologue and the last prefetches are
-    cut at it)."""
-    step = 4 * wpl
-    nt = 32 * nw
-    ncw = 2 * rg * wpl // 4
-    nch = ncw + tg * wpl
-    stage_b = nch * nt * 16
-    size = stages * stage_b
-    nw_out, nx = 2 * rg * wpl, tg * wpl * 4
-    nout = nw_out + nx
-    a0 = nout
-    a_i = nout + 2 * rg + tg
-
-    def chunk(c: int) -> tuple[int, int, int, str]:
-        """(first output, address operand, byte offset within a step, offset register)."""
-        if c < ncw:
-            r, v = divmod(c, wpl // 4)
-            return r * wpl + 4 * v, a0 + r, 16 * v, "gc"
-        q, u = divmod(c - ncw, wpl)
-        return nw_out + (q * wpl + u) * 4, a0 + 2 * rg + q, 16 * u, "gx"
-
-    def src_step(c: int, j: int) -> int:  # byte offset of step j's chunk c from the split's start
-        return j * step * (4 if c < ncw else 16)
-
-    lines = [f".shared .align 16 .b8 {RING_SYMBOL}[{size}];", ".reg .pred p0, pn;",
-             ".reg .b32 rb, rt, rs, rn;", ".reg .b64 gi, gc, gx, ga;",
-             "mov.u32 rt, %tid.x;", "shl.b32 rt, rt, 4;", f"mov.u32 rb, {RING_SYMBOL};", "add.u32 rb, rb, rt;",
-             f"setp.eq.u32 p0, ${a_i}, 0;"]
-    for j in range(stages - 1):  # prologue (first step only): steps 0 .. stages-2 into slots 0 ..
-        for c in range(nch if j < nstep else 0):  # (an empty group past the split's end: the waits count groups)
-            _, a, off, _ = chunk(c)
-            lines.append(f"@p0 cp.async.cg.shared.global [rb+{j * stage_b + c * nt * 16}], "
-                         f"[${a}+{src_step(c, j) + off}], 16;")
-        lines.append("@p0 cp.async.commit_group;")
-    lines += [f"shr.u32 rs, ${a_i}, {step.bit_length() - 1};", f"add.u32 rn, rs, {stages - 1};",
-              f"rem.u32 rn, rn, {stages};", f"rem.u32 rs, rs, {stages};",
-              f"mad.lo.u32 rn, rn, {stage_b}, rb;", f"mad.lo.u32 rs, rs, {stage_b}, rb;"]
-    limit = (nstep - stages + 1) * step  # steps i + stages - 1 < nstep exist
-    if limit > 0:
-        lines += [f"setp.lt.u32 pn, ${a_i}, {limit};", f"cvt.u64.u32 gi, ${a_i};", "shl.b64 gc, gi, 2;",
-                  "shl.b64 gx, gi, 4;"]
-        for c in range(nch):
-            _, a, off, greg = chunk(c)
-            lines += [f"add.s64 ga, ${a}, {greg};",
-                      f"@pn cp.async.cg.shared.global [rn+{c * nt * 16}], [ga+{src_step(c, stages - 1) + off}], 16;"]
-    lines += ["cp.async.commit_group;", f"cp.async.wait_group {stages - 1};"]
-    for c in range(nch):
-        o = chunk(c)[0]
-        lines.append(f"ld.shared.v4.b32 {{${o}, ${o + 1}, ${o + 2}, ${o + 3}}}, [rs+{c * nt * 16}];")
-    cons = ",".join(["=r"] * nout + ["l"] * (2 * rg + tg) + ["r"])
+    cons = ",".join(["=r"] * nout + ["l"] * (4 * rg + tg))
     return "{\n" + "\n".join(lines) + "\n}", cons, nout
 
 
@@ -231,16 +148,6 @@ def step_asm(rg: int, wpl: int, tg: int, wpg: int, sk: int) -> tuple[str, str]:
     return "{\n" + "\n".join(body) + "\n}", cons
 
 
-def verify_one_ring(compiled) -> None:
-    """Raise unless the compiled kernel declares the ring once: compiler passes that copy
-    the ring's asm (loop unrolling) give each copy its own ring, which would read slots
-    another copy filled."""
-    n = compiled.asm["ptx"].count(f" {RING_SYMBOL}[")
-    if n != 1:
-        raise RuntimeError(f"gemv_mma: the compiled kernel has {n} copies of its cp.async ring (expected 1); "
-                           "use GemvMmaConfig(stages=0)")
-
-
 TID_ASM = tl.constexpr("mov.u32 $0, %tid.x;")
 
 
@@ -257,13 +164,11 @@ def _load(ws, ss, xs, LASM: tl.constexpr, LCONS: tl.constexpr, NOUT: tl.constexp
 @triton.jit
 def _gemv_mma_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, ke,
-    N, M, stride_x, stride_w, stride_s, stride_o, post, kw_split,
+    N, M, stride_x, stride_w, stride_s, stride_o, post,
     KW_PER_SPLIT: tl.constexpr, RG: tl.constexpr, WPL: tl.constexpr, TG: tl.constexpr, WPG: tl.constexpr,
     SK: tl.constexpr, SPLIT_K: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
     LASM: tl.constexpr, LCONS: tl.constexpr, NOUT: tl.constexpr, XASM: tl.constexpr, XCONS: tl.constexpr,
     NXOUT: tl.constexpr, SASM: tl.constexpr, SCONS: tl.constexpr, NW: tl.constexpr,
-    RING: tl.constexpr = 0, RX: tl.constexpr = False, RASM: tl.constexpr = "", RCONS: tl.constexpr = "",
-    NROUT: tl.constexpr = 0,
 ):
     """out[m, n] = sum_k x[m, k] W[n, k] (+ bias) for this program's rows, one element per
     thread (see the module notes). ``w_ptr``: int32 words of codes; ``s_ptr``: uint8
@@ -273,9 +178,7 @@ def _gemv_mma_kernel(
     Codes and scales of step i+1 are loaded before step i's arithmetic (ptxas moves these
     loads to the loop's end; loading them ahead into L2 instead measured slower); the
     activations, L1/L2 hits, in their own step (a register prefetch of them measured slower:
-    registers). ``RING`` > 0: the codes (and with ``RX`` the activations) come through
-    :func:`ring_asm`'s ``cp.async`` ring of that many stages instead; ``LASM`` then loads
-    the scales only."""
+    registers)."""
     STEP: tl.constexpr = 4 * WPL  # words per row per step
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -299,52 +202,23 @@ def _gemv_mma_kernel(
     accs = ()
     for c in tl.static_range(4 * RG * TG):
         accs = accs + (tl.zeros([32 * NW], dtype=tl.float32),)
-    if RING > 0:
-        d = _load((), ss, (), LASM, LCONS, NOUT)  # scales only
-    else:
-        d = _load(ws, ss, (), LASM, LCONS, NOUT)
-    if RING > 0:
-        kend = kw_split  # a run-time trip count: a fully unrolled loop would give each copy its own ring
-    else:
-        kend = KW_PER_SPLIT
-    for i in range(0, kend, STEP):
+    d = _load(ws, ss, (), LASM, LCONS, NOUT)
+    for i in range(0, KW_PER_SPLIT, STEP):
         nxt = tl.minimum(i + STEP, KW_PER_SPLIT - STEP)  # the last step reloads itself
         ws2 = ()
         ss2 = ()
         for r in tl.static_range(2 * RG):
             ws2 = ws2 + (ws[r] + nxt * 4,)
             ss2 = ss2 + (ss[r] + nxt // WPG,)
-        if RING > 0:
-            d2 = _load((), ss2, (), LASM, LCONS, NOUT)
-            ra = ws
-            if RX:
-                ra = ra + xs
-            rw = tl.inline_asm_elementwise(RASM, RCONS, ra + (tl.full([32 * NW], 0, tl.int32) + i,),
-                                           dtype=(tl.int32,) * NROUT, is_pure=False, pack=1)
-            cw = ()
-            for r in tl.static_range(2 * RG * WPL):
-                cw = cw + (rw[r],)
-            if RX:
-                dx = ()
-                for r in tl.static_range(TG * WPL * 4):
-                    dx = dx + (rw[2 * RG * WPL + r],)
-            else:
-                xs1 = ()
-                for q in tl.static_range(TG):
-                    xs1 = xs1 + (xs[q] + i * 16,)
-                dx = _load((), (), xs1, XASM, XCONS, NXOUT)
-            dw = cw + d
-        else:
-            d2 = _load(ws2, ss2, (), LASM, LCONS, NOUT)
-            xs1 = ()
-            for q in tl.static_range(TG):
-                xs1 = xs1 + (xs[q] + i * 16,)
-            dx = _load((), (), xs1, XASM, XCONS, NXOUT)
-            dw = d
+        d2 = _load(ws2, ss2, (), LASM, LCONS, NOUT)
+        xs1 = ()
+        for q in tl.static_range(TG):
+            xs1 = xs1 + (xs[q] + i * 16,)
+        dx = _load((), (), xs1, XASM, XCONS, NXOUT)
         if SK == 1:
-            args = dw + dx + accs + (tl.full([32 * NW], 0, tl.int32) + ke,)
+            args = d + dx + accs + (tl.full([32 * NW], 0, tl.int32) + ke,)
         else:
-            args = dw + dx + accs
+            args = d + dx + accs
         accs = tl.inline_asm_elementwise(SASM, SCONS, args, dtype=(tl.float32,) * (4 * RG * TG), is_pure=True,
                                          pack=1)
         d = d2

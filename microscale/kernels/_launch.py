@@ -65,16 +65,12 @@ def _hooked() -> bool:
     return False
 
 
-def launch(fn, grid: tuple, *args, verify=None, **kwargs) -> None:
+def launch(fn, grid: tuple, *args, **kwargs) -> None:
     """``fn[grid](*args, **kwargs)``: positional arguments are the kernel's leading
     parameters, keyword arguments the rest (constexprs, keyed by value; tensors) and
-    launch options (``num_warps``, ``num_stages``, ``launch_pdl``...). ``verify``: called
-    with the compiled kernel after each launch that compiled or fetched it (not on cached
-    fast launches); it raises when the compiled code breaks an assumption of the caller."""
+    launch options (``num_warps``, ``num_stages``, ``launch_pdl``...)."""
     if not _FAST or os.environ.get("TRITON_INTERPRET", "0") == "1" or _hooked():
-        compiled = fn[grid](*args, **kwargs)
-        if verify is not None and compiled is not None and hasattr(compiled, "asm"):
-            verify(compiled)
+        fn[grid](*args, **kwargs)
         return
     # keyword arguments are constexprs / options (by value) or, rarely, tensors
     key = (fn, tuple(map(_spec, args)),
@@ -82,8 +78,6 @@ def launch(fn, grid: tuple, *args, verify=None, **kwargs) -> None:
     hit = _CACHE.get(key)
     if hit is None:
         compiled = fn[grid](*args, **kwargs)
-        if verify is not None and compiled is not None and hasattr(compiled, "asm"):
-            verify(compiled)
         if compiled is not None and hasattr(compiled, "packed_metadata"):  # a compiled kernel, not a future
             params = _PARAMS.get(fn)
             if params is None:

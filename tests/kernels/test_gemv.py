@@ -290,7 +290,8 @@ def test_chained_calls_in_a_cuda_graph(name, gen):
         assert torch.equal(y, y_eager)
 
 
-@pytest.mark.parametrize("fmt,load", [("nvfp4", "ld.global.nc.u16"), ("mxfp4", "ld.global.nc.u8")])
+@pytest.mark.parametrize("fmt,load", [("nvfp4", "ld.global.nc.u16"), ("mxfp4", "ld.global.nc.u8"),
+                                      ("int8_fp16", "ld.global.nc.u16"), ("fp8_e4m3_fp32", "ld.global.nc.u32")])
 def test_scale_direct_drops_the_loop_layout_conversion(fmt, load, run_tool, tmp_path):
     """``GemvConfig.scale_direct`` (the default): the block scales come from a PTX load in
     the layout of their use, so the K loop loses the shared-memory conversion and its two barriers
@@ -298,11 +299,11 @@ def test_scale_direct_drops_the_loop_layout_conversion(fmt, load, run_tool, tmp_
     base = _gemv_ptx(run_tool, tmp_path / "base", {}, "{'pdl': True, 'scale_direct': False}", fmt)["_gemv_kernel"]
     direct = _gemv_ptx(run_tool, tmp_path / "direct", {}, "{'pdl': True}", fmt)["_gemv_kernel"]
     assert load not in base and load in direct
-    assert direct.count("bar.sync") == base.count("bar.sync") - 2
+    assert direct.count("bar.sync") <= base.count("bar.sync") - 2
 
 
 @pytest.mark.skipif(DEV == "cpu", reason="the PTX scale loads need the GPU")
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3"])
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3", "mxint8", "int8_fp16", "int4_bf16", "fp8_e4m3_fp32"])
 def test_scale_direct_is_bit_identical(name, gen):
     """The scale loads change place, not the arithmetic: outputs equal the default's bit
     for bit, 1-4 tokens, with and without paired scales (NVFP4), K split in two (two fp32

@@ -41,14 +41,10 @@ class Warp:
     """Runs inline-asm PTX of the generators for the 32 lanes of one warp. Registers hold
     uint32 bit patterns per lane; ``mem`` is the byte image addresses index into."""
 
-    def __init__(self, mem: np.ndarray, warp: int = 0):
+    def __init__(self, mem: np.ndarray):
         self.mem = mem
         lane = np.arange(32)
         self.g, self.t = lane // 4, lane % 4
-        self.tid = (32 * warp + lane).astype(np.uint32)
-        self.smem: np.ndarray | None = None  # the ring of ``ring_asm`` (allocated at its declaration)
-        self.pending: list[list] = []  # committed cp.async groups not yet waited for: (dst, bytes) copies
-        self.group: list = []  # copies issued since the last commit
 
     def run(self, asm: str, cons: str, args: list[np.ndarray]) -> list[np.ndarray]:
         kinds = cons.split(",")
@@ -60,25 +56,10 @@ class Warp:
             regs[f"${nout + i}"] = np.asarray(a).astype(np.uint64 if kinds[nout + i] == "l" else np.uint32)
         body = asm.strip().strip("{}")
         for stmt in (s.strip() for s in body.replace("\n", " ").split(";")):
-            if stmt.startswith(".shared"):  # .shared .align 16 .b8 name[bytes]
-                if self.smem is None:
-                    self.smem = np.zeros(int(re.search(r"\[(\d+)\]", stmt).group(1)), np.uint8)
-            elif stmt.startswith("@"):
-                pred, _, stmt = stmt.partition(" ")
-                on = regs[pred[1:]]
-                assert on.all() or not on.any(), "predicates are warp-uniform in the generated PTX"
-                if on.all():
-                    self._exec(stmt, regs)
-            elif stmt and not stmt.startswith(".reg"):
+            if stmt and not stmt.startswith(".reg"):
                 self._exec(stmt, regs)
         outs = [regs[f"${i}"] for i in range(nout)]
         return [_f32(o) if kinds[i] == "=f" else o for i, o in enumerate(outs)]
-
-    @staticmethod
-    def _addr(op: str, regs) -> np.ndarray:
-        """``[reg]`` / ``[reg+imm]`` -> per-lane int64 addresses."""
-        m = re.fullmatch(r"\[([\w$]+)(?:\+(\d+))?\]", op.strip())
-        return regs[m.group(1)].astype(np.int64) + int(m.group(2) or 0)
 
     def _val(self, tok: str, regs) -> np.ndarray:
         tok = tok.strip()
@@ -99,40 +80,9 @@ class Warp:
         ops = [o.strip() for o in flat.split(",")]
         v = lambda o: self._val(o, regs)  # noqa: E731
         u32 = np.uint32
-        if op == "cp.async.cg.shared.global":  # the global bytes are read-only here: read them at issue
-            assert int(ops[2]) == 16
-            self.group.append((self._addr(ops[0], regs), self._load(self._addr(ops[1], regs), 16)))
-        elif op == "cp.async.commit_group":
-            self.pending.append(self.group)
-            self.group = []
-        elif op == "cp.async.wait_group":  # complete all but the newest N groups, oldest first
-            while len(self.pending) > int(ops[0]):
-                for dst, data in self.pending.pop(0):
-                    self.smem[dst[:, None] + np.arange(16)[None, :]] = data
-        elif op == "ld.shared.v4.b32":
-            a = self._addr(ops[-1], regs)
-            b = np.ascontiguousarray(self.smem[a[:, None] + np.arange(16)[None, :]]).view(np.uint32)
-            for j, r in enumerate(x.strip() for x in groups[0].split(",")):
-                regs[r] = b[:, j].astype(u32)
-        elif op == "mov.u32" and ops[1] == "%tid.x":
-            regs[ops[0]] = self.tid.copy()
-        elif op == "mov.u32" and ops[1] == kern.RING_SYMBOL:
-            regs[ops[0]] = np.zeros(32, dtype=u32)
-        elif op in ("setp.eq.u32", "setp.lt.u32"):
-            a, b = v(ops[1]), v(ops[2])
-            regs[ops[0]] = a == b if op == "setp.eq.u32" else a < b
-        elif op == "rem.u32":
-            regs[ops[0]] = v(ops[1]) % v(ops[2])
-        elif op == "mad.lo.u32":
-            regs[ops[0]] = ((v(ops[1]).astype(np.uint64) * v(ops[2]) + v(ops[3])) & 0xFFFFFFFF).astype(u32)
-        elif op == "cvt.u64.u32":
-            regs[ops[0]] = v(ops[1]).astype(np.uint64)
-        elif op == "shl.b64":
-            regs[ops[0]] = regs[ops[1]].astype(np.uint64) << np.uint64(int(ops[2]))
-        elif op == "add.s64":
-            regs[ops[0]] = regs[ops[1]].astype(np.uint64) + regs[ops[2]].astype(np.uint64)
-        elif op.startswith("ld.global.nc"):
-            addr = self._addr(ops[-1], regs)
+        if op.startswith("ld.global.nc"):
+            m = re.match(r"\[(\$\d+)(?:\+(\d+))?\]", ops[-1])
+            addr = regs[m.group(1)].astype(np.int64) + int(m.group(2) or 0)
             if op.endswith("v4.b32"):
                 b = self._load(addr, 16).view(np.uint32)
                 for j, r in enumerate(x.strip() for x in groups[0].split(",")):
@@ -227,19 +177,16 @@ def emulate(x: torch.Tensor, q, c: L.GemvMmaConfig) -> np.ndarray:
     else:
         dd = L._e8m0_window(q)
         sk, ke, post = kern.SK_E8M0, (126 - dd) * 0x10001, 2.0 ** dd
-    per = kw // c.split_k
-    ring = c.stages > 0
-    lasm, lcons, _ = kern.load_asm(rg, wpl, 0, wpl // wpg, not ring)
+    lasm, lcons, _ = kern.load_asm(rg, wpl, 0, wpl // wpg)
     xasm, xcons, _ = kern.load_asm(0, wpl, tg, 0)
     sasm, scons = kern.step_asm(rg, wpl, tg, wpg, sk)
-    if ring:
-        rasm, rcons, _ = kern.ring_asm(rg, wpl, tg if c.ring_x else 0, c.stages, c.num_warps, per // step)
+    warp = Warp(mem)
     out = np.zeros((m, n))
-    g, t = Warp(mem).g, Warp(mem).t
+    g, t = warp.g, warp.t
+    per = kw // c.split_k
     for pid_n in range(-(-n // (16 * rg * c.num_warps))):
         for pid_k in range(c.split_k):
             for wi in range(c.num_warps):
-                warp = Warp(mem, wi)  # a fresh program: empty shared memory, no copies in flight
                 base = pid_n * 16 * rg * c.num_warps + wi * 16 * rg + g
                 k0 = pid_k * per + t * wpl
                 ws = [w0 + np.minimum(base + 8 * r, n - 1) * (kw * 4) + k0 * 4 for r in range(2 * rg)]
@@ -247,14 +194,8 @@ def emulate(x: torch.Tensor, q, c: L.GemvMmaConfig) -> np.ndarray:
                 xs = [x0 + np.minimum(g + 8 * qq, m - 1) * (k * 2) + k0 * 16 for qq in range(tg)]
                 accs = [np.zeros(32) for _ in range(4 * rg * tg)]
                 for i in range(0, per, step):
-                    if ring:
-                        d = warp.run(lasm, lcons, [a + i // wpg for a in ss])
-                        rw = warp.run(rasm, rcons, ws + (xs if c.ring_x else []) + [np.full(32, i)])
-                        d = rw[:2 * rg * wpl] + d
-                        dx = rw[2 * rg * wpl:] if c.ring_x else warp.run(xasm, xcons, [a + i * 16 for a in xs])
-                    else:
-                        d = warp.run(lasm, lcons, [a + i * 4 for a in ws] + [a + i // wpg for a in ss])
-                        dx = warp.run(xasm, xcons, [a + i * 16 for a in xs])
+                    d = warp.run(lasm, lcons, [a + i * 4 for a in ws] + [a + i // wpg for a in ss])
+                    dx = warp.run(xasm, xcons, [a + i * 16 for a in xs])
                     extra = [np.full(32, ke)] if sk == kern.SK_E8M0 else []
                     accs = warp.run(sasm, scons, d + dx + accs + extra)
                 for i in range(rg):
@@ -289,9 +230,6 @@ def _check(out, x, q):
     (1, L.GemvMmaConfig(2, 8, 2)),
     (5, L.GemvMmaConfig(1, 4, 1, split_k=2)),
     (16, L.GemvMmaConfig(2, 4, 1)),
-    (3, L.GemvMmaConfig(1, 4, 2, stages=3)),  # cp.async ring: 8 steps per split, prologue + tail
-    (12, L.GemvMmaConfig(2, 4, 1, split_k=4, stages=4)),  # 2 steps per split: the prologue covers all
-    (9, L.GemvMmaConfig(1, 8, 1, stages=2, ring_x=True)),  # activations through the ring too
 ])
 def test_generated_ptx_matches_float64(name, m, cfg, gen):
     q, x = _case(name, 40, 1024, m, gen)  # 40 rows: a partial row group
@@ -315,23 +253,6 @@ def test_emulator_catches_a_wrong_pairing(gen, monkeypatch):
     monkeypatch.setattr(kern, "step_asm", bad)
     with pytest.raises(AssertionError):
         _check(emulate(x, q, L.GemvMmaConfig(1, 4, 1)), x, q)
-
-
-def test_emulator_catches_an_early_ring_read(gen, monkeypatch):
-    """The emulator completes copies only at the waits: waiting for one group too few
-    (reading a slot whose copy is still in flight) is caught."""
-    q, x = _case("mxfp4", 16, 1024, 2, gen)
-    cfg = L.GemvMmaConfig(1, 4, 1, stages=3)
-    real = kern.ring_asm.__wrapped__
-
-    def bad(*a):
-        asm, cons, nout = real(*a)
-        return asm.replace("cp.async.wait_group 2;", "cp.async.wait_group 3;"), cons, nout
-
-    _check(emulate(x, q, cfg), x, q)
-    monkeypatch.setattr(kern, "ring_asm", bad)
-    with pytest.raises(AssertionError):
-        _check(emulate(x, q, cfg), x, q)
 
 
 def test_subnormal_placement_and_extreme_scales(gen):
@@ -395,37 +316,6 @@ def test_ptx_operands_are_all_bound():
             assert used <= set(range(n))
             nout = cons.count("=")
             assert set(range(nout)) <= used
-    for rg, wpl, tg, stages, nw, nstep in [(1, 4, 0, 3, 1, 8), (2, 8, 2, 2, 2, 1), (2, 4, 0, 4, 4, 16)]:
-        asm, cons, nout = kern.ring_asm(rg, wpl, tg, stages, nw, nstep)
-        assert len(cons.split(",")) == nout + 2 * rg + tg + 1
-        assert {int(i) for i in re.findall(r"\$(\d+)", asm)} == set(range(len(cons.split(","))))
-        assert asm.count("cp.async.commit_group") == stages  # stages - 1 in the prologue, one per step
-        assert kern.ring_bytes(rg, wpl, tg, stages, nw) == int(re.search(r"\[(\d+)\]", asm).group(1))
-
-
-@pytest.mark.parametrize("m,k,config", [(16, 8192, "{'stages': 4}"),
-                                        (16, 8192, "{'stages': 3, 'ring_x': True, 'num_warps': 2}"),
-                                        (8, 1024, "{'stages': 4}")])  # 4 steps: a loop LLVM would unroll
-def test_ring_compiles_to_one_ring(m, k, config, run_tool, tmp_path):
-    """The whole kernel with the ring, compiled for sm_90: the ring's declaration appears
-    once (a loop unrolled by the compiler would give each copy of the asm its own ring, so
-    the kernel loops to a run-time bound; ``verify_one_ring`` guards launches) and the
-    copies are ``cp.async`` (LDGSTS) into it."""
-    r = run_tool("gemv_ptx.py", str(tmp_path), "--mma", "--m", str(m), "--k", str(k), "--config", config, "--sass")
-    assert r.returncode == 0, r.stderr[-2000:]
-    ptx = (tmp_path / "_gemv_mma_kernel.ptx").read_text()
-    assert ptx.count(f".shared .align 16 .b8 {kern.RING_SYMBOL}[") == 1
-    assert "LDGSTS" in (tmp_path / "_gemv_mma_kernel.sass").read_text()
-
-
-def test_verify_one_ring_rejects_copies():
-    class Compiled:
-        asm = {"ptx": f".shared .align 16 .b8 {kern.RING_SYMBOL}[64];\n"}
-
-    kern.verify_one_ring(Compiled)
-    Compiled.asm = {"ptx": Compiled.asm["ptx"] * 2}
-    with pytest.raises(RuntimeError, match="2 copies"):
-        kern.verify_one_ring(Compiled)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
@@ -445,8 +335,7 @@ def test_gpu_kernel_and_routing(name):
         x = torch.randn(m, 2048, device=dev, generator=g).to(torch.bfloat16)
         ref = x.double() @ wd.T + bias.double()
         cond = x.double().abs() @ wd.abs().T + bias.double().abs()
-        for cfg in (None, L.GemvMmaConfig(1, 4, 1, split_k=4), L.GemvMmaConfig(2, 8, 2),
-                    L.GemvMmaConfig(2, 4, 4, stages=4), L.GemvMmaConfig(1, 4, 2, split_k=2, stages=3, ring_x=True)):
+        for cfg in (None, L.GemvMmaConfig(1, 4, 1, split_k=4), L.GemvMmaConfig(2, 8, 2)):
             out = L.gemv_mma(x, q, bias, cfg)
             assert out.dtype == torch.bfloat16 and out.shape == (m, 200)
             assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, cfg)
