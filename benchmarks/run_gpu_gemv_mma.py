@@ -9,6 +9,7 @@ last; JSON to $OUT/gemv_mma.json.
 
     PYTHONPATH=. python benchmarks/run_gpu_gemv_mma.py [--quick]
     MMA_SWEEP=1 PYTHONPATH=. python benchmarks/run_gpu_gemv_mma.py   (tile sweep only)
+    MMA_SWEEP=rg [MMA_SWEEP_M=8,16] [MMA_SWEEP_CHECKS=2] ...        (row groups, explicit splits)
     MMA_TIME=1 PYTHONPATH=. python benchmarks/run_gpu_gemv_mma.py    (routed ms.linear, 4-16 tokens)
 """
 from __future__ import annotations
@@ -31,6 +32,15 @@ OUT = os.environ.get("OUT", "/tmp")
 dev = torch.device("cuda")
 C = L.GemvMmaConfig
 SWEEP = [C(2, 8, 2), C(2, 8, 4), C(2, 4, 4), C(1, 8, 2), C(1, 4, 4)]
+#: MMA_SWEEP=rg: more row groups per warp (activation loads shared by more weight rows) and
+#: K splits given explicitly (split_k > 1 is kept: grid waves), against the defaults
+RG_SWEEP = [C(2, 8, 2), C(3, 8, 1), C(3, 8, 2), C(2, 4, 4), C(3, 4, 4), C(3, 4, 2), C(4, 4, 2), C(4, 4, 1),
+            C(2, 4, 4, split_k=4), C(2, 8, 2, split_k=4)]
+
+
+def _split(c: L.GemvMmaConfig, n: int, k: int) -> L.GemvMmaConfig:
+    """``c`` as given when it names a K split, else with the default split."""
+    return c if c.split_k > 1 else L.with_gemv_mma_split(c, n, k, dev)
 
 
 def sweep_label(c: L.GemvMmaConfig) -> str:
@@ -60,11 +70,11 @@ def sweep_main(configs: list) -> None:
     g = torch.Generator(device=dev).manual_seed(5)
     ok = True
     for name in ("nvfp4", "mxfp4"):
-        for (m, n, k) in [(3, 520, 2048), (16, 256, 4096), (1, 1000, 8192)]:
+        for (m, n, k) in [(3, 520, 2048), (16, 256, 4096), (1, 1000, 8192)][:int(os.environ.get("MMA_SWEEP_CHECKS", 3))]:
             q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
             x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
             for c in configs:
-                good = check(L.gemv_mma(x, q, None, L.with_gemv_mma_split(c, n, k, dev)), x, q, None)[0]
+                good = check(L.gemv_mma(x, q, None, _split(c, n, k)), x, q, None)[0]
                 ok &= good
                 if not good:
                     print(f"check {name} {m}x{n}x{k} {c} FAIL", flush=True)
@@ -74,11 +84,11 @@ def sweep_main(configs: list) -> None:
     wb = [w.to(torch.bfloat16) for _ in range(2)]
     for name in ("nvfp4", "mxfp4"):
         ql = [ms.quantize(w, name) for _ in range(4)]
-        for m in (1, 8, 12, 16):
+        for m in [int(v) for v in os.environ.get("MMA_SWEEP_M", "1,8,12,16").split(",")]:
             x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
             cub = bench([lambda wt=wt: F.linear(x, wt) for wt in wb])
             variants = [(sweep_label(c), lambda q, x=x, c=c: L.gemv_mma(x, q, None, c))
-                        for c in (L.with_gemv_mma_split(c, n, k, dev) for c in configs)]
+                        for c in (_split(c, n, k) for c in configs)]
             if m == 1:
                 variants.append(("f16x2 gemv", lambda q, x=x: L.gemv(x, q)))
             for label, fn in variants:
@@ -222,5 +232,7 @@ if __name__ == "__main__":
         time_main()
     elif os.environ.get("MMA_SWEEP") == "1":
         sweep_main([C(2, 8, 2), C(2, 8, 1), C(2, 4, 4), C(2, 4, 2), C(2, 4, 1), C(1, 8, 1)])
+    elif os.environ.get("MMA_SWEEP") == "rg":
+        sweep_main(RG_SWEEP)
     else:
         main()
