@@ -294,8 +294,8 @@ def test_chained_calls_in_a_cuda_graph(name, gen):
                                       ("int8_fp16", "ld.global.nc.u16"), ("fp8_e4m3_fp32", "ld.global.nc.u32")])
 def test_scale_direct_drops_the_loop_layout_conversion(fmt, load, run_tool, tmp_path):
     """``GemvConfig.scale_direct`` (the default): the block scales come from a PTX load in
-    the layout of their use, so the K loop loses the shared-memory conversion and its two barriers
-    (sm_90 PTX; the epilogue's barriers stay)."""
+    the layout of their use, so the K loop loses the shared-memory conversion and its
+    barriers (two or more; sm_90 PTX; the epilogue's barriers stay)."""
     base = _gemv_ptx(run_tool, tmp_path / "base", {}, "{'pdl': True, 'scale_direct': False}", fmt)["_gemv_kernel"]
     direct = _gemv_ptx(run_tool, tmp_path / "direct", {}, "{'pdl': True}", fmt)["_gemv_kernel"]
     assert load not in base and load in direct
