@@ -153,7 +153,8 @@ def main() -> None:
                 continue
             r = dict(fmt=fname, m=m, n=n, k=k, variant="auto" if cfg is None else f"{cfg.block_n}x{cfg.block_kw}"
                      f"w{cfg.num_warps}s{cfg.num_stages}{'p' if cfg.pdl else ''}{'f' if cfg.prefetch else ''}"
-                     f"{'x' if cfg.f4_select else ''}{'y' if cfg.scale_pairs else ''}{'d' if cfg.scale_direct else ''}", ms=t, cublas_ms=cub[m], speedup=cub[m] / t,
+                     f"{'x' if cfg.f4_select else ''}{'y' if cfg.scale_pairs else ''}"
+                     f"{'d' if cfg.scale_direct else ''}", ms=t, cublas_ms=cub[m], speedup=cub[m] / t,
                      GBps=qbytes / (t * 1e-3) / 1e9, pct_copy=qbytes / (t * 1e-3) / 1e9 / bw)
             res["timings"].append(r)
             rows.append(r)

@@ -70,7 +70,8 @@ def sweep_main(configs: list) -> None:
     g = torch.Generator(device=dev).manual_seed(5)
     ok = True
     for name in ("nvfp4", "mxfp4"):
-        for (m, n, k) in [(3, 520, 2048), (16, 256, 4096), (1, 1000, 8192)][:int(os.environ.get("MMA_SWEEP_CHECKS", 3))]:
+        shapes = [(3, 520, 2048), (16, 256, 4096), (1, 1000, 8192)]
+        for (m, n, k) in shapes[:int(os.environ.get("MMA_SWEEP_CHECKS", 3))]:
             q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
             x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
             for c in configs:

@@ -707,7 +707,8 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
     kw_per = -(-kw // split)
     kw_per = -(-kw_per // c.block_kw) * c.block_kw
     even_n, even_k = n % c.block_n == 0, kw_per * split == kw
-    sdirect = c.scale_direct and asm and even_n and even_k and not f.zero_point
+    sdirect = kern.scale_load_asm(2 if spair else scales.element_size()) \
+        if c.scale_direct and asm and even_n and even_k and not f.zero_point else ""
     el = f.element
     elem_c = 2.0 ** (15 - el.bias) if kind == kern.F4 else 2.0 ** (-el.frac_bits) if el.kind == "int" else 1.0
     launch(kern._gemv_kernel, (-(-n // c.block_n), split),

@@ -274,18 +274,25 @@ def _hadd2(a, b):
                                      pack=1)
 
 
+def scale_load_asm(nbytes: int) -> str:
+    """PTX loading one block scale (or, paired, two byte scales) of ``nbytes`` bytes into a
+    32-bit register, zero-extended (the scale decodes read only the low ``8 * nbytes``
+    bits), for ``_load_weight_step``'s ``SDIRECT``."""
+    return f"ld.global.nc.u{8 * nbytes} $0, [$1];"
+
+
 @triton.jit
 def _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k0, KW: tl.constexpr,
                       WPG: tl.constexpr, CHAIN: tl.constexpr, BLOCK_KW: tl.constexpr, EVEN_N: tl.constexpr,
                       EVEN_K: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False,
-                      SDIRECT: tl.constexpr = False):
+                      SDIRECT: tl.constexpr = ""):
     """One K step's weight operands from word ``k0``: codes ``[BLOCK_N, BLOCK_KW]``, raw
     block scales ``[BLOCK_N, BLOCK_KW // CHAIN]`` (one per chain; ``SPAIR``: 16-bit pairs,
     ``[BLOCK_N, BLOCK_KW // CHAIN // 2]``) and the zero-point operand per word (f16x2
-    ``1024 + z``; 0 without zero points). ``SDIRECT`` (PTX, unmasked tiles):
-    the scales are loaded by PTX, which Triton does not re-lay-out like its own loads, so
-    they arrive in the layout of their use and the loop carries them without a
-    shared-memory layout conversion (1-, 2- and 4-byte scales)."""
+    ``1024 + z``; 0 without zero points). ``SDIRECT`` (PTX, unmasked tiles): the PTX load
+    of one scale (:func:`scale_load_asm`; "" for ``tl.load``). Triton does not re-lay-out
+    it like its own loads, so the scales arrive in the layout of their use and the loop
+    carries them without a shared-memory layout conversion."""
     NC: tl.constexpr = BLOCK_KW // CHAIN
     kw = k0 + tl.arange(0, BLOCK_KW)
     kw_ok = kw < KW
@@ -296,26 +303,17 @@ def _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, str
         kc = k0 + CHAIN * tl.arange(0, NC)  # first word of each chain
         s_ptrs = s_ptr + offs_n[:, None] * stride_s + (kc // WPG)[None, :]
     w_ptrs = w_ptr + offs_n[:, None] * stride_w + kw[None, :]
-    if SDIRECT:  # (a PTX load is no layout anchor: the addresses take the layout of the use)
+    if SDIRECT != "":  # (a PTX load is no layout anchor: the addresses take the layout of the use)
         w = tl.load(w_ptrs)
-        addr = s_ptrs.to(tl.int64, bitcast=True)
-        SBITS: tl.constexpr = s_ptrs.dtype.element_ty.primitive_bitwidth
-        if SPAIR or SBITS == 16:  # (16-bit scales: zero- rather than sign-extended; their decode takes 16 bits)
-            raw = tl.inline_asm_elementwise("ld.global.nc.u16 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
-                                            is_pure=True, pack=1)
-        elif SBITS == 32:
-            raw = tl.inline_asm_elementwise("ld.global.nc.u32 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
-                                            is_pure=True, pack=1)
-        else:
-            raw = tl.inline_asm_elementwise("ld.global.nc.u8 $0, [$1];", "=r,l", [addr], dtype=tl.int32,
-                                            is_pure=True, pack=1)
+        raw = tl.inline_asm_elementwise(SDIRECT, "=r,l", [s_ptrs.to(tl.int64, bitcast=True)], dtype=tl.int32,
+                                        is_pure=True, pack=1)
     elif EVEN_N and EVEN_K:  # no masks: unpredicated 16-byte loads
         w = tl.load(w_ptrs)
         raw = tl.load(s_ptrs).to(tl.int32)
     else:
         w = tl.load(w_ptrs, mask=n_ok[:, None] & kw_ok[None, :], other=0)
         raw = tl.load(s_ptrs, mask=n_ok[:, None] & (kc < KW)[None, :], other=0).to(tl.int32)
-    if SPAIR and not SDIRECT:
+    if SPAIR and SDIRECT == "":
         raw = raw & 0xFFFF
     if HAS_ZP:  # per word (an L1 hit after the first of its block): f16x2 of 1024 + z
         z_ptrs = z_ptr + offs_n[:, None] * stride_z + (kw // WPG)[None, :]
@@ -351,7 +349,7 @@ def _load_x_step(x_ptr, k0, KW: tl.constexpr, XR: tl.constexpr, T: tl.constexpr,
 def _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k0, KW: tl.constexpr,
                XR: tl.constexpr, T: tl.constexpr, WPG: tl.constexpr, CHAIN: tl.constexpr, BLOCK_KW: tl.constexpr,
                EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False,
-               SDIRECT: tl.constexpr = False):
+               SDIRECT: tl.constexpr = ""):
     """One K step's operands: :func:`_load_weight_step`'s, then :func:`_load_x_step`'s."""
     w, raw, kz = _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, stride_z, k0, KW, WPG,
                                    CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR, SDIRECT)
@@ -426,7 +424,7 @@ def _gemv_kernel(
     CHAIN: tl.constexpr, T: tl.constexpr, USE_ASM: tl.constexpr, ASM: tl.constexpr, CONS: tl.constexpr,
     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, SCALE_IN_ASM: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, HAS_ZP: tl.constexpr, SPAIR: tl.constexpr = False, EARLY_W: tl.constexpr = True,
-    PDL_CHAIN: tl.constexpr = False, SDIRECT: tl.constexpr = False,
+    PDL_CHAIN: tl.constexpr = False, SDIRECT: tl.constexpr = "",
 ):
     """out[m, n] (+)= sum_k x[m, k] * W[n, k] over this program's K slice (split-K: fp32
     atomics into a zeroed fp32 ``out``; else the final dtype is written directly).
@@ -473,7 +471,8 @@ def _gemv_kernel(
                                                 HAS_ZP, SPAIR, SDIRECT)
             else:
                 w, raw, kz, xs = _load_step(w_ptr, s_ptr, z_ptr, x_ptr, offs_n, n_ok, stride_w, stride_s, stride_z,
-                                            k_lo + i, KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR, SDIRECT)
+                                            k_lo + i, KW, XR, T, WPG, CHAIN, BLOCK_KW, EVEN_N, EVEN_K, HAS_ZP, SPAIR,
+                                            SDIRECT)
             parts = _word_parts(w, kz, xs, XR, T, KIND, MBITS, USE_ASM, ASM, CONS, HAS_ZP)
             if SCALE_IN_ASM:
                 scale = 1.0
