@@ -739,12 +739,16 @@ class GemvMmaConfig:
     """Tiles of :func:`gemv_mma`: each warp takes ``16 * row_groups`` weight rows and
     ``4 * words_per_lane`` int32 words of codes (``32 * words_per_lane`` elements) per row
     per K step; ``num_warps`` warps per program; K split ``split_k`` ways (fp32 partials in
-    a workspace, summed in split order by the tile's last split)."""
+    a workspace, summed in split order by the tile's last split). ``xfrag``: a small prep
+    kernel first writes the activations in the order the lanes load them (each load of a
+    warp then reads 512 contiguous bytes, and no ``prmt`` pairs them); on Hopper+ the two
+    launch as a programmatic pair."""
 
     row_groups: int = 2
     words_per_lane: int = 8
     num_warps: int = 2
     split_k: int = 1
+    xfrag: bool = False
 
 
 def _e8m0_window(q: QTensor) -> int | None:
@@ -805,12 +809,18 @@ def gemv_mma_supported(q: QTensor, x: torch.Tensor, config: GemvMmaConfig | None
     return c is not None and _gemv_mma_reason(q, x, c) is None
 
 
+#: ``MICROSCALE_GEMV_MMA_XFRAG=1`` (read at import): :func:`gemv_mma`'s default configs use
+#: fragment-ordered activations (``GemvMmaConfig.xfrag``; off until timed on the H200)
+_MMA_XFRAG = os.environ.get("MICROSCALE_GEMV_MMA_XFRAG", "0") == "1"
+
+
 @functools.lru_cache(maxsize=1024)
 def choose_gemv_mma_config(n: int, k: int, device: torch.device, m: int = 1) -> GemvMmaConfig:
     """Two row groups per warp; up to 8 tokens 8 words per lane per step and 2 warps, from
     9 tokens 4 words and 4 warps (registers); K split by :func:`with_gemv_mma_split` (H200
     sweeps, benchmarks/NOTES_linear.md)."""
     d = GemvMmaConfig() if m <= 8 else GemvMmaConfig(words_per_lane=4, num_warps=4)
+    d = replace(d, xfrag=_MMA_XFRAG)
     while k % (32 * d.words_per_lane) and d.words_per_lane > 4:
         d = replace(d, words_per_lane=d.words_per_lane // 2)
     return with_gemv_mma_split(d, n, k, device)
@@ -860,8 +870,8 @@ def _gemv_mma_launch(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c:
         d = _e8m0_window(q)
         sk, ke, post = kern.SK_E8M0, (126 - d) * 0x10001, 2.0 ** d
     lasm, lcons, nout = kern.load_asm(c.row_groups, c.words_per_lane, 0, c.words_per_lane // wpg)
-    xasm, xcons, nxout = kern.load_asm(0, c.words_per_lane, tg, 0)
-    sasm, scons = kern.step_asm(c.row_groups, c.words_per_lane, tg, wpg, sk)
+    xasm, xcons, nxout = kern.load_asm(0, c.words_per_lane, tg, 0, 512 if c.xfrag else 16)
+    sasm, scons = kern.step_asm(c.row_groups, c.words_per_lane, tg, wpg, sk, c.xfrag)
     split = c.split_k
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     wv = _weight_views(q)
@@ -873,13 +883,20 @@ def _gemv_mma_launch(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c:
         ws, cnt = _workspace(x2.device, split * tiles * 4 * c.row_groups * tg * 32 * c.num_warps, tiles)
     else:
         ws = cnt = out
+    xk, stride_xk, pdl = x2, x2.stride(0), False
+    if c.xfrag:
+        pdl = _pdl_capable(x2.device)
+        xk = torch.empty((tg, 8 * k), dtype=x2.dtype, device=x2.device)
+        stride_xk = 8 * k
+        launch(kern._xfrag_kernel, (tg, kw // step), x2, xk, m, x2.stride(0), K=k, WPL=c.words_per_lane, PDL=pdl,
+               num_warps=4, **({"launch_pdl": True} if pdl else {}))
     launch(kern._gemv_mma_kernel, (tiles, split),
-           x2, wv.words, scales, gs, bias if bias is not None else out, out, ws, cnt, ke,
-           n, m, x2.stride(0), kw, scales.stride(0), out.stride(0), post,
+           xk, wv.words, scales, gs, bias if bias is not None else out, out, ws, cnt, ke,
+           n, m, stride_xk, kw, scales.stride(0), out.stride(0), post,
            KW_PER_SPLIT=kw // split, RG=c.row_groups, WPL=c.words_per_lane, TG=tg, WPG=wpg, SK=sk, SPLIT_K=split,
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, LASM=lasm, LCONS=lcons, NOUT=nout,
-           XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps,
-           num_warps=c.num_warps, num_stages=1)
+           XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps, XF=c.xfrag, PDL_WAIT=pdl,
+           num_warps=c.num_warps, num_stages=1, **({"launch_pdl": True} if pdl else {}))
     return out
 
 

@@ -158,8 +158,18 @@ class Warp:
             raise NotImplementedError(f"PTX op {op!r} in {stmt!r}")
 
 
+def xfrag(x: torch.Tensor, wpl: int) -> torch.Tensor:
+    """``_xfrag_kernel`` run by the Triton interpreter: ``[token groups, 8 K]`` bf16."""
+    m, k = x.shape
+    tg = -(-m // 8)
+    xf = torch.full((tg, 8 * k), float("nan"), dtype=torch.bfloat16)  # every element must be written
+    kern._xfrag_kernel[(tg, k // (32 * wpl))](x, xf, m, x.stride(0), K=k, WPL=wpl)
+    return xf
+
+
 def emulate(x: torch.Tensor, q, c: L.GemvMmaConfig) -> np.ndarray:
-    """The kernel's per-lane schedule (``_gemv_mma_kernel``) over one warp at a time."""
+    """The kernel's per-lane schedule (``_gemv_mma_kernel``) over one warp at a time
+    (``c.xfrag``: on the activations :func:`xfrag` prepared)."""
     m, k = x.shape
     n = q.shape[0]
     f = q.fmt
@@ -169,7 +179,7 @@ def emulate(x: torch.Tensor, q, c: L.GemvMmaConfig) -> np.ndarray:
     step = 4 * wpl
     codes = q.data.contiguous().view(torch.uint8).numpy().reshape(-1)
     scales = q.scales.contiguous().view(torch.uint8).numpy().reshape(-1)
-    xb = x.contiguous().view(torch.uint8).numpy().reshape(-1)
+    xb = (xfrag(x, wpl) if c.xfrag else x.contiguous()).view(torch.uint8).numpy().reshape(-1)
     mem = np.concatenate([codes, scales, xb, np.zeros(64, np.uint8)])
     w0, s0, x0 = 0, codes.size, codes.size + scales.size
     if f.scale.name == "ue4m3":
@@ -178,8 +188,8 @@ def emulate(x: torch.Tensor, q, c: L.GemvMmaConfig) -> np.ndarray:
         dd = L._e8m0_window(q)
         sk, ke, post = kern.SK_E8M0, (126 - dd) * 0x10001, 2.0 ** dd
     lasm, lcons, _ = kern.load_asm(rg, wpl, 0, wpl // wpg)
-    xasm, xcons, _ = kern.load_asm(0, wpl, tg, 0)
-    sasm, scons = kern.step_asm(rg, wpl, tg, wpg, sk)
+    xasm, xcons, _ = kern.load_asm(0, wpl, tg, 0, 512 if c.xfrag else 16)
+    sasm, scons = kern.step_asm(rg, wpl, tg, wpg, sk, c.xfrag)
     warp = Warp(mem)
     out = np.zeros((m, n))
     g, t = warp.g, warp.t
@@ -191,11 +201,14 @@ def emulate(x: torch.Tensor, q, c: L.GemvMmaConfig) -> np.ndarray:
                 k0 = pid_k * per + t * wpl
                 ws = [w0 + np.minimum(base + 8 * r, n - 1) * (kw * 4) + k0 * 4 for r in range(2 * rg)]
                 ss = [s0 + np.minimum(base + 8 * r, n - 1) * (kw // wpg) + k0 // wpg for r in range(2 * rg)]
-                xs = [x0 + np.minimum(g + 8 * qq, m - 1) * (k * 2) + k0 * 16 for qq in range(tg)]
+                if c.xfrag:  # token group qq: 8 K elements; lane's 16 bytes of each 512
+                    xs = [x0 + qq * (16 * k) + pid_k * per * 128 + (4 * g + t) * 16 for qq in range(tg)]
+                else:
+                    xs = [x0 + np.minimum(g + 8 * qq, m - 1) * (k * 2) + k0 * 16 for qq in range(tg)]
                 accs = [np.zeros(32) for _ in range(4 * rg * tg)]
                 for i in range(0, per, step):
                     d = warp.run(lasm, lcons, [a + i * 4 for a in ws] + [a + i // wpg for a in ss])
-                    dx = warp.run(xasm, xcons, [a + i * 16 for a in xs])
+                    dx = warp.run(xasm, xcons, [a + i * (128 if c.xfrag else 16) for a in xs])
                     extra = [np.full(32, ke)] if sk == kern.SK_E8M0 else []
                     accs = warp.run(sasm, scons, d + dx + accs + extra)
                 for i in range(rg):
@@ -234,6 +247,35 @@ def _check(out, x, q):
 def test_generated_ptx_matches_float64(name, m, cfg, gen):
     q, x = _case(name, 40, 1024, m, gen)  # 40 rows: a partial row group
     _check(emulate(x, q, cfg), x, q)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m,cfg", [
+    (1, L.GemvMmaConfig(2, 8, 2, xfrag=True)),
+    (5, L.GemvMmaConfig(1, 4, 1, split_k=2, xfrag=True)),
+    (11, L.GemvMmaConfig(1, 8, 2, split_k=2, xfrag=True)),
+    (16, L.GemvMmaConfig(2, 4, 1, xfrag=True)),
+])
+def test_generated_ptx_on_fragment_ordered_activations(name, m, cfg, gen):
+    """``xfrag``: the prep kernel (interpreted) and the kernel's addressing of its output,
+    with partial token groups (zeros past M) and split K."""
+    q, x = _case(name, 40, 1024, m, gen)
+    _check(emulate(x, q, cfg), x, q)
+
+
+@pytest.mark.parametrize("m,wpl", [(3, 4), (8, 8), (13, 4)])
+def test_xfrag_layout(m, wpl, gen):
+    """Every element of the prep's output against the layout's formula: lane (g, t) of
+    row u of step s in token group q holds (x[8w+j], x[8w+j+4]), j = 0..3, of word
+    w = 4 wpl s + wpl t + u of token 8q + g, and zeros past the last token."""
+    k = 512
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    got = xfrag(x, wpl).view(-1, k // (32 * wpl), wpl, 8, 4, 4, 2)  # q, s, u, g, t, j, h
+    tg, steps = got.shape[:2]
+    xp = torch.cat([x, torch.zeros(8 * tg - m, k, dtype=x.dtype)])
+    for q, s, u, g, t, j, h in np.ndindex(*got.shape):
+        w = 4 * wpl * s + wpl * t + u
+        assert got[q, s, u, g, t, j, h] == xp[8 * q + g, 8 * w + j + 4 * h], (q, s, u, g, t, j, h)
 
 
 def test_generated_ptx_k_not_a_multiple_of_1024(gen):
@@ -309,8 +351,8 @@ def test_ptx_operands_are_all_bound():
     """Every ``$i`` an asm text names is one of its constraints' operands, and every
     output is written."""
     for rg, wpl, tg, wpg, sk in [(1, 4, 1, 2, 2), (2, 8, 2, 4, 1), (2, 4, 1, 2, 2)]:
-        for asm, cons in [kern.step_asm(rg, wpl, tg, wpg, sk), kern.load_asm(rg, wpl, 0, wpl // wpg)[:2],
-                          kern.load_asm(0, wpl, tg, 0)[:2]]:
+        for asm, cons in [kern.step_asm(rg, wpl, tg, wpg, sk), kern.step_asm(rg, wpl, tg, wpg, sk, True),
+                          kern.load_asm(rg, wpl, 0, wpl // wpg)[:2], kern.load_asm(0, wpl, tg, 0)[:2]]:
             n = len(cons.split(","))
             used = {int(i) for i in re.findall(r"\$(\d+)", asm)}
             assert used <= set(range(n))
@@ -335,7 +377,8 @@ def test_gpu_kernel_and_routing(name):
         x = torch.randn(m, 2048, device=dev, generator=g).to(torch.bfloat16)
         ref = x.double() @ wd.T + bias.double()
         cond = x.double().abs() @ wd.abs().T + bias.double().abs()
-        for cfg in (None, L.GemvMmaConfig(1, 4, 1, split_k=4), L.GemvMmaConfig(2, 8, 2)):
+        for cfg in (None, L.GemvMmaConfig(1, 4, 1, split_k=4), L.GemvMmaConfig(2, 8, 2),
+                    L.GemvMmaConfig(2, 8, 2, xfrag=True), L.GemvMmaConfig(1, 4, 2, split_k=4, xfrag=True)):
             out = L.gemv_mma(x, q, bias, cfg)
             assert out.dtype == torch.bfloat16 and out.shape == (m, 200)
             assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, cfg)
