@@ -37,8 +37,8 @@ SWEEP = [C(2, 8, 2), C(2, 8, 4), C(2, 4, 4), C(1, 8, 2), C(1, 4, 4)]
 #: K splits given explicitly (split_k > 1 is kept: grid waves), against the defaults
 RG_SWEEP = [C(2, 8, 2), C(3, 8, 1), C(3, 8, 2), C(2, 4, 4), C(3, 4, 4), C(3, 4, 2), C(4, 4, 2), C(4, 4, 1),
             C(2, 4, 4, split_k=4), C(2, 8, 2, split_k=4)]
-#: MMA_SWEEP=xf: fragment-ordered activations (``xfrag``) over tiles, against the defaults
-XF_SWEEP = [C(2, 8, 2), C(2, 4, 4)] + [C(*t, xfrag=True) for t in
+#: MMA_SWEEP=xf: fragment-ordered activations and the select decode over tiles, against the defaults
+XF_SWEEP = [C(2, 8, 2), C(2, 4, 4)] + [C(*t, xfrag=True, select=True) for t in
                                        [(2, 8, 2), (2, 4, 4), (2, 4, 2), (2, 8, 4), (1, 8, 2), (1, 4, 4), (3, 4, 2)]]
 
 
@@ -48,7 +48,7 @@ def _split(c: L.GemvMmaConfig, n: int, k: int) -> L.GemvMmaConfig:
 
 
 def sweep_label(c: L.GemvMmaConfig) -> str:
-    return f"mma {c.row_groups}x{c.words_per_lane}w{c.num_warps}s{c.split_k}" + (" xf" if c.xfrag else "")
+    return f"mma {c.row_groups}x{c.words_per_lane}w{c.num_warps}s{c.split_k}" + (" xf" if c.xfrag else "") + (" sel" if c.select else "")
 
 
 def check(out: torch.Tensor, x: torch.Tensor, q, bias) -> tuple[bool, float, float]:
@@ -137,7 +137,7 @@ def main() -> None:
             x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
             x[-1, 5] = 300.0
             bias = torch.randn(n, device=dev, generator=g)
-            for cfg in [None] + SWEEP + [C(1, 8, 4, 2), C(1, 4, 4, 4)] + [replace(c, xfrag=True) for c in SWEEP[::2]]:
+            for cfg in [None] + SWEEP + [C(1, 8, 4, 2), C(1, 4, 4, 4)] + [replace(c, xfrag=True, select=i % 2 == 0) for i, c in enumerate(SWEEP)]:
                 if cfg is not None and (k % (32 * cfg.words_per_lane) or (k // 8) % (4 * cfg.words_per_lane
                                                                                        * cfg.split_k)):
                     continue
@@ -174,11 +174,14 @@ def main() -> None:
                 cub = bench([lambda wt=wt: F.linear(x, wt) for wt in wb])
                 auto = L.choose_gemv_mma_config(n, k, dev, m)
                 variants = [("mma auto", lambda q, x=x: L.gemv_mma(x, q)),
-                            ("mma auto xf", lambda q, x=x, c=replace(auto, xfrag=True): L.gemv_mma(x, q, None, c))]
+                            ("mma auto xf", lambda q, x=x, c=replace(auto, xfrag=True): L.gemv_mma(x, q, None, c)),
+                            ("mma auto sel", lambda q, x=x, c=replace(auto, select=True): L.gemv_mma(x, q, None, c)),
+                            ("mma auto xf+sel", lambda q, x=x, c=replace(auto, xfrag=True, select=True):
+                             L.gemv_mma(x, q, None, c))]
                 if (n, k) == (28672, 8192) and m in (1, 8, 16):
                     cs = [L.with_gemv_mma_split(c, n, k, dev) for c in SWEEP]
                     cs += [replace(c, split_k=2 * c.split_k) for c in cs[:3]]
-                    cs += [replace(c, xfrag=True) for c in cs[:3]]
+                    cs += [replace(c, xfrag=True, select=True) for c in cs[:3]]
                     variants += [(sweep_label(c), lambda q, x=x, c=c: L.gemv_mma(x, q, None, c)) for c in cs]
                 if m <= 4:
                     variants.append(("f16x2 gemv", lambda q, x=x: L.gemv(x, q)))
@@ -198,7 +201,7 @@ def main() -> None:
     with open(os.path.join(OUT, "gemv_mma.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"\ncopy {bw:.0f} GB/s; checks {'all ok' if ok else 'FAILED'} ({nck})")
-    print(f"{'fmt':6s} {'shape':>11s} {'M':>2s} {'mma auto':>9s} {'auto xf':>8s} {'best mma':>16s} {'ms.linear':>9s} "
+    print(f"{'fmt':6s} {'shape':>11s} {'M':>2s} {'mma auto':>9s} {'xf+sel':>8s} {'best mma':>16s} {'ms.linear':>9s} "
           f"{'cuBLAS':>7s} {'x cuBLAS':>8s} {'%copy':>6s}")
     by: dict = {}
     for r in rows:
@@ -209,7 +212,7 @@ def main() -> None:
         if best is None or "mma auto" not in d:
             continue
         lin = d.get("ms.linear", {}).get("ms", float("nan"))
-        xf = d.get("mma auto xf", {}).get("ms", float("nan"))
+        xf = d.get("mma auto xf+sel", {}).get("ms", float("nan"))
         print(f"{fm:6s} {n:5d}x{k:5d} {m:2d} {d['mma auto']['ms'] * 1e3:9.1f} {xf * 1e3:8.1f} {best['variant']:>10s} "
               f"{best['ms'] * 1e3:5.1f} {lin * 1e3:9.1f} {best['cublas_ms'] * 1e3:7.1f} "
               f"{d['mma auto']['speedup']:8.2f} {100 * d['mma auto']['pct_copy']:5.1f}%")

@@ -742,13 +742,15 @@ class GemvMmaConfig:
     a workspace, summed in split order by the tile's last split). ``xfrag``: a small prep
     kernel first writes the activations in the order the lanes load them (each load of a
     warp then reads 512 contiguous bytes, and no ``prmt`` pairs them); on Hopper+ the two
-    launch as a programmatic pair."""
+    launch as a programmatic pair. ``select``: codes decoded with two ``lop3`` selects (12
+    integer ops per word of 8 instead of 15; same bits)."""
 
     row_groups: int = 2
     words_per_lane: int = 8
     num_warps: int = 2
     split_k: int = 1
     xfrag: bool = False
+    select: bool = False
 
 
 def _e8m0_window(q: QTensor) -> int | None:
@@ -812,6 +814,8 @@ def gemv_mma_supported(q: QTensor, x: torch.Tensor, config: GemvMmaConfig | None
 #: ``MICROSCALE_GEMV_MMA_XFRAG=1`` (read at import): :func:`gemv_mma`'s default configs use
 #: fragment-ordered activations (``GemvMmaConfig.xfrag``; off until timed on the H200)
 _MMA_XFRAG = os.environ.get("MICROSCALE_GEMV_MMA_XFRAG", "0") == "1"
+#: ``MICROSCALE_GEMV_MMA_SELECT=1``: the same for the select decode (``GemvMmaConfig.select``)
+_MMA_SELECT = os.environ.get("MICROSCALE_GEMV_MMA_SELECT", "0") == "1"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -820,7 +824,7 @@ def choose_gemv_mma_config(n: int, k: int, device: torch.device, m: int = 1) -> 
     9 tokens 4 words and 4 warps (registers); K split by :func:`with_gemv_mma_split` (H200
     sweeps, benchmarks/NOTES_linear.md)."""
     d = GemvMmaConfig() if m <= 8 else GemvMmaConfig(words_per_lane=4, num_warps=4)
-    d = replace(d, xfrag=_MMA_XFRAG)
+    d = replace(d, xfrag=_MMA_XFRAG, select=_MMA_SELECT)
     while k % (32 * d.words_per_lane) and d.words_per_lane > 4:
         d = replace(d, words_per_lane=d.words_per_lane // 2)
     return with_gemv_mma_split(d, n, k, device)
@@ -871,7 +875,7 @@ def _gemv_mma_launch(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c:
         sk, ke, post = kern.SK_E8M0, (126 - d) * 0x10001, 2.0 ** d
     lasm, lcons, nout = kern.load_asm(c.row_groups, c.words_per_lane, 0, c.words_per_lane // wpg)
     xasm, xcons, nxout = kern.load_asm(0, c.words_per_lane, tg, 0, 512 if c.xfrag else 16)
-    sasm, scons = kern.step_asm(c.row_groups, c.words_per_lane, tg, wpg, sk, c.xfrag)
+    sasm, scons = kern.step_asm(c.row_groups, c.words_per_lane, tg, wpg, sk, c.xfrag, c.select)
     split = c.split_k
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     wv = _weight_views(q)

@@ -85,19 +85,45 @@ def _pair_lines(w: str, dst: str, j: int, scale: str) -> list[str]:
             f"mul.rn.bf16x2 {dst}, {dst}, {scale};"]
 
 
+#: bf16x2 pair bits: magnitudes at 6..8 / 22..24, signs at 15 / 31
+_PAIR_MASK = "0x81C081C0"
+
+
+def _word_lines_select(w: str, dst: str, scale: str) -> list[str]:
+    """The four bf16x2 pairs ``dst0..dst3`` of code word ``w`` (as :func:`_pair_lines`),
+    12 integer ops instead of 15: each sign sits 3 bits above its magnitude in the
+    nibble and 9 above it in the pair, so ``r = rotl(w, 6)`` carries every sign 6 bits up.
+    One ``lop3`` select (LUT 0xE4: first input where the mask is set, second elsewhere) of
+    the magnitudes of elements 0, 1, 4, 5 from ``w`` and the rest from ``r`` gives a word
+    from which pairs (0, 4) and (1, 5) are one shift and the pair mask each; a second select
+    (elements 2, 6) gives pair (2, 6) by a right rotation by 2 (element 6's sign wrapped to
+    bit 1 lands on 31). Pair (3, 7) has its signs in place already."""
+    out = ["shf.l.wrap.b32 r, {0}, {0}, 6;".format(w),
+           f"lop3.b32 z, {w}, r, 0x00770077, 0xE4;",
+           f"shl.b32 {dst}0, z, 6;", f"and.b32 {dst}0, {dst}0, {_PAIR_MASK};",
+           f"shl.b32 {dst}1, z, 2;", f"and.b32 {dst}1, {dst}1, {_PAIR_MASK};",
+           f"lop3.b32 z, {w}, r, 0x07000700, 0xE4;",
+           f"shf.r.wrap.b32 {dst}2, z, z, 2;", f"and.b32 {dst}2, {dst}2, {_PAIR_MASK};",
+           f"shr.u32 m, {w}, 6;", "and.b32 m, m, 0x01C001C0;", f"and.b32 s, {w}, 0x80008000;",
+           f"or.b32 {dst}3, m, s;"]
+    return out + [f"mul.rn.bf16x2 {dst}{j}, {dst}{j}, {scale};" for j in range(4)]
+
+
 @functools.lru_cache(maxsize=None)
-def step_asm(rg: int, wpl: int, tg: int, wpg: int, sk: int, xfrag: bool = False) -> tuple[str, str]:
+def step_asm(rg: int, wpl: int, tg: int, wpg: int, sk: int, xfrag: bool = False,
+             select: bool = False) -> tuple[str, str]:
     """PTX of one step: decode, scale and ``mma.sync`` the operands :func:`load_asm`
     loaded, adding to ``4 * rg * tg`` fp32 accumulators (inputs after the operands, in
     (row group, token group, c0..c3) order; the outputs in the same order). E8M0 takes
     one more input: ``(126 - D) * 0x10001``. ``xfrag``: the activation words arrive as
-    the MMA's pairs (fragment order, :func:`_xfrag_kernel`), so no ``prmt`` pairs them."""
+    the MMA's pairs (fragment order, :func:`_xfrag_kernel`), so no ``prmt`` pairs them.
+    ``select``: codes decoded by :func:`_word_lines_select` (same bits)."""
     nw, ns, nx = 2 * rg * wpl, 2 * rg, tg * wpl * 4
     na = 4 * rg * tg
     i_w, i_s, i_x, i_a = na, na + nw, na + nw + ns, na + nw + ns + nx
     i_ke = i_a + na
     nb = wpl // wpg  # blocks per lane per row and step (wpl is a multiple of wpg)
-    regs = ["m", "s", "t", "sc"] + [f"S{r}_{b}" for r in range(2 * rg) for b in range(nb)]
+    regs = ["m", "s", "t", "sc", "r", "z"] + [f"S{r}_{b}" for r in range(2 * rg) for b in range(nb)]
     regs += [f"p{r}_{j}" for r in range(2) for j in range(4)]
     regs += [] if xfrag else [f"x{q}_{j}" for q in range(tg) for j in range(4)]
     accs = [f"e{z}_{i}_{q}_{c}" for z in range(2) for i in range(rg) for q in range(tg) for c in range(4)]
@@ -139,6 +165,9 @@ def step_asm(rg: int, wpl: int, tg: int, wpg: int, sk: int, xfrag: bool = False)
         for i in range(rg):
             for ab in range(2):
                 w = f"${i_w + (2 * i + ab) * wpl + u}"
+                if select:
+                    body += _word_lines_select(w, f"p{ab}_", f"S{2 * i + ab}_{u // wpg}")
+                    continue
                 for j in range(4):
                     body += _pair_lines(w, f"p{ab}_{j}", j, f"S{2 * i + ab}_{u // wpg}")
             for q in range(tg):

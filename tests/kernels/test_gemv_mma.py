@@ -101,6 +101,18 @@ class Warp:
             regs[ops[0]] = (v(ops[1]).astype(np.uint64) << int(ops[2])).astype(u32) & u32(0xFFFFFFFF)
         elif op == "shr.u32":
             regs[ops[0]] = v(ops[1]) >> u32(int(ops[2]))
+        elif op in ("shf.l.wrap.b32", "shf.r.wrap.b32"):  # funnel shift of (hi:lo) = (ops[2]:ops[1])
+            lo, hi, n = v(ops[1]).astype(np.uint64), v(ops[2]).astype(np.uint64), int(ops[3]) & 31
+            both = (hi << np.uint64(32)) | lo
+            sh = (both << np.uint64(n)) >> np.uint64(32) if op.startswith("shf.l") else both >> np.uint64(n)
+            regs[ops[0]] = (sh & np.uint64(0xFFFFFFFF)).astype(u32)
+        elif op == "lop3.b32":  # bit i: LUT bit (a_i << 2 | b_i << 1 | c_i), as the PTX ISA defines it
+            a, b, cc, lut = v(ops[1]), v(ops[2]), v(ops[3]), int(ops[4], 0)
+            r = np.zeros(32, dtype=u32)
+            for i in range(8):
+                if lut >> i & 1:
+                    r |= (a if i & 4 else ~a) & (b if i & 2 else ~b) & (cc if i & 1 else ~cc)
+            regs[ops[0]] = r
         elif op == "and.b32":
             regs[ops[0]] = v(ops[1]) & v(ops[2])
         elif op == "or.b32":
@@ -189,7 +201,7 @@ def emulate(x: torch.Tensor, q, c: L.GemvMmaConfig) -> np.ndarray:
         sk, ke, post = kern.SK_E8M0, (126 - dd) * 0x10001, 2.0 ** dd
     lasm, lcons, _ = kern.load_asm(rg, wpl, 0, wpl // wpg)
     xasm, xcons, _ = kern.load_asm(0, wpl, tg, 0, 512 if c.xfrag else 16)
-    sasm, scons = kern.step_asm(rg, wpl, tg, wpg, sk, c.xfrag)
+    sasm, scons = kern.step_asm(rg, wpl, tg, wpg, sk, c.xfrag, c.select)
     warp = Warp(mem)
     out = np.zeros((m, n))
     g, t = warp.g, warp.t
@@ -278,6 +290,45 @@ def test_xfrag_layout(m, wpl, gen):
         assert got[q, s, u, g, t, j, h] == xp[8 * q + g, 8 * w + j + 4 * h], (q, s, u, g, t, j, h)
 
 
+def test_interpreter_bit_ops():
+    """The interpreter's ``lop3`` against the ISA's definition on its canonical inputs
+    (a = 0xF0, b = 0xCC, c = 0xAA), its funnel shifts against rotations."""
+    w = Warp(np.zeros(1, np.uint8))
+    for lut in (0xE4, 0xC0, 0x96, 0x01):
+        r = w.run(f"{{ lop3.b32 $0, $1, $2, $3, {lut}; }}", "=r,r,r,r",
+                  [np.full(32, 0xF0), np.full(32, 0xCC), np.full(32, 0xAA)])[0]
+        assert int(r[0]) & 0xFF == lut
+    x = np.arange(32, dtype=np.uint32) * np.uint32(0x9E3779B9)
+    left, right = w.run("{ shf.l.wrap.b32 $0, $2, $2, 6; shf.r.wrap.b32 $1, $2, $2, 2; }", "=r,=r,r", [x])
+    assert (left == ((x << np.uint32(6)) | (x >> np.uint32(26)))).all()
+    assert (right == ((x >> np.uint32(2)) | (x << np.uint32(30)))).all()
+
+
+def test_select_decode_places_every_code(gen):
+    """``select``: all 8 nibble slots x 16 codes give the same pairs as the shift decode."""
+    w = Warp(np.zeros(1, np.uint8))
+    one = "0x3F803F80"  # bf16x2 (1, 1): the scale multiply leaves the bits as placed
+    words = np.array([int("".join("%x" % ((c + 5 * i) % 16) for i in range(8)), 16) for c in range(32)],
+                     dtype=np.uint32)
+    words = np.concatenate([words, np.random.default_rng(0).integers(0, 2**32, 32 * 7, dtype=np.uint32)])
+    for chunk in words.reshape(-1, 32):
+        ref = "\n".join(ln for j in range(4) for ln in kern._pair_lines("$4", f"${j}", j, one))
+        sel = "\n".join(kern._word_lines_select("$4", "q", one)) + "".join(f"mov.b32 ${j}, q{j};" for j in range(4))
+        regs = ".reg .b32 m, s, r, z, q0, q1, q2, q3;"
+        a = w.run("{" + regs + ref + "}", "=r,=r,=r,=r,r", [chunk])
+        b = w.run("{" + regs + sel + "}", "=r,=r,=r,=r,r", [chunk])
+        for x, y in zip(a, b):
+            assert (x == y).all()
+
+
+@pytest.mark.parametrize("m,cfg", [(3, L.GemvMmaConfig(1, 4, 1, select=True)),
+                                   (16, L.GemvMmaConfig(2, 4, 1, split_k=2, xfrag=True, select=True))])
+def test_generated_ptx_select_decode(m, cfg, gen):
+    for name in ("nvfp4", "mxfp4"):
+        q, x = _case(name, 40, 1024, m, gen)
+        _check(emulate(x, q, cfg), x, q)
+
+
 def test_generated_ptx_k_not_a_multiple_of_1024(gen):
     q, x = _case("mxfp4", 24, 768, 2, gen)  # 3 steps of 256 elements
     _check(emulate(x, q, L.GemvMmaConfig(2, 8, 1)), x, q)
@@ -351,7 +402,7 @@ def test_ptx_operands_are_all_bound():
     """Every ``$i`` an asm text names is one of its constraints' operands, and every
     output is written."""
     for rg, wpl, tg, wpg, sk in [(1, 4, 1, 2, 2), (2, 8, 2, 4, 1), (2, 4, 1, 2, 2)]:
-        for asm, cons in [kern.step_asm(rg, wpl, tg, wpg, sk), kern.step_asm(rg, wpl, tg, wpg, sk, True),
+        for asm, cons in [kern.step_asm(rg, wpl, tg, wpg, sk), kern.step_asm(rg, wpl, tg, wpg, sk, True, True),
                           kern.load_asm(rg, wpl, 0, wpl // wpg)[:2], kern.load_asm(0, wpl, tg, 0)[:2]]:
             n = len(cons.split(","))
             used = {int(i) for i in re.findall(r"\$(\d+)", asm)}
@@ -378,7 +429,8 @@ def test_gpu_kernel_and_routing(name):
         ref = x.double() @ wd.T + bias.double()
         cond = x.double().abs() @ wd.abs().T + bias.double().abs()
         for cfg in (None, L.GemvMmaConfig(1, 4, 1, split_k=4), L.GemvMmaConfig(2, 8, 2),
-                    L.GemvMmaConfig(2, 8, 2, xfrag=True), L.GemvMmaConfig(1, 4, 2, split_k=4, xfrag=True)):
+                    L.GemvMmaConfig(2, 8, 2, xfrag=True), L.GemvMmaConfig(1, 4, 2, split_k=4, xfrag=True),
+                    L.GemvMmaConfig(2, 4, 4, select=True), L.GemvMmaConfig(2, 8, 2, xfrag=True, select=True)):
             out = L.gemv_mma(x, q, bias, cfg)
             assert out.dtype == torch.bfloat16 and out.shape == (m, 200)
             assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, cfg)
