@@ -48,7 +48,8 @@ def _split(c: L.GemvMmaConfig, n: int, k: int) -> L.GemvMmaConfig:
 
 
 def sweep_label(c: L.GemvMmaConfig) -> str:
-    return f"mma {c.row_groups}x{c.words_per_lane}w{c.num_warps}s{c.split_k}" + (" xf" if c.xfrag else "") + (" sel" if c.select else "")
+    tail = (" xf" if c.xfrag else "") + (" sel" if c.select else "")
+    return f"mma {c.row_groups}x{c.words_per_lane}w{c.num_warps}s{c.split_k}{tail}"
 
 
 def check(out: torch.Tensor, x: torch.Tensor, q, bias) -> tuple[bool, float, float]:
@@ -137,7 +138,9 @@ def main() -> None:
             x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
             x[-1, 5] = 300.0
             bias = torch.randn(n, device=dev, generator=g)
-            for cfg in [None] + SWEEP + [C(1, 8, 4, 2), C(1, 4, 4, 4)] + [replace(c, xfrag=True, select=i % 2 == 0) for i, c in enumerate(SWEEP)]:
+            cfgs = [None] + SWEEP + [C(1, 8, 4, 2), C(1, 4, 4, 4)]
+            cfgs += [replace(c, xfrag=True, select=i % 2 == 0) for i, c in enumerate(SWEEP)]
+            for cfg in cfgs:
                 if cfg is not None and (k % (32 * cfg.words_per_lane) or (k // 8) % (4 * cfg.words_per_lane
                                                                                        * cfg.split_k)):
                     continue
