@@ -6,6 +6,8 @@ best) against cuBLAS bf16 ``F.linear`` and the split-K tensor-core kernel on a p
 weight (CUDA events, median). Short table last; JSON to $OUT/prefill.json.
 
     PYTHONPATH=. python benchmarks/run_gpu_prefill.py
+    WS=1 PYTHONPATH=. python benchmarks/run_gpu_prefill.py   (the warp-specialized Gluon kernel,
+        ``qlinear.prefill_ws``: checks, then its tiles against ``ms.linear`` and cuBLAS)
 """
 from __future__ import annotations
 
@@ -91,5 +93,74 @@ def main() -> None:
         print(f"{fmt:17s} {m:5d} {r['cfg']:>16s} {r['ms']:7.3f} {r['vs_cublas']:8.2f} {r['cublas_ms'] / r['tc_ms']:11.2f}")
 
 
+def ws_main() -> None:
+    """WS=1: ``prefill_ws`` (NVFP4, MXFP4) checked against float64 on ragged shapes (every
+    element within bf16 rounding plus an fp32 accumulation bound), then timed at 512 / 4096
+    tokens on 28672x8192 and 8192x28672 for block_t x stages, next to the routed ``ms.linear``
+    and cuBLAS bf16 (CUDA events, median)."""
+    res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "checks": [], "timings": []}
+    g = torch.Generator(device=dev).manual_seed(8)
+    ok = True
+    for name in ("nvfp4", "mxfp4"):
+        for (m, n, k, bt) in [(300, 1000, 2048, 256), (1024, 4096, 4096, 128), (77, 256, 512, 64)]:
+            q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
+            x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
+            bias = torch.randn(n, device=dev, generator=g)
+            try:
+                out = L.prefill_ws(x, q, bias, block_t=bt)
+                wd = q.dequantize(torch.float64)
+                ref = x.double() @ wd.T + bias.double()
+                cond = x.double().abs() @ wd.abs().T + bias.double().abs()
+                err = (out.double() - ref).abs()
+                bound = 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond
+                good = bool(torch.isfinite(out).all()) and bool((err <= bound).all())
+                fro = ((out.double() - ref).norm() / ref.norm()).item()
+            except Exception as exc:  # reported, counted as a failure
+                good, fro = False, float("nan")
+                print(f"check {name} {m}x{n}x{k} raised {type(exc).__name__}: {exc}"[:600], flush=True)
+            ok &= good
+            res["checks"].append(dict(fmt=name, m=m, n=n, k=k, block_t=bt, rel_err=fro, ok=good))
+            print(f"check {name} {m}x{n}x{k} bt={bt}: rel {fro:.2e} {'ok' if good else 'FAIL'}", flush=True)
+    print(f"checks {'all ok' if ok else 'FAILED'}", flush=True)
+    rows = []
+    for (n, k) in [(28672, 8192), (8192, 28672)]:
+        w = torch.randn(n, k, device=dev, generator=g)
+        wb = w.to(torch.bfloat16)
+        for name in ("nvfp4", "mxfp4"):
+            q = ms.quantize(w, name)
+            for m in (512, 4096):
+                x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+                cub = t_ms(lambda: F.linear(x, wb))
+                lin = t_ms(lambda: ms.linear(x, q))
+                for bt, st in [(256, 4), (256, 3), (128, 4), (128, 6)]:
+                    try:
+                        t = t_ms(lambda: L.prefill_ws(x, q, block_t=bt, stages=st))
+                    except Exception as exc:
+                        print(f"ws bt={bt} st={st} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
+                        continue
+                    r = dict(fmt=name, m=m, n=n, k=k, block_t=bt, stages=st, ms=t, linear_ms=lin, cublas_ms=cub,
+                             tflops=2 * m * n * k / t / 1e9)
+                    res["timings"].append(r)
+                    rows.append(r)
+                    print(f"{name:6s} {n}x{k} M={m:4d} ws bt={bt} st={st}: {t:.3f} ms ({r['tflops']:.0f} TFLOP/s) "
+                          f"= {cub / t:.2f}x cuBLAS; ms.linear {lin:.3f} ms ({cub / lin:.2f}x)", flush=True)
+    with open(os.path.join(OUT, "prefill_ws.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"\nchecks {'all ok' if ok else 'FAILED'}")
+    print(f"{'fmt':6s} {'shape':>11s} {'M':>4s} {'best ws':>12s} {'ms':>7s} {'x cuBLAS':>8s} {'ms.linear x':>11s}")
+    best: dict = {}
+    for r in rows:
+        key = (r["fmt"], r["n"], r["k"], r["m"])
+        if key not in best or r["ms"] < best[key]["ms"]:
+            best[key] = r
+    for (fm, n, k, m), r in best.items():
+        print(f"{fm:6s} {n:5d}x{k:5d} {m:4d} {'bt%d st%d' % (r['block_t'], r['stages']):>12s} {r['ms']:7.3f} "
+              f"{r['cublas_ms'] / r['ms']:8.2f} {r['cublas_ms'] / r['linear_ms']:11.2f}")
+
+
 if __name__ == "__main__":
+    if os.environ.get("WS") == "1":
+        ws_main()
+        raise SystemExit(0)
     main()

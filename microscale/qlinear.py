@@ -71,7 +71,7 @@ from .qtensor import QTensor
 __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_config", "gemv", "gemv_supported",
            "gemv_mma", "gemv_mma_supported", "GemvMmaConfig", "choose_gemv_mma_config", "with_gemv_mma_split",
            "GemvConfig", "choose_gemv_config", "GEMV_MAX_M", "prefill", "prefill_supported", "PrefillConfig",
-           "choose_prefill_config", "PREFILL_MIN_M"]
+           "choose_prefill_config", "PREFILL_MIN_M", "prefill_ws"]
 
 _OP = "linear"
 _SCALE_KIND = {"e8m0": 1, "ue4m3": 2, "fp16": 3, "bf16": 4, "fp32": 5}
@@ -1034,6 +1034,81 @@ def prefill(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
         BLOCK_K=c.block_k, GROUP_M=c.group_m, INTERP=_interpreting(), SWAP=c.swap, PAIR=pair,
         SB=sb, WIDE_S=wide_s, WIDE_Z=wide_z, SPLIT_K=c.split_k, ws_ptr=ws, cnt_ptr=cnt,
         num_warps=c.num_warps, num_stages=c.num_stages)
+    return out
+
+
+def _prefill_ws_reason(q: QTensor, x: torch.Tensor) -> str | None:
+    """Why :func:`prefill_ws` cannot serve ``x @ dequant(q)^T``, or None."""
+    f = q.fmt
+    el = f.element
+    if not (el.kind == "float" and (el.bits, el.mbits, el.bias) == (4, 1, 1) and not f.zero_point
+            and f.block_rows == 1 and (f.scale.name, f.block_size) in (("ue4m3", 16), ("e8m0", 32))):
+        return f"serves E2M1 weights with UE4M3 (16) or E8M0 (32) block scales, not {f.name}"
+    if len(q.shape) != 2 or tuple(q.padded_shape) != tuple(q.shape) or \
+            tuple(q.scales.shape) != (q.shape[0], q.shape[1] // f.block_size):
+        return "needs an unpadded 2-D weight with row-major scales"
+    k = q.shape[1]
+    if x.dim() != 2 or x.shape[1] != k or k % 64:
+        return f"needs [M, K] activations with K = {k} a multiple of 64"
+    if x.dtype != torch.bfloat16:
+        return f"needs bfloat16 activations, got {x.dtype}"
+    if not (x.is_cuda and q.data.is_cuda) or torch.cuda.get_device_capability(x.device) != (9, 0):
+        return "needs a Hopper GPU (sm_90: wgmma)"
+    if not (q.data.is_contiguous() and q.scales.is_contiguous() and q.data.data_ptr() % 16 == 0):
+        return "needs contiguous, 16-byte aligned codes and contiguous scales"
+    if f.scale.name == "e8m0" and _e8m0_window(q) is None:
+        return "E8M0 scales span more than 126 binades or hold NaN"
+    return None
+
+
+#: direct launch of the Gluon kernel (its TMA descriptor is no key for ``launch``'s cache;
+#: ``tools/gemv_ptx.py --ws`` replaces it to compile without a GPU)
+def _launch_direct(fn, grid, *args, **kwargs) -> None:
+    fn[grid](*args, **kwargs)
+
+
+def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, block_t: int = 256,
+               stages: int = 4, group_t: int = 4) -> torch.Tensor:
+    """Experimental: ``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens with the
+    warp-specialized Gluon kernel (:mod:`microscale.kernels._prefill_gluon`: TMA ring for the
+    activations, two consumer warpgroups decoding E2M1 codes straight into the wgmma
+    register operand). Not routed by :func:`linear` until it is checked and timed on an
+    H200. ``block_t``: tokens per tile (the wgmma N, 64..256); ``stages``: activation ring
+    slots; ``group_t``: token tiles that sweep the row tiles together (L2 reuse). Raises
+    ValueError saying why when it cannot serve the call."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .kernels import _prefill_gluon as pg
+
+    _check(x2, q.shape[0], q.shape[-1], q.device, bias)
+    why = _prefill_ws_reason(q, x2)
+    if why is not None:
+        raise ValueError(f"{_OP}: prefill_ws {why}")
+    if block_t not in (64, 128, 256) or not 2 <= stages <= 8 or group_t < 1:
+        raise ValueError(f"{_OP}: prefill_ws needs block_t in (64, 128, 256), 2 <= stages <= 8, group_t >= 1")
+    m, k = x2.shape
+    n = q.shape[0]
+    f = q.fmt
+    bk = int(pg.BK.value)
+    xp = torch.empty((m, k), dtype=x2.dtype, device=x2.device)  # activations in the consumers' K order
+    launch(pg._xperm_kernel, (cdiv(m, 32), k // bk), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, num_warps=4)
+    desc = TensorDescriptor.from_tensor(xp, [block_t, bk], gl.NVMMASharedLayout.get_default_for([block_t, bk],
+                                                                                                  gl.bfloat16))
+    if f.scale.name == "ue4m3":
+        sk, ke, post = pg.SK_UE4M3, 0, 2.0 ** 7
+    else:
+        d = _e8m0_window(q)
+        sk, ke, post = pg.SK_E8M0, 126 - d, 2.0 ** d
+    wv = _weight_views(q)
+    out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    gs = wv.global_scale if wv.global_scale is not None else out
+    grid = (cdiv(m, block_t) * cdiv(n, 2 * int(pg.WG_ROWS.value)),)
+    _launch_direct(pg._prefill_ws_kernel, grid, desc, wv.words, wv.scales_u8, gs,
+                   bias if bias is not None else out, out, n, m, k, wv.words.stride(0), wv.scales_u8.stride(0),
+                   out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t, SK=sk,
+                   TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
+                   num_warps=4)
     return out
 
 

@@ -95,6 +95,8 @@ class Warp:
             lo, hi = (x.strip() for x in groups[0].split(","))
             w = v(ops[1])
             regs[lo], regs[hi] = w & 0xFFFF, w >> 16
+        elif op == "cvt.u16.u32":
+            regs[ops[0]] = v(ops[1]) & u32(0xFFFF)
         elif op in ("mov.b32", "mov.f32", "mov.u32"):
             regs[ops[0]] = v(ops[1]).copy()
         elif op == "shl.b32":

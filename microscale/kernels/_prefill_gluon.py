@@ -1,0 +1,203 @@
+"""Warp-specialized prefill for E2M1 weights on Hopper, in Gluon (private, experimental).
+
+Why: the Triton prefill kernel (:mod:`._linear_kernels`, ``swap`` + ``pair``) reaches
+0.78x cuBLAS bf16 at 4096 tokens. Its sm_90 SASS shows where the time goes besides the
+MMAs: the decoded weight tile makes a round trip through shared memory per 16-element K
+slice (``STS.128`` + ``LDSM``) to reach the wgmma register-operand layout, the block
+scales are re-laid-out through shared memory behind two CTA barriers per K step, and one
+more CTA barrier per step orders the software pipeline. Gluon states layouts explicitly,
+so here:
+
+* a 1-warp producer streams the activation tiles with TMA into a ring of ``STAGES``
+  shared-memory slots (``ready`` / ``empty`` mbarriers, no CTA barrier);
+* two consumer warpgroups (64 weight rows each) load their own code words straight from
+  global memory into registers, in a layout chosen so that the select decode
+  (:func:`._gemv_mma._word_lines_select`: bf16x2 pairs times the block scale) lands every
+  value in the thread and register the wgmma A operand wants: the final
+  ``convert_layout`` is asserted trivial at compile time;
+* ``warpgroup_mma`` takes the weights from registers and the activations from the ring
+  (tokens on the MMA's N side: the tile is ``out^T``), one group in flight.
+
+The price of loading codes in A-operand order is a K permutation of the activations: in
+each 64-element K chunk the MMA's K slot ``16 j + 8 a + 2 t + e`` holds physical element
+``16 t + 8 a + j + 4 e`` (thread quad member ``t`` owns code words ``2t, 2t+1`` of its
+rows; word ``a`` gives pairs ``(j, j+4)``). :func:`_xperm_kernel` writes the activations in
+that order (one extra pass over x: ~1% of a 4096-token call), the weight keeps its
+canonical layout.
+
+Not routed by ``ms.linear``: ``qlinear.prefill_ws`` runs it on request until it has been
+checked and timed on an H200 (``benchmarks/run_gpu_prefill.py``, ``WS=1``). Gluon kernels do
+not run under the Triton interpreter; CI compiles this one for sm_90 and checks its
+structure (``tests/kernels/test_prefill_gluon.py``).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from ._gemv_mma import SK_E8M0, SK_UE4M3, _word_lines_select
+
+#: weight rows per consumer warpgroup (the wgmma M) and per program (two consumers)
+WG_ROWS = gl.constexpr(64)
+#: K elements per step (one ring slot): 4 wgmma K slices of 16; 2 code words per thread and row
+BK = gl.constexpr(64)
+
+
+@triton.jit
+def _xperm_kernel(x_ptr, xp_ptr, M, stride_x, K: tl.constexpr, BLOCK_R: tl.constexpr):
+    """x [M, K] -> xp [M, K] in the consumers' K order: in each 64-element chunk, element
+    ``16 t + 8 a + j + 4 e`` goes to slot ``16 j + 8 a + 2 t + e``. One program per
+    ``BLOCK_R`` rows and 64-element chunk."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1)
+    ok = (r < M)[:, None]
+    v = tl.load(x_ptr + r[:, None].to(tl.int64) * stride_x + c * 64 + tl.arange(0, 64)[None, :], mask=ok)
+    v = tl.permute(tl.reshape(v, [BLOCK_R, 4, 2, 2, 4]), (0, 4, 2, 1, 3))  # (t, a, e, j) -> (j, a, t, e)
+    tl.store(xp_ptr + r[:, None].to(tl.int64) * K + c * 64 + tl.arange(0, 64)[None, :],
+             tl.reshape(v, [BLOCK_R, 64]), mask=ok)
+
+
+def decode_asm() -> str:
+    """PTX: code word ``$8`` and bf16x2 scale ``$9`` -> 8 bf16 outputs, ``$2j`` / ``$2j+1``
+    the elements ``j`` / ``j+4`` of the word times the scale (see :func:`_word_lines_select`)."""
+    lines = _word_lines_select("$8", "p", "$9")
+    lines += [f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, p{j};" for j in range(4)]
+    return "{\n.reg .b32 r, z, m, s, p0, p1, p2, p3;\n" + "\n".join(lines) + "\n}"
+
+
+DECODE_ASM = gl.constexpr(decode_asm())
+
+
+#: UE4M3 scale byte ``$1`` -> bf16x2 ``s * 2^119`` in both halves (``cvt.rn.f16x2.e4m3x2`` is exact;
+#: the f32 product is exact and fits bf16: 3 significant bits, at most 448 * 2^119)
+UE4M3_ASM = gl.constexpr("{\n.reg .b16 lo, hi;\n.reg .b32 sc;\n.reg .f32 fa;\ncvt.u16.u32 lo, $1;\n"
+             "cvt.rn.f16x2.e4m3x2 sc, lo;\nmov.b32 {lo, hi}, sc;\ncvt.f32.f16 fa, lo;\n"
+             "mul.f32 fa, fa, 0f7B000000;\ncvt.rn.bf16x2.f32 $0, fa, fa;\n}")
+#: E8M0 scale byte ``$1`` -> bf16x2 ``2^(e - 1 - D)`` in both halves (bf16 bits ``(e + 126 - D) << 7``; ``$2``
+#: is ``126 - D``)
+E8M0_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nshl.b32 t, t, 7;\nprmt.b32 $0, t, 0, 0x1010;\n}")
+
+
+@gluon.jit
+def _producer(xp_desc, x_bufs, ready, empty, off_t, n_steps):
+    """TMA of the activation tile of every K step into the ring (slot ``i % STAGES``)."""
+    STAGES: gl.constexpr = x_bufs.shape[0]
+    for i in range(n_steps):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # slots start out free
+        mbarrier.expect(ready.index(s), xp_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(xp_desc, [off_t, i * BK], ready.index(s), x_bufs.index(s))
+
+
+@gluon.jit
+def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, x_bufs, ready, empty, off_n, off_t, n_steps, N, M,
+              stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr, SK: gl.constexpr,
+              TPS: gl.constexpr, HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T``. Per K step it
+    loads its code words (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``2 t + a``)
+    and block scales (the next step's are loaded first), decodes them in registers into the
+    wgmma A layout, waits for the step's activation slot, issues the MMAs, retires them and
+    releases the slot to the producer."""
+    STAGES: gl.constexpr = x_bufs.shape[0]
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    # [rows, t, a]: registers a then row + 8; lanes t then g; warps rows + 16, + 32 (the A operand's own rows and
+    # quads, so that the decoded pairs need no data movement)
+    w_l: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[WG_ROWS, 4, 2])
+    s_l: gl.constexpr = gl.SliceLayout(2, w_l)
+    rows = off_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_l))
+    rows = gl.minimum(rows, N - 1)  # ragged last tile: reads stay in bounds, stores are masked
+    tq = gl.arange(0, 4, layout=gl.SliceLayout(0, s_l))
+    av = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_l)))
+    w_off = (rows[:, None, None].to(gl.int64) * stride_wn + 2 * tq[None, :, None] + av[None, None, :])
+    s_off = rows[:, None].to(gl.int64) * stride_sn + tq[None, :] // TPS
+    acc = gl.zeros([WG_ROWS, BT], gl.float32, acc_l)
+    words = gl.load(w_ptr + w_off)
+    sraw = gl.load(s_ptr + s_off).to(gl.int32)
+    for i in range(n_steps):
+        # next step's codes and scales first (the last step reloads its own)
+        nxt = gl.minimum(i + 1, n_steps - 1)
+        words_n = gl.load(w_ptr + w_off + nxt * (BK // 8))
+        sraw_n = gl.load(s_ptr + s_off + nxt * (4 // TPS)).to(gl.int32)  # BK / G scales per step
+        if SK == 2:
+            sc = gl.inline_asm_elementwise(UE4M3_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)
+        else:
+            sc = gl.inline_asm_elementwise(E8M0_ASM, "=r,r,r", [sraw, gl.full(sraw.shape, 0, gl.int32, s_l) + ke],
+                                           dtype=gl.int32, is_pure=True, pack=1)
+        sc3 = gl.broadcast(gl.expand_dims(sc, 2), words)[0]
+        e = gl.inline_asm_elementwise(DECODE_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, sc3],
+                                      dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+        # (j, e) pairs -> [rows, t, a, e, j0, j1] -> [rows, j1, j0, a, t, e] = K slot 16 j + 8 a + 2 t + e
+        q0 = gl.join(e[0], e[1])
+        q1 = gl.join(e[2], e[3])
+        q2 = gl.join(e[4], e[5])
+        q3 = gl.join(e[6], e[7])
+        v = gl.join(gl.join(q0, q1), gl.join(q2, q3))
+        v = gl.permute(v, (0, 5, 4, 2, 1, 3))
+        a = gl.convert_layout(gl.reshape(v, [WG_ROWS, BK]), a_l, assert_trivial=True)
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        # retire this step's MMAs before the registers of ``a`` are decoded into again: with one
+        # group left in flight ptxas serializes the wgmmas (C7512, register budget); the other
+        # consumer warpgroup's decode overlaps these MMAs instead
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        mbarrier.arrive(empty.index(s), count=1)  # slot free (one arrive per warpgroup)
+        words = words_n
+        sraw = sraw_n
+    scale = post
+    if HAS_GS:
+        scale = scale * gl.load(gs_ptr)
+    r_o = off_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, acc_l))
+    t_o = off_t + gl.arange(0, BT, layout=gl.SliceLayout(0, acc_l))
+    v = acc * scale
+    if HAS_BIAS:
+        v += gl.load(b_ptr + r_o, mask=r_o < N, other=0.0).to(gl.float32)[:, None]
+    ok = (r_o < N)[:, None] & (t_o < M)[None, :]
+    gl.store(out_ptr + t_o[None, :].to(gl.int64) * stride_om + r_o[:, None], v.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@gluon.jit
+def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, N, M, K, stride_wn, stride_sn, stride_om,
+                       ke, post, BT: gl.constexpr, STAGES: gl.constexpr, GROUP_T: gl.constexpr, SK: gl.constexpr,
+                       TPS: gl.constexpr, HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """``out[M, N] = x @ dequant(W)^T (+ bias)`` for one tile of ``2 * WG_ROWS`` weight rows x
+    ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
+    ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K / 8]``; ``s_ptr``: uint8 block scales
+    ``[N, K / G]`` (``TPS = G / 16`` quad members share one: a thread's 16 elements of a row
+    lie in one block); ``SK``: UE4M3 / E8M0 scales (``ke = 126 - D`` for E8M0, see
+    ``_gemv_mma``); ``post``: the power of two the scale placement leaves out. Program
+    order: groups of ``GROUP_T`` token tiles sweep all row tiles (the group's activations
+    stay in L2)."""
+    pid = gl.program_id(0)
+    n_t = gl.cdiv(M, BT)
+    n_n = gl.cdiv(N, 2 * WG_ROWS)
+    per = GROUP_T * n_n
+    first_t = (pid // per) * GROUP_T
+    size_t = gl.minimum(n_t - first_t, GROUP_T)
+    off_t = (first_t + (pid % per) % size_t) * BT
+    off_n = ((pid % per) // size_t) * (2 * WG_ROWS)
+    n_steps = K // BK
+    x_bufs = gl.allocate_shared_memory(xp_desc.dtype, [STAGES] + xp_desc.block_type.shape, xp_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)
+    fence_async_shared()
+    gl.warp_specialize([
+        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, x_bufs, ready, empty, off_n, off_t, n_steps, N, M,
+                     stride_wn, stride_sn, stride_om, ke, post, 0, BT, SK, TPS, HAS_GS, HAS_BIAS)),
+        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, x_bufs, ready, empty, off_n, off_t, n_steps, N, M,
+                     stride_wn, stride_sn, stride_om, ke, post, 1, BT, SK, TPS, HAS_GS, HAS_BIAS)),
+        (_producer, (xp_desc, x_bufs, ready, empty, off_t, n_steps)),
+    ], [4, 1], [232, 40])
+
+
+__all__ = ["SK_E8M0", "SK_UE4M3", "WG_ROWS", "BK", "decode_asm"]

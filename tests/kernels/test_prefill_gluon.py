@@ -1,0 +1,146 @@
+"""The warp-specialized Gluon prefill (``qlinear.prefill_ws``) without a GPU.
+
+Gluon kernels do not run under the Triton interpreter. What runs here: the K-permutation
+prep kernel (interpreted) against its formula; the kernel's arithmetic (its decode and
+scale PTX, run by the PTX emulator of ``test_gemv_mma.py``) driven by a mirror of the
+per-thread assignment its layouts state (thread quad member ``t`` of a row owns code words
+``2t, 2t+1`` of each 64-element K chunk; word ``a``'s pair ``(j, j+4)`` fills the wgmma K
+slots ``16 j + 8 a + 2 t + {0, 1}``), against float64; and the compile for sm_90a (the
+decode lands in the MMA's register layout without a data movement -- the kernel asserts
+that at compile time --, no spills, no serialized wgmma). The GPU test checks the kernel
+itself.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import microscale as ms
+from microscale import qlinear as L
+
+pg = pytest.importorskip("microscale.kernels._prefill_gluon")
+from test_gemv_mma import Warp  # noqa: E402  (the PTX emulator)
+
+
+def _xperm(x: torch.Tensor) -> torch.Tensor:
+    m, k = x.shape
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # conftest interprets only without one
+    xd = x.to(dev)
+    xp = torch.full((m, k), float("nan"), dtype=x.dtype, device=dev)
+    pg._xperm_kernel[(-(-m // 32), k // 64)](xd, xp, m, xd.stride(0), K=k, BLOCK_R=32)
+    return xp.cpu()
+
+
+def test_xperm_layout(gen):
+    """Slot ``16 j + 8 a + 2 t + e`` of each 64-element chunk holds element ``16 t + 8 a + j + 4 e``."""
+    x = torch.randn(37, 192, generator=gen).to(torch.bfloat16)
+    got = _xperm(x).view(37, 3, 4, 2, 4, 2)  # rows, chunk, j, a, t, e
+    want = x.view(37, 3, 4, 2, 2, 4).permute(0, 1, 5, 3, 2, 4)  # (t, a, e, j) -> (j, a, t, e)
+    assert torch.equal(got, want)
+
+
+def emulate(x: torch.Tensor, q) -> np.ndarray:
+    """``x @ dequant(q)^T`` as the kernel computes it: every code word through the decode
+    PTX with its block scale through the scale PTX, placed in the K slot its thread and
+    register hold, against the permuted activations; fp32-exact products summed in float64."""
+    n, k = q.shape
+    f = q.fmt
+    words = q.data.contiguous().view(torch.int32).numpy().view(np.uint32).reshape(n, k // 8)
+    scales = q.scales.contiguous().view(torch.uint8).numpy().astype(np.uint32)
+    warp = Warp(np.zeros(1, np.uint8))
+    if f.scale.name == "ue4m3":
+        sasm, extra, post = pg.UE4M3_ASM.value, [], 2.0 ** 7
+    else:
+        d = L._e8m0_window(q)
+        sasm, extra, post = pg.E8M0_ASM.value, [np.full(32, 126 - d)], 2.0 ** d
+    tps = f.block_size // 16
+    a = np.zeros((n, k))
+    r, c, t, av = (v.reshape(-1) for v in np.meshgrid(np.arange(n), np.arange(k // 64), np.arange(4), np.arange(2),
+                                                      indexing="ij"))
+    for lo in range(0, r.size, 32):  # 32 (row, chunk, t, a) words per emulated warp step
+        sl = slice(lo, lo + 32)
+        w = words[r[sl], 8 * c[sl] + 2 * t[sl] + av[sl]]
+        sb = scales[r[sl], (64 * c[sl] + 16 * t[sl]) // f.block_size]
+        assert (16 * t[sl] // 16 // tps == t[sl] // tps).all()
+        sc = warp.run(sasm, "=r,r" + ",r" * len(extra), [sb] + extra)[0]
+        outs = warp.run(pg.DECODE_ASM.value, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w, sc])
+        for jj in range(4):
+            for e in range(2):
+                h = outs[2 * jj + e].astype(np.uint32) & 0xFFFF
+                val = (h << 16).view(np.float32).astype(np.float64)
+                a[r[sl], 64 * c[sl] + 16 * jj + 8 * av[sl] + 2 * t[sl] + e] = val
+    xp = _xperm(x).double().numpy()
+    out = xp @ a.T * post
+    if q.global_scale is not None:
+        out *= float(q.global_scale.reshape(-1)[0])
+    return out
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+def test_kernel_arithmetic_matches_float64(name, gen):
+    q = ms.quantize(torch.randn(24, 256, generator=gen), name)
+    x = (torch.randn(5, 256, generator=gen) * 2).to(torch.bfloat16)
+    out = emulate(x, q)
+    wd = q.dequantize(torch.float64)
+    ref = (x.double() @ wd.T).numpy()
+    cond = (x.double().abs() @ wd.abs().T).numpy()
+    assert (np.abs(out - ref) <= 2.0 ** -20 * cond + 1e-300).all()  # the reference rounds s * gs to fp32
+
+
+def test_emulation_catches_a_wrong_slot_order(gen, monkeypatch):
+    """The check can fail: activations left in natural K order are caught."""
+    q = ms.quantize(torch.randn(8, 128, generator=gen), "nvfp4")
+    x = torch.randn(3, 128, generator=gen).to(torch.bfloat16)
+    monkeypatch.setattr(__import__(__name__), "_xperm", lambda v: v.clone())
+    wd = q.dequantize(torch.float64)
+    assert not np.allclose(emulate(x, q), (x.double() @ wd.T).numpy(), rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_compiles_for_sm90_without_movement_or_spills(fmt, tmp_path, run_tool):
+    """Compiled as ``prefill_ws`` launches it: the decoded tile reaches the wgmma register
+    operand with no layout conversion (``assert_trivial`` in the kernel: a failure would
+    stop the compile), the consumer loop has the MMAs and no shared-memory round trip of
+    the weights, its code words load as 8-byte vectors, no spills, no serialized wgmma."""
+    r = run_tool("gemv_ptx.py", str(tmp_path), "--ws", "--fmt", fmt, "--m", "512", "--n", "256", "--k", "1024",
+                 "--sass")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "0 bytes spill stores" in r.stdout and "C7512" not in r.stdout, r.stdout[-2000:]
+    sass = (tmp_path / "_prefill_ws_kernel.sass").read_text()
+    assert "HGMMA.64x256x16.F32.BF16" in sass and "LDG.E.64" in sass
+    assert "LDSM" not in sass and "STS.128" not in sass
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+def test_gpu_prefill_ws(name):
+    """The kernel on an H200: ragged tokens and rows, bias, each output element within bf16
+    rounding of float64 plus an fp32 accumulation bound; poisoned outputs fully written."""
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        pytest.skip("sm_90 (wgmma)")
+    g = torch.Generator(device=dev).manual_seed(4)
+    for (m, n, k, bt) in [(300, 200, 1024, 256), (64, 128, 512, 128), (513, 384, 2048, 256)]:
+        q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
+        wd = q.dequantize(torch.float64)
+        x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
+        bias = torch.randn(n, device=dev, generator=g)
+        out = L.prefill_ws(x, q, bias, block_t=bt)
+        ref = x.double() @ wd.T + bias.double()
+        cond = x.double().abs() @ wd.abs().T + bias.double().abs()
+        assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+        assert torch.isfinite(out).all()
+        assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, n, k)
+
+
+def test_reasons():
+    q = ms.quantize(torch.randn(64, 256), "mxfp8_e4m3")
+    x = torch.randn(4, 256).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="serves E2M1"):
+        L.prefill_ws(x, q)
+    q = ms.quantize(torch.randn(64, 256), "nvfp4")
+    with pytest.raises(ValueError, match="bfloat16"):
+        L.prefill_ws(x.half(), q)
+    with pytest.raises(ValueError, match="Hopper"):
+        L.prefill_ws(x, q)
