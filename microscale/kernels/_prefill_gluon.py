@@ -144,9 +144,10 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, x_bufs, ready, empty, off_n,
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
-        # retire this step's MMAs before the registers of ``a`` are decoded into again: with one
-        # group left in flight ptxas serializes the wgmmas (C7512, register budget); the other
-        # consumer warpgroup's decode overlaps these MMAs instead
+        # retire this step's MMAs before the next decode: with one group left in flight (also
+        # with the loop unrolled by two, the A tiles in distinct registers) ptxas serializes
+        # the wgmmas (C7512): the wait keeps the bf16 elements alive, not the packed registers
+        # the wgmma reads. The other consumer warpgroup's decode overlaps these MMAs instead
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         mbarrier.arrive(empty.index(s), count=1)  # slot free (one arrive per warpgroup)
         words = words_n
