@@ -764,9 +764,10 @@ def _e8m0_window(q: QTensor) -> int | None:
     return _scan_once(q.scales, "_microscale_e8m0_window", scan, None)
 
 
-def _gemv_mma_reason(q: QTensor, x: torch.Tensor, c: GemvMmaConfig) -> str | None:
-    """Why :func:`gemv_mma` cannot serve ``x @ dequant(q)^T`` with config ``c``, or None
-    (device-independent reasons first)."""
+def _e2m1_weight_reason(q: QTensor) -> str | None:
+    """Why ``q`` is not a weight the E2M1 tensor-core kernels (:func:`gemv_mma`,
+    :func:`prefill_ws`) take, or None: E2M1 codes with UE4M3 (16) or E8M0 (32) block scales,
+    an unpadded 2-D weight with row-major scales."""
     f = q.fmt
     el = f.element
     if not (el.kind == "float" and (el.bits, el.mbits, el.bias) == (4, 1, 1) and not f.zero_point
@@ -775,6 +776,16 @@ def _gemv_mma_reason(q: QTensor, x: torch.Tensor, c: GemvMmaConfig) -> str | Non
     if len(q.shape) != 2 or tuple(q.padded_shape) != tuple(q.shape) or \
             tuple(q.scales.shape) != (q.shape[0], q.shape[1] // f.block_size):
         return "needs an unpadded 2-D weight with row-major scales"
+    return None
+
+
+def _gemv_mma_reason(q: QTensor, x: torch.Tensor, c: GemvMmaConfig) -> str | None:
+    """Why :func:`gemv_mma` cannot serve ``x @ dequant(q)^T`` with config ``c``, or None
+    (device-independent reasons first)."""
+    why = _e2m1_weight_reason(q)
+    if why is not None:
+        return why
+    f = q.fmt
     k = q.shape[1]
     if x.shape[-1] != k or not 0 < x.numel() // k <= GEMV_MMA_MAX_M:
         return f"needs 1..{GEMV_MMA_MAX_M} tokens of K={k}"
@@ -1039,14 +1050,10 @@ def prefill(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
 
 def _prefill_ws_reason(q: QTensor, x: torch.Tensor) -> str | None:
     """Why :func:`prefill_ws` cannot serve ``x @ dequant(q)^T``, or None."""
+    why = _e2m1_weight_reason(q)
+    if why is not None:
+        return why
     f = q.fmt
-    el = f.element
-    if not (el.kind == "float" and (el.bits, el.mbits, el.bias) == (4, 1, 1) and not f.zero_point
-            and f.block_rows == 1 and (f.scale.name, f.block_size) in (("ue4m3", 16), ("e8m0", 32))):
-        return f"serves E2M1 weights with UE4M3 (16) or E8M0 (32) block scales, not {f.name}"
-    if len(q.shape) != 2 or tuple(q.padded_shape) != tuple(q.shape) or \
-            tuple(q.scales.shape) != (q.shape[0], q.shape[1] // f.block_size):
-        return "needs an unpadded 2-D weight with row-major scales"
     k = q.shape[1]
     if x.dim() != 2 or x.shape[1] != k or k % 64:
         return f"needs [M, K] activations with K = {k} a multiple of 64"
@@ -1087,6 +1094,7 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
         raise ValueError(f"{_OP}: prefill_ws {why}")
     if block_t not in (64, 128, 256) or not 2 <= stages <= 8 or group_t < 1:
         raise ValueError(f"{_OP}: prefill_ws needs block_t in (64, 128, 256), 2 <= stages <= 8, group_t >= 1")
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     m, k = x2.shape
     n = q.shape[0]
     f = q.fmt
