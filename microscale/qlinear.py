@@ -1092,8 +1092,10 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     why = _prefill_ws_reason(q, x2)
     if why is not None:
         raise ValueError(f"{_OP}: prefill_ws {why}")
-    if block_t not in (64, 128, 256) or not 2 <= stages <= 8 or group_t < 1:
-        raise ValueError(f"{_OP}: prefill_ws needs block_t in (64, 128, 256), 2 <= stages <= 8, group_t >= 1")
+    # shared memory: the activation ring and two output tiles (<= 227 KB on an H100 / H200)
+    if block_t not in (64, 128, 256) or stages < 2 or group_t < 1 or (stages + 2) * block_t * 128 > 200 * 1024:
+        raise ValueError(f"{_OP}: prefill_ws needs block_t in (64, 128, 256), 2 <= stages <= "
+                         f"{200 * 8 // block_t - 2} for block_t={block_t}, group_t >= 1")
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     m, k = x2.shape
     n = q.shape[0]
@@ -1111,12 +1113,16 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     wv = _weight_views(q)
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     gs = wv.global_scale if wv.global_scale is not None else out
-    grid = (cdiv(m, block_t) * cdiv(n, 2 * int(pg.WG_ROWS.value)),)
+    rows = int(pg.WG_ROWS.value)
+    tma_out = n % 8 == 0  # TMA needs 16-byte row strides
+    out_desc = (TensorDescriptor.from_tensor(out, [block_t, rows], gl.NVMMASharedLayout.get_default_for(
+        [block_t, rows], gl.bfloat16)) if tma_out else desc)
+    grid = (cdiv(m, block_t) * cdiv(n, 2 * rows),)
     _launch_direct(pg._prefill_ws_kernel, grid, desc, wv.words, wv.scales_u8, gs,
-                   bias if bias is not None else out, out, n, m, k, wv.words.stride(0), wv.scales_u8.stride(0),
-                   out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t, SK=sk,
-                   TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
-                   num_warps=4)
+                   bias if bias is not None else out, out, out_desc, n, m, k, wv.words.stride(0),
+                   wv.scales_u8.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
+                   SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
+                   TMA_OUT=tma_out, num_warps=4)
     return out
 
 

@@ -94,9 +94,9 @@ def _producer(xp_desc, x_bufs, ready, empty, off_t, n_steps):
 
 
 @gluon.jit
-def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, x_bufs, ready, empty, off_n, off_t, n_steps, N, M,
-              stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr, SK: gl.constexpr,
-              TPS: gl.constexpr, HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr):
+def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, off_n, off_t, n_steps,
+              N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr, SK: gl.constexpr,
+              TPS: gl.constexpr, HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr):
     """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T``. Per K step it
     loads its code words (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``2 t + a``)
     and block scales (the next step's are loaded first), decodes them in registers into the
@@ -162,18 +162,27 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, x_bufs, ready, empty, off_n,
     if HAS_GS:
         scale = scale * gl.load(gs_ptr)
     r_o = off_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, acc_l))
-    t_o = off_t + gl.arange(0, BT, layout=gl.SliceLayout(0, acc_l))
     v = acc * scale
     if HAS_BIAS:
         v += gl.load(b_ptr + r_o, mask=r_o < N, other=0.0).to(gl.float32)[:, None]
-    ok = (r_o < N)[:, None] & (t_o < M)[None, :]
-    gl.store(out_ptr + t_o[None, :].to(gl.int64) * stride_om + r_o[:, None], v.to(out_ptr.dtype.element_ty), mask=ok)
+    v = v.to(out_ptr.dtype.element_ty)
+    if TMA_OUT:  # the tile transposed through shared memory, one TMA store (clipped at M and N)
+        c = c_bufs.index(WG)
+        c.store(gl.permute(v, (1, 0)))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(out_desc, [off_t, off_n + WG * WG_ROWS], c)
+        tma.store_wait(0)
+    else:  # 2-byte stores (a thread holds token pairs of a row; rows are the contiguous axis)
+        t_o = off_t + gl.arange(0, BT, layout=gl.SliceLayout(0, acc_l))
+        ok = (r_o < N)[:, None] & (t_o < M)[None, :]
+        gl.store(out_ptr + t_o[None, :].to(gl.int64) * stride_om + r_o[:, None], v, mask=ok)
 
 
 @gluon.jit
-def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, N, M, K, stride_wn, stride_sn, stride_om,
-                       ke, post, BT: gl.constexpr, STAGES: gl.constexpr, GROUP_T: gl.constexpr, SK: gl.constexpr,
-                       TPS: gl.constexpr, HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr):
+def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, N, M, K, stride_wn, stride_sn,
+                       stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr, GROUP_T: gl.constexpr,
+                       SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr,
+                       TMA_OUT: gl.constexpr):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` for one tile of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
     ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K / 8]``; ``s_ptr``: uint8 block scales
@@ -181,7 +190,9 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, N, M, K, s
     lie in one block); ``SK``: UE4M3 / E8M0 scales (``ke = 126 - D`` for E8M0, see
     ``_gemv_mma``); ``post``: the power of two the scale placement leaves out. Program
     order: groups of ``GROUP_T`` token tiles sweep all row tiles (the group's activations
-    stay in L2)."""
+    stay in L2). ``TMA_OUT``: each consumer writes its ``[BT, WG_ROWS]`` output tile through
+    shared memory with one TMA store (``out_desc``, block ``[BT, WG_ROWS]``; N a multiple of
+    8), else with masked 2-byte stores."""
     pid = gl.program_id(0)
     n_t = gl.cdiv(M, BT)
     n_n = gl.cdiv(N, 2 * WG_ROWS)
@@ -192,6 +203,10 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, N, M, K, s
     off_n = ((pid % per) // size_t) * (2 * WG_ROWS)
     n_steps = K // BK
     x_bufs = gl.allocate_shared_memory(xp_desc.dtype, [STAGES] + xp_desc.block_type.shape, xp_desc.layout)
+    if TMA_OUT:
+        c_bufs = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
+    else:
+        c_bufs = x_bufs  # unused
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -199,10 +214,12 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, N, M, K, s
         mbarrier.init(empty.index(s), count=2)
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, x_bufs, ready, empty, off_n, off_t, n_steps, N, M,
-                     stride_wn, stride_sn, stride_om, ke, post, 0, BT, SK, TPS, HAS_GS, HAS_BIAS)),
-        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, x_bufs, ready, empty, off_n, off_t, n_steps, N, M,
-                     stride_wn, stride_sn, stride_om, ke, post, 1, BT, SK, TPS, HAS_GS, HAS_BIAS)),
+        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, off_n, off_t,
+                     n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, SK, TPS, HAS_GS, HAS_BIAS,
+                     TMA_OUT)),
+        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, off_n, off_t,
+                     n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, SK, TPS, HAS_GS, HAS_BIAS,
+                     TMA_OUT)),
         (_producer, (xp_desc, x_bufs, ready, empty, off_t, n_steps)),
     ], [4, 1], [232, 40])
 

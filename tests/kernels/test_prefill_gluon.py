@@ -97,19 +97,20 @@ def test_emulation_catches_a_wrong_slot_order(gen, monkeypatch):
     assert not np.allclose(emulate(x, q), (x.double() @ wd.T).numpy(), rtol=1e-3, atol=1e-6)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_compiles_for_sm90_without_movement_or_spills(fmt, tmp_path, run_tool):
+@pytest.mark.parametrize("fmt,n", [("nvfp4", 256), ("mxfp4", 260)])
+def test_compiles_for_sm90_without_movement_or_spills(fmt, n, tmp_path, run_tool):
     """Compiled as ``prefill_ws`` launches it: the decoded tile reaches the wgmma register
     operand with no layout conversion (``assert_trivial`` in the kernel: a failure would
-    stop the compile), the consumer loop has the MMAs and no shared-memory round trip of
-    the weights, its code words load as 8-byte vectors, no spills, no serialized wgmma."""
-    r = run_tool("gemv_ptx.py", str(tmp_path), "--ws", "--fmt", fmt, "--m", "512", "--n", "256", "--k", "1024",
+    stop the compile), no shared-memory round trip of the weights (``LDSM``), code words
+    loaded as 8-byte vectors, no spills, no serialized wgmma; the output by TMA store when
+    N is a multiple of 8, else by direct stores."""
+    r = run_tool("gemv_ptx.py", str(tmp_path), "--ws", "--fmt", fmt, "--m", "512", "--n", str(n), "--k", "1024",
                  "--sass")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "0 bytes spill stores" in r.stdout and "C7512" not in r.stdout, r.stdout[-2000:]
     sass = (tmp_path / "_prefill_ws_kernel.sass").read_text()
-    assert "HGMMA.64x256x16.F32.BF16" in sass and "LDG.E.64" in sass
-    assert "LDSM" not in sass and "STS.128" not in sass
+    assert "HGMMA.64x256x16.F32.BF16" in sass and "LDG.E.64" in sass and "LDSM" not in sass
+    assert ("UTMASTG" in sass) == (n % 8 == 0) and ("STG.E.U16" in sass) == (n % 8 != 0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
@@ -121,7 +122,7 @@ def test_gpu_prefill_ws(name):
     if torch.cuda.get_device_capability(dev) != (9, 0):
         pytest.skip("sm_90 (wgmma)")
     g = torch.Generator(device=dev).manual_seed(4)
-    for (m, n, k, bt) in [(300, 200, 1024, 256), (64, 128, 512, 128), (513, 384, 2048, 256)]:
+    for (m, n, k, bt) in [(300, 196, 1024, 256), (64, 128, 512, 128), (513, 200, 2048, 256)]:  # N % 8: both stores
         q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
         wd = q.dequantize(torch.float64)
         x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
