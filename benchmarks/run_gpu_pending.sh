@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call for what was built without a GPU and is not yet checked or timed there
+# (benchmarks/NOTES_linear.md, ninth session): the GPU tests of the fragment-ordered
+# activations / select decode (gemv_mma) and of the warp-specialized Gluon prefill, then the
+# 8/16-token sweep of the former and the 512/4096-token timings of the latter.
+#   bash benchmarks/run_gpu_pending.sh            (on the GPU machine, repo root; ~6-8 min)
+# Logs under $OUT (or ./gpu_out); a short summary is printed last. Each step has its own
+# time limit so one slow or hanging step cannot eat the others' time.
+set -u
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT="${OUT:-$PWD/gpu_out}"
+mkdir -p "$OUT"
+step() {  # name, seconds, command...   (SKIP="mma_sweep ws": steps left out)
+  local name=$1 secs=$2
+  shift 2
+  case " ${SKIP:-} " in *" $name "*) echo "$name: skipped" | tee -a "$OUT/summary.txt"; return;; esac
+  local t0=$SECONDS
+  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
+}
+: > "$OUT/summary.txt"
+step pytest_ws 150 python -m pytest -q -x tests/kernels/test_prefill_gluon.py -k gpu
+step pytest_mma 150 python -m pytest -q tests/kernels/test_gemv_mma.py -k gpu
+step mma_sweep 200 env MMA_SWEEP=xf MMA_SWEEP_M=8,16 MMA_SWEEP_CHECKS=2 python benchmarks/run_gpu_gemv_mma.py
+step ws 200 env WS=1 python benchmarks/run_gpu_prefill.py
+echo "--- summary"
+cat "$OUT/summary.txt"
+grep -h -E "checks (all ok|FAILED)|FAIL| passed| failed|Error" "$OUT"/*.log | head -20
+tail -n 12 "$OUT/mma_sweep.log"
+tail -n 12 "$OUT/ws.log"
