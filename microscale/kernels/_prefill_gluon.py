@@ -73,7 +73,7 @@ DECODE_ASM = gl.constexpr(decode_asm())
 
 
 #: UE4M3 scale byte ``$1`` -> bf16x2 ``s * 2^119`` in both halves (``cvt.rn.f16x2.e4m3x2`` is exact;
-#: the f32 product is exact and fits bf16: 3 significant bits, at most 448 * 2^119)
+#: the f32 product is exact and fits bf16: at most 4 significant bits, at most 448 * 2^119)
 UE4M3_ASM = gl.constexpr("{\n.reg .b16 lo, hi;\n.reg .b32 sc;\n.reg .f32 fa;\ncvt.u16.u32 lo, $1;\n"
              "cvt.rn.f16x2.e4m3x2 sc, lo;\nmov.b32 {lo, hi}, sc;\ncvt.f32.f16 fa, lo;\n"
              "mul.f32 fa, fa, 0f7B000000;\ncvt.rn.bf16x2.f32 $0, fa, fa;\n}")
@@ -99,7 +99,7 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
               TPS: gl.constexpr, HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr):
     """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T``. Per K step it
     loads its code words (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``2 t + a``)
-    and block scales (the next step's are loaded first), decodes them in registers into the
+    and block scales (two steps ahead), decodes them in registers into the
     wgmma A layout, waits for the step's activation slot, issues the MMAs, retires them and
     releases the slot to the producer."""
     STAGES: gl.constexpr = x_bufs.shape[0]
