@@ -20,7 +20,7 @@ step() {  # name, seconds, command...   (SKIP="mma_sweep ws": steps left out)
   echo "$name: rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
 }
 : > "$OUT/summary.txt"
-step pytest_ws 150 python -m pytest -q -x tests/kernels/test_prefill_gluon.py -k gpu
+step pytest_ws 150 python -m pytest -q tests/kernels/test_prefill_gluon.py -k gpu
 step pytest_mma 150 python -m pytest -q tests/kernels/test_gemv_mma.py -k gpu
 step mma_sweep 200 env MMA_SWEEP=xf MMA_SWEEP_M=8,16 MMA_SWEEP_CHECKS=2 python benchmarks/run_gpu_gemv_mma.py
 step ws 200 env WS=1 python benchmarks/run_gpu_prefill.py

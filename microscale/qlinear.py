@@ -446,7 +446,8 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     and E2M1 weights with UE4M3/E8M0 scales (NVFP4, MXFP4); the f16x2 GEMV for at most
     ``GEMV_MAX_M`` tokens (4/8-bit codes); the prefill kernel from ``PREFILL_MIN_M`` tokens
     (4/8-bit codes); the split-K tensor-core kernel otherwise (any format). On the CPU the
-    float64 reference.
+    float64 reference. ``MICROSCALE_PREFILL_WS=1`` (experimental) routes NVFP4 / MXFP4 from
+    ``PREFILL_WS_MIN_M`` tokens to :func:`prefill_ws` instead of the prefill kernel.
 
     On Hopper the f16x2 GEMV runs as a programmatic dependent launch chain: once a weight
     has been used and its tensors are unchanged (torch's version counters), the GEMV may
@@ -476,6 +477,10 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
                 return _gemv_mma_launch(x.reshape(-1, x.shape[-1]), qweight, bias, c).reshape(*lead, qweight.shape[0])
         if gemv_supported(qweight, x):
             return gemv(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
+        if _PREFILL_WS and x.numel() >= PREFILL_WS_MIN_M * x.shape[-1]:
+            x2 = x.reshape(-1, x.shape[-1])
+            if _prefill_ws_reason(qweight, x2) is None:
+                return prefill_ws(x2, qweight, bias).reshape(*lead, qweight.shape[0])
         if prefill_supported(qweight, x):
             return prefill(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
         if gemv_supported(qweight, x, _GEMV_FALLBACK_M):  # shapes the tensor-core kernel does not tile
@@ -1066,6 +1071,12 @@ def _prefill_ws_reason(q: QTensor, x: torch.Tensor) -> str | None:
     if f.scale.name == "e8m0" and _e8m0_window(q) is None:
         return "E8M0 scales span more than 126 binades or hold NaN"
     return None
+
+
+#: ``MICROSCALE_PREFILL_WS=1`` (read at import): :func:`linear` routes E2M1 weights with at least
+#: ``PREFILL_WS_MIN_M`` bf16 tokens to :func:`prefill_ws` (experimental; for A/B runs of the suite)
+_PREFILL_WS = os.environ.get("MICROSCALE_PREFILL_WS", "0") == "1"
+PREFILL_WS_MIN_M = 256
 
 
 #: direct launch of the Gluon kernel (its TMA descriptor is no key for ``launch``'s cache;

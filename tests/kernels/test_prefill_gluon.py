@@ -114,6 +114,20 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, tmp_path, run_tool
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+def test_gpu_routing_switch(monkeypatch):
+    """``MICROSCALE_PREFILL_WS=1`` routes ``ms.linear`` (leading batch dims) to ``prefill_ws``."""
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        pytest.skip("sm_90 (wgmma)")
+    g = torch.Generator(device=dev).manual_seed(6)
+    q = ms.quantize(torch.randn(256, 512, device=dev, generator=g), "nvfp4")
+    x = torch.randn(2, 160, 512, device=dev, generator=g).to(torch.bfloat16)
+    monkeypatch.setattr(L, "_PREFILL_WS", True)
+    y = ms.linear(x, q)
+    torch.testing.assert_close(y, L.prefill_ws(x.reshape(320, 512), q).reshape(2, 160, 256), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
 def test_gpu_prefill_ws(name):
     """The kernel on an H200: ragged tokens and rows, bias, each output element within bf16
