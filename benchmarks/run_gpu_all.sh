@@ -5,19 +5,7 @@
 # Logs under $OUT (or ./gpu_out); a short summary is printed last. Each step has its own
 # time limit so one slow step cannot eat the others' time.
 set -u
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-OUT="${OUT:-$PWD/gpu_out}"
-mkdir -p "$OUT"
-step() {  # name, seconds, command...   (SKIP="gemv models": steps left out)
-  local name=$1 secs=$2
-  shift 2
-  case " ${SKIP:-} " in *" $name "*) echo "$name: skipped" | tee -a "$OUT/summary.txt"; return;; esac
-  local t0=$SECONDS
-  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$name: rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
-}
-: > "$OUT/summary.txt"
+. "$(dirname "$0")/gpu_steps.sh"  # step(), $OUT (SKIP="name ...": steps left out)
 step pytest 300 python -m pytest -q tests/kernels --ignore=tests/kernels/test_quantize_kernels.py
 step pytest_quantize 240 python -m pytest -q tests/kernels/test_quantize_kernels.py
 step quantize 300 env SWEEP=0 python benchmarks/run_gpu_quantize.py

@@ -7,19 +7,7 @@
 # Logs under $OUT (or ./gpu_out); a short summary is printed last. Each step has its own
 # time limit so one slow or hanging step cannot eat the others' time.
 set -u
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-OUT="${OUT:-$PWD/gpu_out}"
-mkdir -p "$OUT"
-step() {  # name, seconds, command...   (SKIP="mma_sweep ws": steps left out)
-  local name=$1 secs=$2
-  shift 2
-  case " ${SKIP:-} " in *" $name "*) echo "$name: skipped" | tee -a "$OUT/summary.txt"; return;; esac
-  local t0=$SECONDS
-  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "$name: rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
-}
-: > "$OUT/summary.txt"
+. "$(dirname "$0")/gpu_steps.sh"  # step(), $OUT (SKIP="name ...": steps left out)
 step pytest_ws 150 python -m pytest -q tests/kernels/test_prefill_gluon.py -k gpu
 step pytest_mma 150 python -m pytest -q tests/kernels/test_gemv_mma.py -k gpu
 step mma_sweep 200 env MMA_SWEEP=xf MMA_SWEEP_M=8,16 MMA_SWEEP_CHECKS=2 python benchmarks/run_gpu_gemv_mma.py

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import torch
@@ -21,6 +22,9 @@ import triton
 
 import microscale as ms
 from microscale import qlinear as L
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_gpu_gemv import fastest  # noqa: E402  (the summaries' best row per key)
 
 OUT = os.environ.get("OUT", "/tmp")
 dev = torch.device("cuda")
@@ -83,13 +87,8 @@ def main() -> None:
     with open(os.path.join(OUT, "prefill.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"\nchecks {'all ok' if ok else 'FAILED'}")
-    best: dict = {}
-    for r in rows:
-        key = (r["fmt"], r["m"])
-        if key not in best or r["ms"] < best[key]["ms"]:
-            best[key] = r
     print(f"{'fmt':17s} {'M':>5s} {'best cfg':>16s} {'ms':>7s} {'x cuBLAS':>8s} {'tc kernel x':>11s}")
-    for (fmt, m), r in best.items():
+    for (fmt, m), r in fastest(rows, lambda r: (r["fmt"], r["m"])).items():
         print(f"{fmt:17s} {m:5d} {r['cfg']:>16s} {r['ms']:7.3f} {r['vs_cublas']:8.2f} {r['cublas_ms'] / r['tc_ms']:11.2f}")
 
 
@@ -150,12 +149,7 @@ def ws_main() -> None:
         json.dump(res, f, indent=1)
     print(f"\nchecks {'all ok' if ok else 'FAILED'}")
     print(f"{'fmt':6s} {'shape':>11s} {'M':>4s} {'best ws':>12s} {'ms':>7s} {'x cuBLAS':>8s} {'ms.linear x':>11s}")
-    best: dict = {}
-    for r in rows:
-        key = (r["fmt"], r["n"], r["k"], r["m"])
-        if key not in best or r["ms"] < best[key]["ms"]:
-            best[key] = r
-    for (fm, n, k, m), r in best.items():
+    for (fm, n, k, m), r in fastest(rows, lambda r: (r["fmt"], r["n"], r["k"], r["m"])).items():
         print(f"{fm:6s} {n:5d}x{k:5d} {m:4d} {'bt%d st%d' % (r['block_t'], r['stages']):>12s} {r['ms']:7.3f} "
               f"{r['cublas_ms'] / r['ms']:8.2f} {r['cublas_ms'] / r['linear_ms']:11.2f}")
 
