@@ -157,11 +157,12 @@ def step_asm(rg: int, wpl: int, tg: int, wpg: int, sk: int, xfrag: bool = False,
         return f"${i_x + (q * wpl + u) * 4 + j}" if xfrag else f"x{q}_{j}"
 
     for u in range(wpl):
-        for q in range(tg if not xfrag else 0):  # pair the 16 loaded bytes (elements 0..7)
-            xb = i_x + (q * wpl + u) * 4
-            for j in range(4):
-                lo_src, hi_src = (xb, xb + 2) if j < 2 else (xb + 1, xb + 3)
-                body.append(f"prmt.b32 x{q}_{j}, ${lo_src}, ${hi_src}, {'0x5410' if j % 2 == 0 else '0x7632'};")
+        if not xfrag:  # pair the 16 loaded bytes (elements 0..7) of each token group
+            for q in range(tg):
+                xb = i_x + (q * wpl + u) * 4
+                for j in range(4):
+                    lo_src, hi_src = (xb, xb + 2) if j < 2 else (xb + 1, xb + 3)
+                    body.append(f"prmt.b32 x{q}_{j}, ${lo_src}, ${hi_src}, {'0x5410' if j % 2 == 0 else '0x7632'};")
         for i in range(rg):
             for ab in range(2):
                 w = f"${i_w + (2 * i + ab) * wpl + u}"
