@@ -92,10 +92,15 @@ def main() -> None:
         print(f"{fmt:17s} {m:5d} {r['cfg']:>16s} {r['ms']:7.3f} {r['vs_cublas']:8.2f} {r['cublas_ms'] / r['tc_ms']:11.2f}")
 
 
+#: WS=1 timings: token counts (WS_M="512,4096") and block_t x stages (WS_CFGS="256x4,128x4")
+WS_M = [int(v) for v in os.environ.get("WS_M", "512,4096").split(",")]
+WS_CFGS = [tuple(int(u) for u in v.split("x")) for v in os.environ.get("WS_CFGS", "256x4,256x3,128x4,128x8").split(",")]
+
+
 def ws_main() -> None:
     """WS=1: ``prefill_ws`` (NVFP4, MXFP4) checked against float64 on ragged shapes (every
     element within bf16 rounding plus an fp32 accumulation bound), then timed at 512 / 4096
-    tokens on 28672x8192 and 8192x28672 for block_t x stages, next to the routed ``ms.linear``
+    tokens (``WS_M``) on 28672x8192 and 8192x28672 for block_t x stages (``WS_CFGS``), next to the routed ``ms.linear``
     and cuBLAS bf16 (CUDA events, median)."""
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "checks": [], "timings": []}
@@ -129,11 +134,11 @@ def ws_main() -> None:
         wb = w.to(torch.bfloat16)
         for name in ("nvfp4", "mxfp4"):
             q = ms.quantize(w, name)
-            for m in (512, 4096):
+            for m in WS_M:
                 x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
                 cub = t_ms(lambda: F.linear(x, wb))
                 lin = t_ms(lambda: ms.linear(x, q))
-                for bt, st in [(256, 4), (256, 3), (128, 4), (128, 8)]:
+                for bt, st in WS_CFGS:
                     try:
                         t = t_ms(lambda: L.prefill_ws(x, q, block_t=bt, stages=st))
                     except Exception as exc:

@@ -71,7 +71,8 @@ from .qtensor import QTensor
 __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_config", "gemv", "gemv_supported",
            "gemv_mma", "gemv_mma_supported", "GemvMmaConfig", "choose_gemv_mma_config", "with_gemv_mma_split",
            "GemvConfig", "choose_gemv_config", "GEMV_MAX_M", "prefill", "prefill_supported", "PrefillConfig",
-           "choose_prefill_config", "PREFILL_MIN_M", "prefill_ws"]
+           "choose_prefill_config", "PREFILL_MIN_M", "prefill_ws",
+           "choose_prefill_ws_tile", "PREFILL_WS_MIN_M"]
 
 _OP = "linear"
 _SCALE_KIND = {"e8m0": 1, "ue4m3": 2, "fp16": 3, "bf16": 4, "fp32": 5}
@@ -446,8 +447,9 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     and E2M1 weights with UE4M3/E8M0 scales (NVFP4, MXFP4); the f16x2 GEMV for at most
     ``GEMV_MAX_M`` tokens (4/8-bit codes); the prefill kernel from ``PREFILL_MIN_M`` tokens
     (4/8-bit codes); the split-K tensor-core kernel otherwise (any format). On the CPU the
-    float64 reference. ``MICROSCALE_PREFILL_WS=1`` (experimental) routes NVFP4 / MXFP4 from
-    ``PREFILL_WS_MIN_M`` tokens to :func:`prefill_ws` instead of the prefill kernel.
+    float64 reference. NVFP4 / MXFP4 weights with bf16 activations take, from
+    ``PREFILL_WS_MIN_M`` tokens on Hopper, the warp-specialized kernel (:func:`prefill_ws`)
+    instead of the prefill kernel (``MICROSCALE_PREFILL_WS=0``: the prefill kernel).
 
     On Hopper the f16x2 GEMV runs as a programmatic dependent launch chain: once a weight
     has been used and its tensors are unchanged (torch's version counters), the GEMV may
@@ -1073,10 +1075,32 @@ def _prefill_ws_reason(q: QTensor, x: torch.Tensor) -> str | None:
     return None
 
 
-#: ``MICROSCALE_PREFILL_WS=1`` (read at import): :func:`linear` routes E2M1 weights with at least
-#: ``PREFILL_WS_MIN_M`` bf16 tokens to :func:`prefill_ws` (experimental; for A/B runs of the suite)
-_PREFILL_WS = os.environ.get("MICROSCALE_PREFILL_WS", "0") == "1"
-PREFILL_WS_MIN_M = 256
+#: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) with at least ``PREFILL_WS_MIN_M`` bf16
+#: tokens on Hopper to :func:`prefill_ws`; ``MICROSCALE_PREFILL_WS=0`` (read at import) sends
+#: them to :func:`prefill` instead (A/B runs). H200, 28672x8192 / 8192x28672: at 128 tokens
+#: 0.53-0.82x cuBLAS bf16 against the prefill kernel's 0.46-0.58x; at 64 tokens the
+#: prefill kernel is ahead (0.72-0.89x against 0.54-0.73x)
+_PREFILL_WS = os.environ.get("MICROSCALE_PREFILL_WS", "1") == "1"
+PREFILL_WS_MIN_M = 128
+#: relative tensor-core throughput of one ``prefill_ws`` tile per ``block_t`` (H200: a 128-token
+#: tile runs at 0.61x the rate of a 256-token one, a 64-token tile at 0.35x: the per-step decode
+#: is a fixed cost that the MMAs of a narrower tile do not cover)
+_WS_TILE_RATE = {256: 1.0, 128: 0.61, 64: 0.35}
+#: activation ring slots per ``block_t`` (the most that leave room for two output tiles, capped)
+_WS_STAGES = {256: 4, 128: 6, 64: 8}
+
+
+def choose_prefill_ws_tile(m: int, n: int, num_sms: int) -> tuple[int, int]:
+    """``(block_t, stages)`` for :func:`prefill_ws` on ``m`` tokens and ``n`` weight rows: the
+    token tile with the least modelled time, full waves of tiles times the tile's cost
+    (``block_t / rate``), so that few-token calls on few rows still fill the SMs."""
+    rows = 2 * 64  # two consumer warpgroups of 64 rows
+
+    def cost(bt: int) -> float:
+        waves = -(-(-(-m // bt) * -(-n // rows)) // num_sms)
+        return waves * bt / _WS_TILE_RATE[bt]
+    bt = min(_WS_TILE_RATE, key=lambda b: (cost(b), -b))
+    return bt, _WS_STAGES[bt]
 
 
 #: direct launch of the Gluon kernel (its TMA descriptor is no key for ``launch``'s cache;
@@ -1085,15 +1109,16 @@ def _launch_direct(fn, grid, *args, **kwargs) -> None:
     fn[grid](*args, **kwargs)
 
 
-def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, block_t: int = 256,
-               stages: int = 4, group_t: int = 4) -> torch.Tensor:
-    """Experimental: ``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens with the
-    warp-specialized Gluon kernel (:mod:`microscale.kernels._prefill_gluon`: TMA ring for the
-    activations, two consumer warpgroups decoding E2M1 codes straight into the wgmma
-    register operand). Not routed by :func:`linear` until it is checked and timed on an
-    H200. ``block_t``: tokens per tile (the wgmma N, 64..256); ``stages``: activation ring
-    slots; ``group_t``: token tiles that sweep the row tiles together (L2 reuse). Raises
-    ValueError saying why when it cannot serve the call."""
+def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, block_t: int | None = None,
+               stages: int | None = None, group_t: int = 4) -> torch.Tensor:
+    """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens of bf16 activations and an E2M1
+    weight (NVFP4, MXFP4) on Hopper, with the warp-specialized Gluon kernel
+    (:mod:`microscale.kernels._prefill_gluon`: TMA ring for the activations, two consumer
+    warpgroups decoding E2M1 codes straight into the wgmma register operand). :func:`linear`
+    routes here from ``PREFILL_WS_MIN_M`` tokens. ``block_t``: tokens per tile (the wgmma N:
+    64, 128 or 256); ``stages``: activation ring slots (both default to
+    :func:`choose_prefill_ws_tile`); ``group_t``: token tiles that sweep the row tiles together
+    (L2 reuse). Raises ValueError saying why when it cannot serve the call."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -1103,6 +1128,10 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     why = _prefill_ws_reason(q, x2)
     if why is not None:
         raise ValueError(f"{_OP}: prefill_ws {why}")
+    if block_t is None:
+        block_t, auto_stages = choose_prefill_ws_tile(x2.shape[0], q.shape[0], _num_sms(x2.device))
+        stages = auto_stages if stages is None else stages
+    stages = _WS_STAGES.get(block_t, 4) if stages is None else stages
     # shared memory: the activation ring and two output tiles (<= 227 KB on an H100 / H200)
     if block_t not in (64, 128, 256) or stages < 2 or group_t < 1 or (stages + 2) * block_t * 128 > 200 * 1024:
         raise ValueError(f"{_OP}: prefill_ws needs block_t in (64, 128, 256), 2 <= stages <= "

@@ -1,8 +1,8 @@
-"""Warp-specialized prefill for E2M1 weights on Hopper, in Gluon (private, experimental).
+"""Warp-specialized prefill for E2M1 weights on Hopper, in Gluon (private).
 
 Why: the Triton prefill kernel (:mod:`._linear_kernels`, ``swap`` + ``pair``) reaches
-0.78x cuBLAS bf16 at 4096 tokens. Its sm_90 SASS shows where the time goes besides the
-MMAs: the decoded weight tile makes a round trip through shared memory per 16-element K
+0.78x cuBLAS bf16 at 4096 tokens (this kernel: 0.79-0.93x in short timings; NOTES_linear.md,
+tenth session). Its sm_90 SASS shows where the time goes besides the MMAs: the decoded weight tile makes a round trip through shared memory per 16-element K
 slice (``STS.128`` + ``LDSM``) to reach the wgmma register-operand layout, the block
 scales are re-laid-out through shared memory behind two CTA barriers per K step, and one
 more CTA barrier per step orders the software pipeline. Gluon states layouts explicitly,
@@ -25,10 +25,10 @@ rows; word ``a`` gives pairs ``(j, j+4)``). :func:`_xperm_kernel` writes the act
 that order (one extra pass over x: ~1% of a 4096-token call), the weight keeps its
 canonical layout.
 
-Not routed by ``ms.linear``: ``qlinear.prefill_ws`` runs it on request until it has been
-checked and timed on an H200 (``benchmarks/run_gpu_prefill.py``, ``WS=1``). Gluon kernels do
-not run under the Triton interpreter; CI compiles this one for sm_90 and checks its
-structure (``tests/kernels/test_prefill_gluon.py``).
+``ms.linear`` routes NVFP4 / MXFP4 weights here from ``qlinear.PREFILL_WS_MIN_M`` tokens
+(H200 timings: ``benchmarks/run_gpu_prefill.py``, ``WS=1``). Gluon kernels do not run under
+the Triton interpreter; CI compiles this one for sm_90 and checks its structure and its
+decode (``tests/kernels/test_prefill_gluon.py``).
 """
 from __future__ import annotations
 

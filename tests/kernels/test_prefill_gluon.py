@@ -103,7 +103,7 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, tmp_path, run_tool
     loaded as 8-byte vectors, no spills, no serialized wgmma; the output by TMA store when
     N is a multiple of 8, else by direct stores."""
     r = run_tool("gemv_ptx.py", str(tmp_path), "--ws", "--fmt", fmt, "--m", "512", "--n", str(n), "--k", "1024",
-                 "--sass")
+                 "--config", "{'block_t': 256}", "--sass")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "0 bytes spill stores" in r.stdout and "C7512" not in r.stdout, r.stdout[-2000:]
     sass = (tmp_path / "_prefill_ws_kernel.sass").read_text()
@@ -113,7 +113,7 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, tmp_path, run_tool
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 def test_gpu_routing_switch(monkeypatch):
-    """``MICROSCALE_PREFILL_WS=1`` routes ``ms.linear`` (leading batch dims) to ``prefill_ws``."""
+    """``ms.linear`` routes NVFP4 from ``PREFILL_WS_MIN_M`` tokens (leading batch dims) to ``prefill_ws``."""
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) != (9, 0):
         pytest.skip("sm_90 (wgmma)")
@@ -157,3 +157,16 @@ def test_reasons():
         L.prefill_ws(x.half(), q)
     with pytest.raises(ValueError, match="Hopper"):
         L.prefill_ws(x, q)
+
+
+@pytest.mark.parametrize("m, n, want", [
+    (4096, 28672, 256), (512, 8192, 256),  # many full waves: the widest tile
+    (128, 28672, 128),  # 224 row tiles: a 256-token tile would be half empty, as many waves
+    (128, 8192, 64),  # 64 row tiles: only 64-token tiles fill the 132 SMs
+    (256, 8192, 128)])
+def test_choose_ws_tile(m, n, want):
+    """The token tile with the fewest modelled wave-costs (the picks the H200 sweep favoured)."""
+    bt, stages = L.choose_prefill_ws_tile(m, n, 132)
+    assert bt == want
+    assert (stages + 2) * bt * 128 <= 200 * 1024  # the ring and two output tiles fit
+
