@@ -11,6 +11,7 @@ weight (CUDA events, median). Short table last; JSON to $OUT/prefill.json.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -95,6 +96,8 @@ def main() -> None:
 #: WS=1 timings: token counts (WS_M="512,4096") and block_t x stages (WS_CFGS="256x4,128x4")
 WS_M = [int(v) for v in os.environ.get("WS_M", "512,4096").split(",")]
 WS_CFGS = [tuple(int(u) for u in v.split("x")) for v in os.environ.get("WS_CFGS", "256x4,256x3,128x4,128x8").split(",")]
+#: WS=1 timings: persistent programs (1), one program per tile (0), or both (WS_PERSIST="1,0")
+WS_PERSIST = [v == "1" for v in os.environ.get("WS_PERSIST", "1").split(",")]
 
 
 def ws_main() -> None:
@@ -138,24 +141,24 @@ def ws_main() -> None:
                 x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
                 cub = t_ms(lambda: F.linear(x, wb))
                 lin = t_ms(lambda: ms.linear(x, q))
-                for bt, st in WS_CFGS:
+                for (bt, st), per in itertools.product(WS_CFGS, WS_PERSIST):
                     try:
-                        t = t_ms(lambda: L.prefill_ws(x, q, block_t=bt, stages=st))
+                        t = t_ms(lambda: L.prefill_ws(x, q, block_t=bt, stages=st, persistent=per))
                     except Exception as exc:
                         print(f"ws bt={bt} st={st} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
                         continue
-                    r = dict(fmt=name, m=m, n=n, k=k, block_t=bt, stages=st, ms=t, linear_ms=lin, cublas_ms=cub,
-                             tflops=2 * m * n * k / t / 1e9)
+                    r = dict(fmt=name, m=m, n=n, k=k, block_t=bt, stages=st, persistent=per, ms=t, linear_ms=lin,
+                             cublas_ms=cub, tflops=2 * m * n * k / t / 1e9)
                     res["timings"].append(r)
                     rows.append(r)
-                    print(f"{name:6s} {n}x{k} M={m:4d} ws bt={bt} st={st}: {t:.3f} ms ({r['tflops']:.0f} TFLOP/s) "
-                          f"= {cub / t:.2f}x cuBLAS; ms.linear {lin:.3f} ms ({cub / lin:.2f}x)", flush=True)
+                    print(f"{name:6s} {n}x{k} M={m:4d} ws bt={bt} st={st} p={int(per)}: {t:.3f} ms ({r['tflops']:.0f} "
+                          f"TFLOP/s) = {cub / t:.2f}x cuBLAS; ms.linear {lin:.3f} ms ({cub / lin:.2f}x)", flush=True)
     with open(os.path.join(OUT, "prefill_ws.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"\nchecks {'all ok' if ok else 'FAILED'}")
     print(f"{'fmt':6s} {'shape':>11s} {'M':>4s} {'best ws':>12s} {'ms':>7s} {'x cuBLAS':>8s} {'ms.linear x':>11s}")
     for (fm, n, k, m), r in fastest(rows, lambda r: (r["fmt"], r["n"], r["k"], r["m"])).items():
-        print(f"{fm:6s} {n:5d}x{k:5d} {m:4d} {'bt%d st%d' % (r['block_t'], r['stages']):>12s} {r['ms']:7.3f} "
+        print(f"{fm:6s} {n:5d}x{k:5d} {m:4d} {'bt%d st%d p%d' % (r['block_t'], r['stages'], r['persistent']):>12s} {r['ms']:7.3f} "
               f"{r['cublas_ms'] / r['ms']:8.2f} {r['cublas_ms'] / r['linear_ms']:11.2f}")
 
 

@@ -1110,7 +1110,7 @@ def _launch_direct(fn, grid, *args, **kwargs) -> None:
 
 
 def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, block_t: int | None = None,
-               stages: int | None = None, group_t: int = 4) -> torch.Tensor:
+               stages: int | None = None, group_t: int = 4, persistent: bool = True) -> torch.Tensor:
     """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens of bf16 activations and an E2M1
     weight (NVFP4, MXFP4) on Hopper, with the warp-specialized Gluon kernel
     (:mod:`microscale.kernels._prefill_gluon`: TMA ring for the activations, two consumer
@@ -1118,7 +1118,8 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     routes here from ``PREFILL_WS_MIN_M`` tokens. ``block_t``: tokens per tile (the wgmma N:
     64, 128 or 256); ``stages``: activation ring slots (both default to
     :func:`choose_prefill_ws_tile`); ``group_t``: token tiles that sweep the row tiles together
-    (L2 reuse). Raises ValueError saying why when it cannot serve the call."""
+    (L2 reuse); ``persistent``: one program per SM looping over the tiles (else one per
+    tile). Raises ValueError saying why when it cannot serve the call."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -1157,7 +1158,8 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     tma_out = n % 8 == 0  # TMA needs 16-byte row strides
     out_desc = (TensorDescriptor.from_tensor(out, [block_t, rows], gl.NVMMASharedLayout.get_default_for(
         [block_t, rows], gl.bfloat16)) if tma_out else desc)
-    grid = (cdiv(m, block_t) * cdiv(n, 2 * rows),)
+    tiles = cdiv(m, block_t) * cdiv(n, 2 * rows)
+    grid = (min(tiles, _num_sms(x2.device)) if persistent else tiles,)
     _launch_direct(pg._prefill_ws_kernel, grid, desc, wv.words, wv.scales_u8, gs,
                    bias if bias is not None else out, out, out_desc, n, m, k, wv.words.stride(0),
                    wv.scales_u8.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,

@@ -83,26 +83,87 @@ E8M0_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nshl.b32 t, t, 7;\n
 
 
 @gluon.jit
-def _producer(xp_desc, x_bufs, ready, empty, off_t, n_steps):
-    """TMA of the activation tile of every K step into the ring (slot ``i % STAGES``)."""
-    STAGES: gl.constexpr = x_bufs.shape[0]
-    for i in range(n_steps):
-        s = i % STAGES
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # slots start out free
-        mbarrier.expect(ready.index(s), xp_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(xp_desc, [off_t, i * BK], ready.index(s), x_bufs.index(s))
+def _tile_origin(tile, n_t, n_n, BT: gl.constexpr, GROUP_T: gl.constexpr):
+    """``(off_t, off_n)`` of tile number ``tile``: groups of ``GROUP_T`` token tiles sweep all
+    row tiles (consecutive tiles share a weight row tile; a group's activations stay in L2)."""
+    per = GROUP_T * n_n
+    first_t = (tile // per) * GROUP_T
+    size_t = gl.minimum(n_t - first_t, GROUP_T)
+    return (first_t + (tile % per) % size_t) * BT, ((tile % per) // size_t) * (2 * WG_ROWS)
 
 
 @gluon.jit
-def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, off_n, off_t, n_steps,
-              N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr, SK: gl.constexpr,
-              TPS: gl.constexpr, HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr):
-    """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T``. Per K step it
-    loads its code words (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``2 t + a``)
-    and block scales (two steps ahead), decodes them in registers into the
-    wgmma A layout, waits for the step's activation slot, issues the MMAs, retires them and
-    releases the slot to the producer."""
+def _producer(xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT: gl.constexpr, GROUP_T: gl.constexpr):
+    """TMA of the activation tile of every K step of this program's tiles into the ring
+    (slot ``it % STAGES`` of the running step count ``it``): it runs ahead into the next tile
+    while the consumers finish the last one."""
     STAGES: gl.constexpr = x_bufs.shape[0]
+    it = 0
+    for tile in range(gl.program_id(0), n_t * n_n, gl.num_programs(0)):
+        off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
+        for i in range(n_steps):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # slots start out free
+            mbarrier.expect(ready.index(s), xp_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(xp_desc, [off_t, i * BK], ready.index(s), x_bufs.index(s))
+            it += 1
+
+
+@gluon.jit
+def _codes(w_ptr, s_ptr, w_off, s_off, step, TPS: gl.constexpr):
+    """The code words and (int32) block-scale bytes of K step ``step`` (BK / G scales per step)."""
+    return gl.load(w_ptr + w_off + step * (BK // 8)), gl.load(s_ptr + s_off + step * (4 // TPS)).to(gl.int32)
+
+
+@gluon.jit
+def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.constexpr):
+    """Code words and scale bytes of one K step -> the ``[WG_ROWS, BK]`` bf16 wgmma A operand
+    (K slots permuted, see the module docstring); the layout change is asserted free."""
+    if SK == 2:
+        sc = gl.inline_asm_elementwise(UE4M3_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)
+    else:
+        sc = gl.inline_asm_elementwise(E8M0_ASM, "=r,r,r", [sraw, gl.full(sraw.shape, 0, gl.int32, s_l) + ke],
+                                       dtype=gl.int32, is_pure=True, pack=1)
+    sc3 = gl.broadcast(gl.expand_dims(sc, 2), words)[0]
+    e = gl.inline_asm_elementwise(DECODE_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, sc3],
+                                  dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+    # (j, e) pairs -> [rows, t, a, e, j0, j1] -> [rows, j1, j0, a, t, e] = K slot 16 j + 8 a + 2 t + e
+    q0 = gl.join(e[0], e[1])
+    q1 = gl.join(e[2], e[3])
+    q2 = gl.join(e[4], e[5])
+    q3 = gl.join(e[6], e[7])
+    v = gl.join(gl.join(q0, q1), gl.join(q2, q3))
+    v = gl.permute(v, (0, 5, 4, 2, 1, 3))
+    return gl.convert_layout(gl.reshape(v, [WG_ROWS, BK]), a_l, assert_trivial=True)
+
+
+@gluon.jit
+def _mma_step(a, x_bufs, ready, empty, acc, it):
+    """``acc += a @ x^T`` with the activations of ring step ``it``; retires the MMAs and frees the slot."""
+    STAGES: gl.constexpr = x_bufs.shape[0]
+    s = it % STAGES
+    mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+    acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
+    # retire this step's MMAs before the next decode: with one group left in flight (also with
+    # the loop unrolled by two, the A tiles in distinct registers) ptxas serializes the wgmmas
+    # (C7512): the wait keeps the bf16 elements alive, not the packed registers the wgmma
+    # reads. The other consumer warpgroup's decode overlaps these MMAs instead
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+    mbarrier.arrive(empty.index(s), count=1)  # slot free (one arrive per warpgroup)
+    return acc
+
+
+@gluon.jit
+def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, n_t, n_n, n_steps,
+              N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
+              GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
+              HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr):
+    """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T`` per tile, for each
+    of this program's tiles. Per K step it decodes its code words (``[rows, t, a]``: rows
+    ``16 w + g`` and ``+ 8``, words ``2 t + a``) and block scales in registers into the wgmma
+    A layout, loads those of two steps ahead, waits for the step's activation slot, issues
+    the MMAs, retires them and releases the slot to the producer. The next tile's first code
+    words are loaded before this tile's epilogue."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
     # [rows, t, a]: registers a then row + 8; lanes t then g; warps rows + 16, + 32 (the A operand's own rows and
@@ -111,71 +172,67 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
         reg_bases=[[0, 0, 1], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
         warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[WG_ROWS, 4, 2])
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
-    rows = off_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_l))
-    rows = gl.minimum(rows, N - 1)  # ragged last tile: reads stay in bounds, stores are masked
+    r_w = WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_l))
     tq = gl.arange(0, 4, layout=gl.SliceLayout(0, s_l))
     av = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_l)))
-    w_off = (rows[:, None, None].to(gl.int64) * stride_wn + 2 * tq[None, :, None] + av[None, None, :])
-    s_off = rows[:, None].to(gl.int64) * stride_sn + tq[None, :] // TPS
-    acc = gl.zeros([WG_ROWS, BT], gl.float32, acc_l)
-    words = gl.load(w_ptr + w_off)
-    sraw = gl.load(s_ptr + s_off).to(gl.int32)
-    nxt = gl.minimum(1, n_steps - 1)
-    words_n = gl.load(w_ptr + w_off + nxt * (BK // 8))
-    sraw_n = gl.load(s_ptr + s_off + nxt * (4 // TPS)).to(gl.int32)  # BK / G scales per step
-    for i in range(n_steps):
-        # codes and scales two steps ahead (the last steps reload their own): a step's MMAs
-        # take ~0.5 us at 256 tokens, about one L2-hit latency
-        nxt = gl.minimum(i + 2, n_steps - 1)
-        words_n2 = gl.load(w_ptr + w_off + nxt * (BK // 8))
-        sraw_n2 = gl.load(s_ptr + s_off + nxt * (4 // TPS)).to(gl.int32)
-        if SK == 2:
-            sc = gl.inline_asm_elementwise(UE4M3_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)
-        else:
-            sc = gl.inline_asm_elementwise(E8M0_ASM, "=r,r,r", [sraw, gl.full(sraw.shape, 0, gl.int32, s_l) + ke],
-                                           dtype=gl.int32, is_pure=True, pack=1)
-        sc3 = gl.broadcast(gl.expand_dims(sc, 2), words)[0]
-        e = gl.inline_asm_elementwise(DECODE_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, sc3],
-                                      dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
-        # (j, e) pairs -> [rows, t, a, e, j0, j1] -> [rows, j1, j0, a, t, e] = K slot 16 j + 8 a + 2 t + e
-        q0 = gl.join(e[0], e[1])
-        q1 = gl.join(e[2], e[3])
-        q2 = gl.join(e[4], e[5])
-        q3 = gl.join(e[6], e[7])
-        v = gl.join(gl.join(q0, q1), gl.join(q2, q3))
-        v = gl.permute(v, (0, 5, 4, 2, 1, 3))
-        a = gl.convert_layout(gl.reshape(v, [WG_ROWS, BK]), a_l, assert_trivial=True)
-        s = i % STAGES
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        acc = warpgroup_mma(a, x_bufs.index(s).permute((1, 0)), acc, is_async=True)
-        # retire this step's MMAs before the next decode: with one group left in flight (also
-        # with the loop unrolled by two, the A tiles in distinct registers) ptxas serializes
-        # the wgmmas (C7512): the wait keeps the bf16 elements alive, not the packed registers
-        # the wgmma reads. The other consumer warpgroup's decode overlaps these MMAs instead
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        mbarrier.arrive(empty.index(s), count=1)  # slot free (one arrive per warpgroup)
-        words = words_n
-        sraw = sraw_n
-        words_n = words_n2
-        sraw_n = sraw_n2
-    scale = post
-    if HAS_GS:
-        scale = scale * gl.load(gs_ptr)
-    r_o = off_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, acc_l))
-    v = acc * scale
-    if HAS_BIAS:
-        v += gl.load(b_ptr + r_o, mask=r_o < N, other=0.0).to(gl.float32)[:, None]
-    v = v.to(out_ptr.dtype.element_ty)
-    if TMA_OUT:  # the tile transposed through shared memory, one TMA store (clipped at M and N)
-        c = c_bufs.index(WG)
-        c.store(gl.permute(v, (1, 0)))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(out_desc, [off_t, off_n + WG * WG_ROWS], c)
+    w_col = 2 * tq[None, :, None] + av[None, None, :]
+    s_col = tq[None, :] // TPS
+    n_tiles = n_t * n_n
+    tile = gl.program_id(0)
+    off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
+    rows = gl.minimum(off_n + r_w, N - 1)  # ragged last row tile: reads stay in bounds, stores are masked
+    w_off = rows[:, None, None].to(gl.int64) * stride_wn + w_col
+    s_off = rows[:, None].to(gl.int64) * stride_sn + s_col
+    words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, 0, TPS)
+    words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(1, n_steps - 1), TPS)
+    it = 0
+    while tile < n_tiles:
+        acc = gl.zeros([WG_ROWS, BT], gl.float32, acc_l)
+        # two steps per iteration, so that each step's codes load into the registers its
+        # predecessor two steps back has just decoded (no register moves that wait for a load
+        # issued one step earlier): loads land two steps ahead (~1 us at 256 tokens)
+        for i in range(0, n_steps, 2):
+            a = _decode(words, sraw, ke, SK, s_l, a_l)
+            words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(i + 2, n_steps - 1), TPS)
+            acc = _mma_step(a, x_bufs, ready, empty, acc, it)
+            it += 1
+            if i + 1 < n_steps:
+                a = _decode(words_n, sraw_n, ke, SK, s_l, a_l)
+                words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(i + 3, n_steps - 1), TPS)
+                acc = _mma_step(a, x_bufs, ready, empty, acc, it)
+                it += 1
+        # the next tile's first two steps of codes and scales, in flight during the epilogue
+        # (past the last tile: this tile's again, never used)
+        e_t = off_t
+        e_n = off_n
+        tile += gl.num_programs(0)
+        if tile < n_tiles:
+            off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
+        rows = gl.minimum(off_n + r_w, N - 1)
+        w_off = rows[:, None, None].to(gl.int64) * stride_wn + w_col
+        s_off = rows[:, None].to(gl.int64) * stride_sn + s_col
+        words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, 0, TPS)
+        words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(1, n_steps - 1), TPS)
+        scale = post
+        if HAS_GS:
+            scale = scale * gl.load(gs_ptr)
+        r_o = e_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, acc_l))
+        v = acc * scale
+        if HAS_BIAS:
+            v += gl.load(b_ptr + r_o, mask=r_o < N, other=0.0).to(gl.float32)[:, None]
+        v = v.to(out_ptr.dtype.element_ty)
+        if TMA_OUT:  # the tile transposed through shared memory, one TMA store (clipped at M and N)
+            c = c_bufs.index(WG)
+            tma.store_wait(0)  # the previous tile's store has left the buffer
+            c.store(gl.permute(v, (1, 0)))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(out_desc, [e_t, e_n + WG * WG_ROWS], c)
+        else:  # 2-byte stores (a thread holds token pairs of a row; rows are the contiguous axis)
+            t_o = e_t + gl.arange(0, BT, layout=gl.SliceLayout(0, acc_l))
+            ok = (r_o < N)[:, None] & (t_o < M)[None, :]
+            gl.store(out_ptr + t_o[None, :].to(gl.int64) * stride_om + r_o[:, None], v, mask=ok)
+    if TMA_OUT:
         tma.store_wait(0)
-    else:  # 2-byte stores (a thread holds token pairs of a row; rows are the contiguous axis)
-        t_o = off_t + gl.arange(0, BT, layout=gl.SliceLayout(0, acc_l))
-        ok = (r_o < N)[:, None] & (t_o < M)[None, :]
-        gl.store(out_ptr + t_o[None, :].to(gl.int64) * stride_om + r_o[:, None], v, mask=ok)
 
 
 @gluon.jit
@@ -183,24 +240,20 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, 
                        stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr, GROUP_T: gl.constexpr,
                        SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr,
                        TMA_OUT: gl.constexpr):
-    """``out[M, N] = x @ dequant(W)^T (+ bias)`` for one tile of ``2 * WG_ROWS`` weight rows x
+    """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
     ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K / 8]``; ``s_ptr``: uint8 block scales
     ``[N, K / G]`` (``TPS = G / 16`` quad members share one: a thread's 16 elements of a row
     lie in one block); ``SK``: UE4M3 / E8M0 scales (``ke = 126 - D`` for E8M0, see
-    ``_gemv_mma``); ``post``: the power of two the scale placement leaves out. Program
-    order: groups of ``GROUP_T`` token tiles sweep all row tiles (the group's activations
-    stay in L2). ``TMA_OUT``: each consumer writes its ``[BT, WG_ROWS]`` output tile through
+    ``_gemv_mma``); ``post``: the power of two the scale placement leaves out. Tile
+    order: :func:`_tile_origin`; program ``p`` of ``P`` takes tiles ``p, p + P, ...``
+    (persistent when ``P`` is the SM count: the producer fills the ring for the next tile
+    and the consumers load its first codes during the epilogue). ``TMA_OUT``: each
+    consumer writes its ``[BT, WG_ROWS]`` output tile through
     shared memory with one TMA store (``out_desc``, block ``[BT, WG_ROWS]``; N a multiple of
     8), else with masked 2-byte stores."""
-    pid = gl.program_id(0)
     n_t = gl.cdiv(M, BT)
     n_n = gl.cdiv(N, 2 * WG_ROWS)
-    per = GROUP_T * n_n
-    first_t = (pid // per) * GROUP_T
-    size_t = gl.minimum(n_t - first_t, GROUP_T)
-    off_t = (first_t + (pid % per) % size_t) * BT
-    off_n = ((pid % per) // size_t) * (2 * WG_ROWS)
     n_steps = K // BK
     x_bufs = gl.allocate_shared_memory(xp_desc.dtype, [STAGES] + xp_desc.block_type.shape, xp_desc.layout)
     if TMA_OUT:
@@ -214,13 +267,13 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, 
         mbarrier.init(empty.index(s), count=2)
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, off_n, off_t,
-                     n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, SK, TPS, HAS_GS, HAS_BIAS,
-                     TMA_OUT)),
-        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, off_n, off_t,
-                     n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, SK, TPS, HAS_GS, HAS_BIAS,
-                     TMA_OUT)),
-        (_producer, (xp_desc, x_bufs, ready, empty, off_t, n_steps)),
+        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, n_t, n_n,
+                     n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS, HAS_GS,
+                     HAS_BIAS, TMA_OUT)),
+        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, n_t, n_n,
+                     n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, GROUP_T, SK, TPS, HAS_GS,
+                     HAS_BIAS, TMA_OUT)),
+        (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T)),
     ], [4, 1], [232, 40])
 
 

@@ -127,14 +127,21 @@ def test_gpu_routing_switch(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
-def test_gpu_prefill_ws(name):
-    """The kernel on an H200: ragged tokens and rows, bias, each output element within bf16
-    rounding of float64 plus an fp32 accumulation bound; poisoned outputs fully written."""
+@pytest.mark.parametrize("programs", [None, 3])
+def test_gpu_prefill_ws(name, programs, monkeypatch):
+    """The kernel on an H200: ragged tokens and rows, bias, odd and even K step counts, each
+    output element within bf16 rounding of float64 plus an fp32 accumulation bound.
+    ``programs=3``: the persistent grid of 3 programs, each looping over many tiles (its
+    ring phases, next-tile code prefetch and output-buffer reuse)."""
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) != (9, 0):
         pytest.skip("sm_90 (wgmma)")
+    if programs is not None:
+        monkeypatch.setattr(L, "_num_sms", lambda device: programs)
     g = torch.Generator(device=dev).manual_seed(4)
-    for (m, n, k, bt) in [(300, 196, 1024, 256), (64, 128, 512, 128), (513, 200, 2048, 256)]:  # N % 8: both stores
+    cases = [(300, 196, 1024, 256), (64, 128, 512, 128), (513, 200, 2048, 256),  # N % 8: both stores
+             (700, 390, 1088, 128), (520, 264, 1088, 64)]  # 17 K steps
+    for (m, n, k, bt) in cases:
         q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
         wd = q.dequantize(torch.float64)
         x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
