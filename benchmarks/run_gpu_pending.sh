@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call for what was built without a GPU and is not yet checked or timed there
-# (benchmarks/NOTES_linear.md, ninth session): the GPU tests of the fragment-ordered
+# One device call for what the ninth session built without a GPU (benchmarks/NOTES_linear.md;
+# run in the tenth session, logs in h200_2026-12-01i/): the GPU tests of the fragment-ordered
 # activations / select decode (gemv_mma) and of the warp-specialized Gluon prefill, then the
 # 8/16-token sweep of the former and the 512/4096-token timings of the latter.
 #   bash benchmarks/run_gpu_pending.sh            (on the GPU machine, repo root; ~6-8 min)
