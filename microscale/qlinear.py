@@ -1077,9 +1077,10 @@ def _prefill_ws_reason(q: QTensor, x: torch.Tensor) -> str | None:
 
 #: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) with at least ``PREFILL_WS_MIN_M`` bf16
 #: tokens on Hopper to :func:`prefill_ws`; ``MICROSCALE_PREFILL_WS=0`` (read at import) sends
-#: them to :func:`prefill` instead (A/B runs). H200, 28672x8192 / 8192x28672: at 128 tokens
-#: 0.53-0.82x cuBLAS bf16 against the prefill kernel's 0.46-0.58x; at 64 tokens the
-#: prefill kernel is ahead (0.72-0.89x against 0.54-0.73x)
+#: them to :func:`prefill` instead (A/B runs). H200, 28672x8192 / 8192x28672, short timings:
+#: at 128 tokens 0.53-0.82x cuBLAS bf16 against the prefill kernel's 0.46-0.58x (the suite,
+#: final kernel: 0.64-1.00x); at 64 tokens the prefill kernel is ahead (0.72-0.89x against
+#: 0.54-0.73x)
 _PREFILL_WS = os.environ.get("MICROSCALE_PREFILL_WS", "1") == "1"
 PREFILL_WS_MIN_M = 128
 #: relative tensor-core throughput of one ``prefill_ws`` tile per ``block_t`` (H200: a 128-token
