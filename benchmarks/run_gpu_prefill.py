@@ -158,8 +158,9 @@ def ws_main() -> None:
     print(f"\nchecks {'all ok' if ok else 'FAILED'}")
     print(f"{'fmt':6s} {'shape':>11s} {'M':>4s} {'best ws':>12s} {'ms':>7s} {'x cuBLAS':>8s} {'ms.linear x':>11s}")
     for (fm, n, k, m), r in fastest(rows, lambda r: (r["fmt"], r["n"], r["k"], r["m"])).items():
-        print(f"{fm:6s} {n:5d}x{k:5d} {m:4d} {'bt%d st%d p%d' % (r['block_t'], r['stages'], r['persistent']):>12s} {r['ms']:7.3f} "
-              f"{r['cublas_ms'] / r['ms']:8.2f} {r['cublas_ms'] / r['linear_ms']:11.2f}")
+        cfg = "bt%d st%d p%d" % (r["block_t"], r["stages"], r["persistent"])
+        print(f"{fm:6s} {n:5d}x{k:5d} {m:4d} {cfg:>12s} {r['ms']:7.3f} {r['cublas_ms'] / r['ms']:8.2f} "
+              f"{r['cublas_ms'] / r['linear_ms']:11.2f}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Why: the Triton prefill kernel (:mod:`._linear_kernels`, ``swap`` + ``pair``) reaches
 0.78x cuBLAS bf16 at 4096 tokens (this kernel: 0.79-0.93x in short timings; NOTES_linear.md,
-tenth session). Its sm_90 SASS shows where the time goes besides the MMAs: the decoded weight tile makes a round trip through shared memory per 16-element K
-slice (``STS.128`` + ``LDSM``) to reach the wgmma register-operand layout, the block
+tenth session). Its sm_90 SASS shows where the time goes besides the MMAs: the decoded
+weight tile makes a round trip through shared memory per 16-element K slice
+(``STS.128`` + ``LDSM``) to reach the wgmma register-operand layout, the block
 scales are re-laid-out through shared memory behind two CTA barriers per K step, and one
 more CTA barrier per step orders the software pipeline. Gluon states layouts explicitly,
 so here:
@@ -116,6 +117,19 @@ def _codes(w_ptr, s_ptr, w_off, s_off, step, TPS: gl.constexpr):
 
 
 @gluon.jit
+def _tile_codes(w_ptr, s_ptr, off_n, r_w, w_col, s_col, N, stride_wn, stride_sn, n_steps, TPS: gl.constexpr):
+    """Offsets of this warpgroup's code words and scales in the row tile at ``off_n`` (rows
+    clamped: reads of a ragged last tile stay in bounds, its stores are masked) and the codes
+    and scales of its first two K steps."""
+    rows = gl.minimum(off_n + r_w, N - 1)
+    w_off = rows[:, None, None].to(gl.int64) * stride_wn + w_col
+    s_off = rows[:, None].to(gl.int64) * stride_sn + s_col
+    words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, 0, TPS)
+    words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(1, n_steps - 1), TPS)
+    return w_off, s_off, words, sraw, words_n, sraw_n
+
+
+@gluon.jit
 def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.constexpr):
     """Code words and scale bytes of one K step -> the ``[WG_ROWS, BK]`` bf16 wgmma A operand
     (K slots permuted, see the module docstring); the layout change is asserted free."""
@@ -180,11 +194,8 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
     n_tiles = n_t * n_n
     tile = gl.program_id(0)
     off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
-    rows = gl.minimum(off_n + r_w, N - 1)  # ragged last row tile: reads stay in bounds, stores are masked
-    w_off = rows[:, None, None].to(gl.int64) * stride_wn + w_col
-    s_off = rows[:, None].to(gl.int64) * stride_sn + s_col
-    words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, 0, TPS)
-    words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(1, n_steps - 1), TPS)
+    w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, off_n, r_w, w_col, s_col, N, stride_wn,
+                                                             stride_sn, n_steps, TPS)
     it = 0
     while tile < n_tiles:
         acc = gl.zeros([WG_ROWS, BT], gl.float32, acc_l)
@@ -208,11 +219,8 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
         tile += gl.num_programs(0)
         if tile < n_tiles:
             off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
-        rows = gl.minimum(off_n + r_w, N - 1)
-        w_off = rows[:, None, None].to(gl.int64) * stride_wn + w_col
-        s_off = rows[:, None].to(gl.int64) * stride_sn + s_col
-        words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, 0, TPS)
-        words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(1, n_steps - 1), TPS)
+        w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, off_n, r_w, w_col, s_col, N,
+                                                                 stride_wn, stride_sn, n_steps, TPS)
         scale = post
         if HAS_GS:
             scale = scale * gl.load(gs_ptr)
