@@ -154,6 +154,20 @@ def test_gpu_prefill_ws(name, programs, monkeypatch):
         assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, n, k)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+def test_gpu_bad_tile_arguments():
+    """Tile sizes the kernel has no layout for, and rings too large for shared memory, are refused."""
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        pytest.skip("sm_90 (wgmma)")
+    q = ms.quantize(torch.randn(128, 256, device=dev), "nvfp4")
+    x = torch.randn(64, 256, device=dev).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="block_t in"):
+        L.prefill_ws(x, q, block_t=96)
+    with pytest.raises(ValueError, match="stages <="):
+        L.prefill_ws(x, q, block_t=256, stages=6)
+
+
 def test_reasons():
     q = ms.quantize(torch.randn(64, 256), "mxfp8_e4m3")
     x = torch.randn(4, 256).to(torch.bfloat16)
