@@ -93,17 +93,23 @@ def main() -> None:
         print(f"{fmt:17s} {m:5d} {r['cfg']:>16s} {r['ms']:7.3f} {r['vs_cublas']:8.2f} {r['cublas_ms'] / r['tc_ms']:11.2f}")
 
 
-#: WS=1 timings: token counts (WS_M="512,4096") and block_t x stages (WS_CFGS="256x4,128x4")
+#: WS=1 timings: token counts (WS_M="512,4096") and block_t x stages (WS_CFGS="256x4,128x4"; "auto": the
+#: wrapper's choice)
 WS_M = [int(v) for v in os.environ.get("WS_M", "512,4096").split(",")]
-WS_CFGS = [tuple(int(u) for u in v.split("x")) for v in os.environ.get("WS_CFGS", "256x4,256x3,128x4,128x8").split(",")]
-#: WS=1 timings: persistent programs (1), one program per tile (0), or both (WS_PERSIST="1,0")
-WS_PERSIST = [v == "1" for v in os.environ.get("WS_PERSIST", "1").split(",")]
+WS_CFGS = [(None, None) if v == "auto" else tuple(int(u) for u in v.split("x"))
+           for v in os.environ.get("WS_CFGS", "256x4,256x3,128x4,128x8").split(",")]
+#: WS=1 timings: persistent programs with stream-K (sk), without (1), one program per tile (0)
+#: (WS_PERSIST="sk,1,0")
+WS_PERSIST = os.environ.get("WS_PERSIST", "sk").split(",")
+#: WS=1 timings: weight shapes N x K (WS_SHAPES="28672x8192,8192x28672,8192x8192")
+WS_SHAPES = [tuple(int(u) for u in v.split("x"))
+             for v in os.environ.get("WS_SHAPES", "28672x8192,8192x28672,8192x8192").split(",")]
 
 
 def ws_main() -> None:
     """WS=1: ``prefill_ws`` (NVFP4, MXFP4) checked against float64 on ragged shapes (every
     element within bf16 rounding plus an fp32 accumulation bound), then timed at 512 / 4096
-    tokens (``WS_M``) on 28672x8192 and 8192x28672 for block_t x stages (``WS_CFGS``), next to the routed ``ms.linear``
+    tokens (``WS_M``) on the weight shapes ``WS_SHAPES`` for block_t x stages (``WS_CFGS``), next to the routed ``ms.linear``
     and cuBLAS bf16 (CUDA events, median)."""
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "checks": [], "timings": []}
@@ -132,7 +138,7 @@ def ws_main() -> None:
             print(f"check {name} {m}x{n}x{k} bt={bt}: rel {fro:.2e} {'ok' if good else 'FAIL'}", flush=True)
     print(f"checks {'all ok' if ok else 'FAILED'}", flush=True)
     rows = []
-    for (n, k) in [(28672, 8192), (8192, 28672)]:
+    for (n, k) in WS_SHAPES:
         w = torch.randn(n, k, device=dev, generator=g)
         wb = w.to(torch.bfloat16)
         for name in ("nvfp4", "mxfp4"):
@@ -143,7 +149,8 @@ def ws_main() -> None:
                 lin = t_ms(lambda: ms.linear(x, q))
                 for (bt, st), per in itertools.product(WS_CFGS, WS_PERSIST):
                     try:
-                        t = t_ms(lambda: L.prefill_ws(x, q, block_t=bt, stages=st, persistent=per))
+                        t = t_ms(lambda: L.prefill_ws(x, q, block_t=bt, stages=st, persistent=per != "0",
+                                                      stream_k=per == "sk"))
                     except Exception as exc:
                         print(f"ws bt={bt} st={st} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
                         continue
@@ -151,15 +158,15 @@ def ws_main() -> None:
                              cublas_ms=cub, tflops=2 * m * n * k / t / 1e9)
                     res["timings"].append(r)
                     rows.append(r)
-                    print(f"{name:6s} {n}x{k} M={m:4d} ws bt={bt} st={st} p={int(per)}: {t:.3f} ms ({r['tflops']:.0f} "
+                    print(f"{name:6s} {n}x{k} M={m:4d} ws bt={bt} st={st} p={per}: {t:.3f} ms ({r['tflops']:.0f} "
                           f"TFLOP/s) = {cub / t:.2f}x cuBLAS; ms.linear {lin:.3f} ms ({cub / lin:.2f}x)", flush=True)
     with open(os.path.join(OUT, "prefill_ws.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"\nchecks {'all ok' if ok else 'FAILED'}")
-    print(f"{'fmt':6s} {'shape':>11s} {'M':>4s} {'best ws':>12s} {'ms':>7s} {'x cuBLAS':>8s} {'ms.linear x':>11s}")
+    print(f"{'fmt':6s} {'shape':>11s} {'M':>4s} {'best ws':>15s} {'ms':>7s} {'x cuBLAS':>8s} {'ms.linear x':>11s}")
     for (fm, n, k, m), r in fastest(rows, lambda r: (r["fmt"], r["n"], r["k"], r["m"])).items():
-        cfg = "bt%d st%d p%d" % (r["block_t"], r["stages"], r["persistent"])
-        print(f"{fm:6s} {n:5d}x{k:5d} {m:4d} {cfg:>12s} {r['ms']:7.3f} {r['cublas_ms'] / r['ms']:8.2f} "
+        cfg = "bt%s st%s p%s" % (r["block_t"], r["stages"], r["persistent"])
+        print(f"{fm:6s} {n:5d}x{k:5d} {m:4d} {cfg:>15s} {r['ms']:7.3f} {r['cublas_ms'] / r['ms']:8.2f} "
               f"{r['cublas_ms'] / r['linear_ms']:11.2f}")
 
 

@@ -46,6 +46,9 @@ from ._gemv_mma import SK_E8M0, SK_UE4M3, _word_lines_select
 WG_ROWS = gl.constexpr(64)
 #: K elements per step (one ring slot): 4 wgmma K slices of 16; 2 code words per thread and row
 BK = gl.constexpr(64)
+#: stream-K: at most this many programs share one tile (bounds the partial sums a tile's last
+#: contributor adds up)
+MAX_SPLIT = gl.constexpr(8)
 
 
 @triton.jit
@@ -94,15 +97,64 @@ def _tile_origin(tile, n_t, n_n, BT: gl.constexpr, GROUP_T: gl.constexpr):
 
 
 @gluon.jit
-def _producer(xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT: gl.constexpr, GROUP_T: gl.constexpr):
-    """TMA of the activation tile of every K step of this program's tiles into the ring
-    (slot ``it % STAGES`` of the running step count ``it``): it runs ahead into the next tile
-    while the consumers finish the last one."""
+def _plan(n_tiles, n_steps, STREAM_K: gl.constexpr):
+    """This program's share of the work: ``(dp, sk0, sk1, sk_p, sk_len)``. ``dp`` whole tiles
+    ``p, p + P, ...``; with ``STREAM_K`` the tiles past the last full wave (``n_tiles % P``,
+    all of them when there are fewer than ``P``) are not dealt out whole: their
+    ``sk_len = tiles x n_steps`` K steps are cut into ``sk_p`` even ranges, and this
+    program takes steps ``[sk0, sk1)`` of them (stream-K: no idle SMs in the last wave)."""
+    p = gl.program_id(0)
+    P = gl.num_programs(0)
+    if STREAM_K:
+        dp = n_tiles // P
+        sk_len = (n_tiles - dp * P) * n_steps
+        # (at least one step per range: every program between a tile's first and last
+        # contributor then holds a partial of it)
+        sk_p = gl.maximum(gl.minimum(gl.minimum(P, (n_tiles - dp * P) * MAX_SPLIT), sk_len), 1)
+        sk0 = gl.minimum(p, sk_p) * sk_len // sk_p
+        sk1 = gl.minimum(p + 1, sk_p) * sk_len // sk_p
+    else:
+        dp = (n_tiles - p + P - 1) // P
+        sk_len = 0
+        sk_p = 1
+        sk0 = 0
+        sk1 = 0
+    return dp, sk0, sk1, sk_p, sk_len
+
+
+@gluon.jit
+def _n_segments(dp, sk0, sk1, n_steps):
+    """Segments (one tile's K range each) of a program: its whole tiles, then the tiles its
+    stream-K range touches."""
+    return dp + gl.where(sk1 > sk0, (sk1 - 1) // n_steps - sk0 // n_steps + 1, 0)
+
+
+@gluon.jit
+def _segment(j, dp, sk0, sk1, n_steps):
+    """``(tile, k_lo, k_hi)`` of segment ``j``: a whole tile ``p + j P``, or part of a
+    stream-K tile (numbered after the ``dp x P`` whole ones)."""
+    P = gl.num_programs(0)
+    t_sk = sk0 // n_steps + (j - dp)
+    is_dp = j < dp
+    tile = gl.where(is_dp, gl.program_id(0) + j * P, dp * P + t_sk)
+    k_lo = gl.where(is_dp, 0, gl.maximum(sk0 - t_sk * n_steps, 0))
+    k_hi = gl.where(is_dp, n_steps, gl.minimum(sk1 - t_sk * n_steps, n_steps))
+    return tile, k_lo, k_hi
+
+
+@gluon.jit
+def _producer(xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT: gl.constexpr, GROUP_T: gl.constexpr,
+              STREAM_K: gl.constexpr):
+    """TMA of the activation tile of every K step of this program's segments into the ring
+    (slot ``it % STAGES`` of the running step count ``it``): it runs ahead into the next
+    segment while the consumers finish the last one."""
     STAGES: gl.constexpr = x_bufs.shape[0]
+    dp, sk0, sk1, sk_p, sk_len = _plan(n_t * n_n, n_steps, STREAM_K)
     it = 0
-    for tile in range(gl.program_id(0), n_t * n_n, gl.num_programs(0)):
+    for j in range(_n_segments(dp, sk0, sk1, n_steps)):
+        tile, k_lo, k_hi = _segment(j, dp, sk0, sk1, n_steps)
         off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
-        for i in range(n_steps):
+        for i in range(k_lo, k_hi):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # slots start out free
             mbarrier.expect(ready.index(s), xp_desc.block_type.nbytes)
@@ -117,15 +169,15 @@ def _codes(w_ptr, s_ptr, w_off, s_off, step, TPS: gl.constexpr):
 
 
 @gluon.jit
-def _tile_codes(w_ptr, s_ptr, off_n, r_w, w_col, s_col, N, stride_wn, stride_sn, n_steps, TPS: gl.constexpr):
-    """Offsets of this warpgroup's code words and scales in the row tile at ``off_n`` (rows
-    clamped: reads of a ragged last tile stay in bounds, its stores are masked) and the codes
-    and scales of its first two K steps."""
+def _tile_codes(w_ptr, s_ptr, off_n, k_lo, nk, r_w, w_col, s_col, N, stride_wn, stride_sn, TPS: gl.constexpr):
+    """Offsets of this warpgroup's code words and scales in the row tile at ``off_n`` from K
+    step ``k_lo`` on (rows clamped: reads of a ragged last tile stay in bounds, its stores are
+    masked) and the codes and scales of the first two of its ``nk`` steps."""
     rows = gl.minimum(off_n + r_w, N - 1)
-    w_off = rows[:, None, None].to(gl.int64) * stride_wn + w_col
-    s_off = rows[:, None].to(gl.int64) * stride_sn + s_col
+    w_off = rows[:, None, None].to(gl.int64) * stride_wn + (w_col + k_lo * (BK // 8))
+    s_off = rows[:, None].to(gl.int64) * stride_sn + (s_col + k_lo * (4 // TPS))
     words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, 0, TPS)
-    words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(1, n_steps - 1), TPS)
+    words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(1, nk - 1), TPS)
     return w_off, s_off, words, sraw, words_n, sraw_n
 
 
@@ -167,17 +219,86 @@ def _mma_step(a, x_bufs, ready, empty, acc, it):
     return acc
 
 
+#: stream-K arrival of one (row, thread quad member): ``atom.add`` of the steps ``$2`` this
+#: program summed to the counter at ``$1`` + 4 x (lane % 4) (release: this thread's partial
+#: stores before it; acquire: the other contributors' stores of the same elements after it);
+#: ``$0`` = 1 for the last contributor, which also resets the counter to zero for the next call
+ARRIVE_ASM = gl.constexpr("{\n.reg .u32 l, o;\n.reg .u64 a;\n.reg .pred p;\nmov.u32 l, %laneid;\nand.b32 l, l, 3;\n"
+              "mul.wide.u32 a, l, 4;\nadd.u64 a, a, $1;\natom.acq_rel.gpu.global.add.u32 o, [a], $2;\n"
+              "add.u32 o, o, $2;\nsetp.eq.u32 p, o, $3;\nselp.u32 $0, 1, 0, p;\n@p st.relaxed.gpu.global.u32 [a], 0;\n}")
+
+
 @gluon.jit
-def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, n_t, n_n, n_steps,
-              N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
+def _stream_k_sum(acc, ws_ptr, cnt_ptr, tile, nk, n_tiles, n_steps, slot, WG: gl.constexpr, acc_l: gl.constexpr):
+    """A stream-K segment's partial ``acc``: stored to this program's workspace ``slot``
+    (0: its first stream-K segment, 1: its last); the tile's last contributor, per row and
+    thread (elementwise counters: no barrier), sums every contributor's partial in program
+    order (deterministic). Returns (that sum, the [rows, 1] flag of rows this thread
+    finishes)."""
+    BT: gl.constexpr = acc.shape[1]
+    dp, sk0, sk1, sk_p, sk_len = _plan(n_tiles, n_steps, True)  # recomputed here: fewer live registers
+    tile_sk = tile - dp * gl.num_programs(0)
+    r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, acc_l))
+    c = gl.arange(0, BT, layout=gl.SliceLayout(0, acc_l))
+    elem = (WG * WG_ROWS + r)[:, None] * BT + c[None, :]
+    TILE: gl.constexpr = 2 * WG_ROWS * BT
+    gl.store(ws_ptr + (gl.program_id(0) * 2 + slot) * TILE + elem, acc)
+    z = gl.full([WG_ROWS], 0, gl.int32, gl.SliceLayout(1, acc_l))
+    cnt = cnt_ptr + tile_sk * (2 * WG_ROWS * 4) + (WG * WG_ROWS + r) * 4
+    last = gl.inline_asm_elementwise(ARRIVE_ASM, "=r,l,r,r", [cnt, z + nk, z + n_steps], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+    last2 = gl.expand_dims(last, 1) != 0
+    lm = gl.broadcast(last2, acc)[0]
+    # contributors: the programs whose ranges hold the tile's first and last steps
+    h0 = tile_sk * n_steps
+    q0 = ((h0 + 1) * sk_p - 1) // sk_len
+    q1 = ((h0 + n_steps) * sk_p - 1) // sk_len
+    tot = gl.zeros_like(acc)
+    for q in range(q0, q1 + 1):
+        q_slot = gl.where((q * sk_len // sk_p) // n_steps == tile_sk, 0, 1)
+        tot += gl.load(ws_ptr + (q * 2 + q_slot) * TILE + elem, mask=lm, other=0.0, cache_modifier=".cg")
+    return tot, last2
+
+
+@gluon.jit
+def _epilogue(acc, ok, e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, N, M, stride_om, post,
+              WG: gl.constexpr, HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr,
+              acc_l: gl.constexpr):
+    """``out[e_t:, e_n + WG x 64:] = (acc * scale (+ bias))^T`` in out's dtype: by TMA store
+    (``TMA_OUT``; ``ok`` unused) or by 2-byte stores of the rows where ``ok`` ([rows, 1])."""
+    BT: gl.constexpr = acc.shape[1]
+    scale = post
+    if HAS_GS:
+        scale = scale * gl.load(gs_ptr)
+    r_o = e_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, acc_l))
+    v = acc * scale
+    if HAS_BIAS:
+        v += gl.load(b_ptr + r_o, mask=r_o < N, other=0.0).to(gl.float32)[:, None]
+    v = v.to(out_ptr.dtype.element_ty)
+    if TMA_OUT:  # the tile transposed through shared memory, one TMA store (clipped at M and N)
+        c = c_bufs.index(WG)
+        tma.store_wait(0)  # the previous tile's store has left the buffer
+        c.store(gl.permute(v, (1, 0)))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(out_desc, [e_t, e_n + WG * WG_ROWS], c)
+    else:  # 2-byte stores (a thread holds token pairs of a row; rows are the contiguous axis)
+        t_o = e_t + gl.arange(0, BT, layout=gl.SliceLayout(0, acc_l))
+        ok = ok & (r_o < N)[:, None] & (t_o < M)[None, :]
+        gl.store(out_ptr + t_o[None, :].to(gl.int64) * stride_om + r_o[:, None], v, mask=ok)
+
+
+@gluon.jit
+def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr, n_t,
+              n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
               GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
-              HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr):
+              HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, STREAM_K: gl.constexpr):
     """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T`` per tile, for each
-    of this program's tiles. Per K step it decodes its code words (``[rows, t, a]``: rows
-    ``16 w + g`` and ``+ 8``, words ``2 t + a``) and block scales in registers into the wgmma
-    A layout, loads those of two steps ahead, waits for the step's activation slot, issues
-    the MMAs, retires them and releases the slot to the producer. The next tile's first code
-    words are loaded before this tile's epilogue."""
+    of this program's segments (:func:`_plan`). Per K step it decodes its code words
+    (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``2 t + a``) and block scales in
+    registers into the wgmma A layout, loads those of two steps ahead, waits for the step's
+    activation slot, issues the MMAs, retires them and releases the slot to the producer. The
+    next segment's first code words are loaded before this one's epilogue; a stream-K
+    segment's partial goes through :func:`_stream_k_sum`."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
     # [rows, t, a]: registers a then row + 8; lanes t then g; warps rows + 16, + 32 (the A operand's own rows and
@@ -191,63 +312,59 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
     av = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_l)))
     w_col = 2 * tq[None, :, None] + av[None, None, :]
     s_col = tq[None, :] // TPS
-    n_tiles = n_t * n_n
-    tile = gl.program_id(0)
+    dp, sk0, sk1, _, _ = _plan(n_t * n_n, n_steps, STREAM_K)
+    n_seg = _n_segments(dp, sk0, sk1, n_steps)
+    j = 0
+    tile, k_lo, k_hi = _segment(0, dp, sk0, sk1, n_steps)
     off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
-    w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, off_n, r_w, w_col, s_col, N, stride_wn,
-                                                             stride_sn, n_steps, TPS)
+    w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, off_n, k_lo, k_hi - k_lo, r_w, w_col,
+                                                             s_col, N, stride_wn, stride_sn, TPS)
     it = 0
-    while tile < n_tiles:
+    while j < n_seg:
+        nk = k_hi - k_lo
         acc = gl.zeros([WG_ROWS, BT], gl.float32, acc_l)
         # two steps per iteration, so that each step's codes load into the registers its
         # predecessor two steps back has just decoded (no register moves that wait for a load
         # issued one step earlier): loads land two steps ahead (~1 us at 256 tokens)
-        for i in range(0, n_steps, 2):
+        for i in range(0, nk, 2):
             a = _decode(words, sraw, ke, SK, s_l, a_l)
-            words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(i + 2, n_steps - 1), TPS)
+            words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(i + 2, nk - 1), TPS)
             acc = _mma_step(a, x_bufs, ready, empty, acc, it)
             it += 1
-            if i + 1 < n_steps:
+            if i + 1 < nk:
                 a = _decode(words_n, sraw_n, ke, SK, s_l, a_l)
-                words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(i + 3, n_steps - 1), TPS)
+                words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(i + 3, nk - 1), TPS)
                 acc = _mma_step(a, x_bufs, ready, empty, acc, it)
                 it += 1
-        # the next tile's first two steps of codes and scales, in flight during the epilogue
-        # (past the last tile: this tile's again, never used)
+        # the next segment's first two steps of codes and scales, in flight during the epilogue
+        # (past the last segment: this one's again, never used)
         e_t = off_t
         e_n = off_n
-        tile += gl.num_programs(0)
-        if tile < n_tiles:
+        e_tile = tile
+        e_slot = gl.where(j == dp, 0, 1)
+        j += 1
+        if j < n_seg:
+            tile, k_lo, k_hi = _segment(j, dp, sk0, sk1, n_steps)
             off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
-        w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, off_n, r_w, w_col, s_col, N,
-                                                                 stride_wn, stride_sn, n_steps, TPS)
-        scale = post
-        if HAS_GS:
-            scale = scale * gl.load(gs_ptr)
-        r_o = e_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, acc_l))
-        v = acc * scale
-        if HAS_BIAS:
-            v += gl.load(b_ptr + r_o, mask=r_o < N, other=0.0).to(gl.float32)[:, None]
-        v = v.to(out_ptr.dtype.element_ty)
-        if TMA_OUT:  # the tile transposed through shared memory, one TMA store (clipped at M and N)
-            c = c_bufs.index(WG)
-            tma.store_wait(0)  # the previous tile's store has left the buffer
-            c.store(gl.permute(v, (1, 0)))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(out_desc, [e_t, e_n + WG * WG_ROWS], c)
-        else:  # 2-byte stores (a thread holds token pairs of a row; rows are the contiguous axis)
-            t_o = e_t + gl.arange(0, BT, layout=gl.SliceLayout(0, acc_l))
-            ok = (r_o < N)[:, None] & (t_o < M)[None, :]
-            gl.store(out_ptr + t_o[None, :].to(gl.int64) * stride_om + r_o[:, None], v, mask=ok)
+        w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, off_n, k_lo, k_hi - k_lo, r_w, w_col,
+                                                                 s_col, N, stride_wn, stride_sn, TPS)
+        partial = nk < n_steps  # always whole tiles without stream-K
+        if partial:
+            tot, last = _stream_k_sum(acc, ws_ptr, cnt_ptr, e_tile, nk, n_t * n_n, n_steps, e_slot, WG, acc_l)
+            _epilogue(tot, last, e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, N, M,
+                      stride_om, post, WG, HAS_GS, HAS_BIAS, False, acc_l)
+        else:
+            _epilogue(acc, gl.full([WG_ROWS, 1], 1, gl.int1, acc_l), e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, N, M, stride_om, post, WG,
+                      HAS_GS, HAS_BIAS, TMA_OUT, acc_l)
     if TMA_OUT:
         tma.store_wait(0)
 
 
 @gluon.jit
-def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, N, M, K, stride_wn, stride_sn,
-                       stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr, GROUP_T: gl.constexpr,
-                       SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr,
-                       TMA_OUT: gl.constexpr):
+def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, ws_ptr, cnt_ptr, N, M, K,
+                       stride_wn, stride_sn, stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr,
+                       GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
+                       HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, STREAM_K: gl.constexpr):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
     ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K / 8]``; ``s_ptr``: uint8 block scales
@@ -275,13 +392,13 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, 
         mbarrier.init(empty.index(s), count=2)
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, n_t, n_n,
-                     n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS, HAS_GS,
-                     HAS_BIAS, TMA_OUT)),
-        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, n_t, n_n,
-                     n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, GROUP_T, SK, TPS, HAS_GS,
-                     HAS_BIAS, TMA_OUT)),
-        (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T)),
+        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
+                     n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS,
+                     HAS_GS, HAS_BIAS, TMA_OUT, STREAM_K)),
+        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
+                     n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, GROUP_T, SK, TPS,
+                     HAS_GS, HAS_BIAS, TMA_OUT, STREAM_K)),
+        (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T, STREAM_K)),
     ], [4, 1], [232, 40])
 
 
