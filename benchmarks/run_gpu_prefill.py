@@ -111,7 +111,7 @@ def main() -> None:
 WS_M = [int(v) for v in os.environ.get("WS_M", "512,4096").split(",")]
 WS_CFGS = [(None, None) if v == "auto" else tuple(int(u) for u in v.split("x"))
            for v in os.environ.get("WS_CFGS", "256x4,256x3,128x4,128x8").split(",")]
-#: WS=1 timings: persistent programs with stream-K (sk), without (1), one program per tile (0)
+#: WS=1 timings: persistent programs with the tail split in K (sk), without (1), one program per tile (0)
 #: (WS_PERSIST="sk,1,0")
 WS_PERSIST = os.environ.get("WS_PERSIST", "sk").split(",")
 #: WS=1 timings: weight shapes N x K (WS_SHAPES="28672x8192,8192x28672,8192x8192")
@@ -163,7 +163,7 @@ def ws_main() -> None:
                 for (bt, st), per in itertools.product(WS_CFGS, WS_PERSIST):
                     try:
                         t = t_ws(lambda: L.prefill_ws(x, q, block_t=bt, stages=st, persistent=per != "0",
-                                                      stream_k=per == "sk"))
+                                                      split_tail=per == "sk"))
                     except Exception as exc:
                         print(f"ws bt={bt} st={st} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
                         continue

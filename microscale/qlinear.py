@@ -1083,9 +1083,9 @@ def _prefill_ws_reason(q: QTensor, x: torch.Tensor) -> str | None:
 #: 0.54-0.73x)
 _PREFILL_WS = os.environ.get("MICROSCALE_PREFILL_WS", "1") == "1"
 PREFILL_WS_MIN_M = 128
-#: :func:`prefill_ws` default: stream-K for the tiles past the last full wave
-#: (``MICROSCALE_PREFILL_WS_STREAM_K=0``, read at import: whole tiles only)
-PREFILL_WS_STREAM_K = os.environ.get("MICROSCALE_PREFILL_WS_STREAM_K", "1") == "1"
+#: :func:`prefill_ws` default: the tiles past the last full wave split in K
+#: (``MICROSCALE_PREFILL_WS_SPLIT_TAIL=0``, read at import: whole tiles only)
+PREFILL_WS_SPLIT_TAIL = os.environ.get("MICROSCALE_PREFILL_WS_SPLIT_TAIL", "1") == "1"
 #: relative tensor-core throughput of one ``prefill_ws`` tile per ``block_t`` (H200: a 128-token
 #: tile runs at 0.61x the rate of a 256-token one, a 64-token tile at 0.35x: the per-step decode
 #: is a fixed cost that the MMAs of a narrower tile do not cover)
@@ -1115,7 +1115,7 @@ def _launch_direct(fn, grid, *args, **kwargs) -> None:
 
 def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, block_t: int | None = None,
                stages: int | None = None, group_t: int = 4, persistent: bool = True,
-               stream_k: bool | None = None) -> torch.Tensor:
+               split_tail: bool | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens of bf16 activations and an E2M1
     weight (NVFP4, MXFP4) on Hopper, with the warp-specialized Gluon kernel
     (:mod:`microscale.kernels._prefill_gluon`: TMA ring for the activations, two consumer
@@ -1124,10 +1124,10 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     64, 128 or 256); ``stages``: activation ring slots (both default to
     :func:`choose_prefill_ws_tile`); ``group_t``: token tiles that sweep the row tiles together
     (L2 reuse); ``persistent``: one program per SM looping over the tiles (else one per
-    tile); ``stream_k`` (persistent only; default ``PREFILL_WS_STREAM_K``): the tiles past
-    the last full wave are shared out by K steps instead of whole, their partial sums
-    added up in a fixed order by each tile's last contributor (a workspace per device and
-    stream). Raises ValueError saying why when it cannot serve the call."""
+    tile); ``split_tail`` (persistent only; default ``PREFILL_WS_SPLIT_TAIL``): the ``R``
+    tiles past the last full wave (all tiles when fewer than the SMs) are split in K into
+    ``SMs // R`` parts (2 to 8) on as many programs, the parts' fp32 sums added up in K
+    order by each tile's last part (a workspace per device and stream). Raises ValueError saying why when it cannot serve the call."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -1168,16 +1168,16 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
         [block_t, rows], gl.bfloat16)) if tma_out else desc)
     tiles = cdiv(m, block_t) * cdiv(n, 2 * rows)
     sms = _num_sms(x2.device)
-    stream_k = persistent and (PREFILL_WS_STREAM_K if stream_k is None else stream_k)
-    grid = sms if stream_k else (min(tiles, sms) if persistent else tiles)
-    left = tiles % grid  # stream-K tiles: their partials (2 slots per program) and per-element counters
-    ws, cnt = _workspace(x2.device, grid * 2 * 2 * rows * block_t if stream_k and left else 0,
-                         left * 2 * rows * 4 if stream_k else 0)
+    split_tail = persistent and (PREFILL_WS_SPLIT_TAIL if split_tail is None else split_tail)
+    grid = sms if split_tail else (min(tiles, sms) if persistent else tiles)
+    left = tiles % grid  # tail tiles: a partial tile per program and per-element counters per tile
+    ws, cnt = _workspace(x2.device, grid * 2 * rows * block_t if split_tail and left else 0,
+                         left * 2 * rows * 4 if split_tail else 0)
     _launch_direct(pg._prefill_ws_kernel, (grid,), desc, wv.words, wv.scales_u8, gs,
                    bias if bias is not None else out, out, out_desc, ws, cnt, n, m, k, wv.words.stride(0),
                    wv.scales_u8.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
                    SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
-                   TMA_OUT=tma_out, STREAM_K=stream_k, num_warps=4)
+                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, num_warps=4)
     return out
 
 

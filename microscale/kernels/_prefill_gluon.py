@@ -46,8 +46,7 @@ from ._gemv_mma import SK_E8M0, SK_UE4M3, _word_lines_select
 WG_ROWS = gl.constexpr(64)
 #: K elements per step (one ring slot): 4 wgmma K slices of 16; 2 code words per thread and row
 BK = gl.constexpr(64)
-#: stream-K: at most this many programs share one tile (bounds the partial sums a tile's last
-#: contributor adds up)
+#: tail split: at most this many K parts per tile
 MAX_SPLIT = gl.constexpr(8)
 
 
@@ -97,62 +96,58 @@ def _tile_origin(tile, n_t, n_n, BT: gl.constexpr, GROUP_T: gl.constexpr):
 
 
 @gluon.jit
-def _plan(n_tiles, n_steps, STREAM_K: gl.constexpr):
-    """This program's share of the work: ``(dp, sk0, sk1, sk_p, sk_len)``. ``dp`` whole tiles
-    ``p, p + P, ...``; with ``STREAM_K`` the tiles past the last full wave (``n_tiles % P``,
-    all of them when there are fewer than ``P``) are not dealt out whole: their
-    ``sk_len = tiles x n_steps`` K steps are cut into ``sk_p`` even ranges, and this
-    program takes steps ``[sk0, sk1)`` of them (stream-K: no idle SMs in the last wave)."""
+def _plan(n_tiles, n_steps, SPLIT_TAIL: gl.constexpr):
+    """This program's share of the work: ``(dp, s_lo, s_hi, S)``. ``dp`` whole tiles
+    ``p, p + P, ...``; with ``SPLIT_TAIL`` the ``R`` tiles past the last full wave
+    (``n_tiles % P``; all of them when there are fewer than ``P``) are split in K into ``S``
+    parts when ``S = P // R`` is at least 2 (at most ``MAX_SPLIT``): program ``p < R S``
+    then also takes steps ``[s_lo, s_hi)`` of tail tile ``p // S``. Parts ``s`` of all
+    tail tiles run at the same time and read the same activation K slices (L2 reuse: a
+    stream-K cut into uneven ranges spreads those reads out in time and measured slower)."""
     p = gl.program_id(0)
     P = gl.num_programs(0)
-    if STREAM_K:
+    if SPLIT_TAIL:
         dp = n_tiles // P
-        sk_len = (n_tiles - dp * P) * n_steps
-        # (at least one step per range: every program between a tile's first and last
-        # contributor then holds a partial of it)
-        sk_p = gl.maximum(gl.minimum(gl.minimum(P, (n_tiles - dp * P) * MAX_SPLIT), sk_len), 1)
-        sk0 = gl.minimum(p, sk_p) * sk_len // sk_p
-        sk1 = gl.minimum(p + 1, sk_p) * sk_len // sk_p
+        R = n_tiles - dp * P
+        S = gl.minimum(gl.minimum(P // gl.maximum(R, 1), MAX_SPLIT), n_steps)
+        S = gl.where(R > 0, S, 1)
+        on = (S > 1) & (p < R * S)
+        s_lo = gl.where(on, (p % S) * n_steps // S, 0)
+        s_hi = gl.where(on, (p % S + 1) * n_steps // S, 0)
+        dp = gl.where((S == 1) & (p < R), dp + 1, dp)  # an unsplit tail: whole tiles as usual
     else:
         dp = (n_tiles - p + P - 1) // P
-        sk_len = 0
-        sk_p = 1
-        sk0 = 0
-        sk1 = 0
-    return dp, sk0, sk1, sk_p, sk_len
+        s_lo = 0
+        s_hi = 0
+        S = 1
+    return dp, s_lo, s_hi, S
 
 
 @gluon.jit
-def _n_segments(dp, sk0, sk1, n_steps):
-    """Segments (one tile's K range each) of a program: its whole tiles, then the tiles its
-    stream-K range touches."""
-    return dp + gl.where(sk1 > sk0, (sk1 - 1) // n_steps - sk0 // n_steps + 1, 0)
-
-
-@gluon.jit
-def _segment(j, dp, sk0, sk1, n_steps):
-    """``(tile, k_lo, k_hi)`` of segment ``j``: a whole tile ``p + j P``, or part of a
-    stream-K tile (numbered after the ``dp x P`` whole ones)."""
+def _segment(j, dp, s_lo, s_hi, S, n_steps):
+    """``(tile, k_lo, k_hi)`` of segment ``j`` (``0 <= j < dp + (s_hi > s_lo)``): a whole tile
+    ``p + j P``, or this program's part of tail tile ``p // S`` (numbered after the
+    ``dp x P`` whole ones)."""
     P = gl.num_programs(0)
-    t_sk = sk0 // n_steps + (j - dp)
+    p = gl.program_id(0)
     is_dp = j < dp
-    tile = gl.where(is_dp, gl.program_id(0) + j * P, dp * P + t_sk)
-    k_lo = gl.where(is_dp, 0, gl.maximum(sk0 - t_sk * n_steps, 0))
-    k_hi = gl.where(is_dp, n_steps, gl.minimum(sk1 - t_sk * n_steps, n_steps))
+    tile = gl.where(is_dp, p + j * P, dp * P + p // S)
+    k_lo = gl.where(is_dp, 0, s_lo)
+    k_hi = gl.where(is_dp, n_steps, s_hi)
     return tile, k_lo, k_hi
 
 
 @gluon.jit
 def _producer(xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT: gl.constexpr, GROUP_T: gl.constexpr,
-              STREAM_K: gl.constexpr):
+              SPLIT_TAIL: gl.constexpr):
     """TMA of the activation tile of every K step of this program's segments into the ring
     (slot ``it % STAGES`` of the running step count ``it``): it runs ahead into the next
     segment while the consumers finish the last one."""
     STAGES: gl.constexpr = x_bufs.shape[0]
-    dp, sk0, sk1, sk_p, sk_len = _plan(n_t * n_n, n_steps, STREAM_K)
+    dp, s_lo, s_hi, S = _plan(n_t * n_n, n_steps, SPLIT_TAIL)
     it = 0
-    for j in range(_n_segments(dp, sk0, sk1, n_steps)):
-        tile, k_lo, k_hi = _segment(j, dp, sk0, sk1, n_steps)
+    for j in range(dp + (s_hi > s_lo).to(gl.int32)):
+        tile, k_lo, k_hi = _segment(j, dp, s_lo, s_hi, S, n_steps)
         off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
         for i in range(k_lo, k_hi):
             s = it % STAGES
@@ -219,7 +214,7 @@ def _mma_step(a, x_bufs, ready, empty, acc, it):
     return acc
 
 
-#: stream-K arrival of one (row, thread quad member): ``atom.add`` of the steps ``$2`` this
+#: tail-split arrival of one (row, thread quad member): ``atom.add`` of the steps ``$2`` this
 #: program summed to the counter at ``$1`` + 4 x (lane % 4) (release: this thread's partial
 #: stores before it; acquire: the other contributors' stores of the same elements after it);
 #: ``$0`` = 1 for the last contributor, which also resets the counter to zero for the next call
@@ -229,34 +224,28 @@ ARRIVE_ASM = gl.constexpr("{\n.reg .u32 l, o;\n.reg .u64 a;\n.reg .pred p;\nmov.
 
 
 @gluon.jit
-def _stream_k_sum(acc, ws_ptr, cnt_ptr, tile, nk, n_tiles, n_steps, slot, WG: gl.constexpr, acc_l: gl.constexpr):
-    """A stream-K segment's partial ``acc``: stored to this program's workspace ``slot``
-    (0: its first stream-K segment, 1: its last); the tile's last contributor, per row and
-    thread (elementwise counters: no barrier), sums every contributor's partial in program
-    order (deterministic). Returns (that sum, the [rows, 1] flag of rows this thread
-    finishes)."""
+def _split_sum(acc, ws_ptr, cnt_ptr, nk, n_tiles, n_steps, WG: gl.constexpr, acc_l: gl.constexpr):
+    """A tail tile's partial ``acc`` (this program's K part): stored to this program's
+    workspace slot; the tile's last part to arrive, per row and thread (elementwise
+    counters: no barrier), sums all ``S`` parts in K order (deterministic). Returns (that
+    sum, the [rows, 1] flag of rows this thread finishes)."""
     BT: gl.constexpr = acc.shape[1]
-    dp, sk0, sk1, sk_p, sk_len = _plan(n_tiles, n_steps, True)  # recomputed here: fewer live registers
-    tile_sk = tile - dp * gl.num_programs(0)
+    TILE: gl.constexpr = 2 * WG_ROWS * BT
+    dp, s_lo, s_hi, S = _plan(n_tiles, n_steps, True)  # recomputed here: fewer live registers
+    tile_sk = gl.program_id(0) // S
     r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, acc_l))
     c = gl.arange(0, BT, layout=gl.SliceLayout(0, acc_l))
     elem = (WG * WG_ROWS + r)[:, None] * BT + c[None, :]
-    TILE: gl.constexpr = 2 * WG_ROWS * BT
-    gl.store(ws_ptr + (gl.program_id(0) * 2 + slot) * TILE + elem, acc)
+    gl.store(ws_ptr + gl.program_id(0) * TILE + elem, acc)
     z = gl.full([WG_ROWS], 0, gl.int32, gl.SliceLayout(1, acc_l))
     cnt = cnt_ptr + tile_sk * (2 * WG_ROWS * 4) + (WG * WG_ROWS + r) * 4
     last = gl.inline_asm_elementwise(ARRIVE_ASM, "=r,l,r,r", [cnt, z + nk, z + n_steps], dtype=gl.int32,
                                      is_pure=False, pack=1)
     last2 = gl.expand_dims(last, 1) != 0
     lm = gl.broadcast(last2, acc)[0]
-    # contributors: the programs whose ranges hold the tile's first and last steps
-    h0 = tile_sk * n_steps
-    q0 = ((h0 + 1) * sk_p - 1) // sk_len
-    q1 = ((h0 + n_steps) * sk_p - 1) // sk_len
     tot = gl.zeros_like(acc)
-    for q in range(q0, q1 + 1):
-        q_slot = gl.where((q * sk_len // sk_p) // n_steps == tile_sk, 0, 1)
-        tot += gl.load(ws_ptr + (q * 2 + q_slot) * TILE + elem, mask=lm, other=0.0, cache_modifier=".cg")
+    for q in range(tile_sk * S, tile_sk * S + S):  # the tile's parts are programs tile_sk S ... + S - 1
+        tot += gl.load(ws_ptr + q * TILE + elem, mask=lm, other=0.0, cache_modifier=".cg")
     return tot, last2
 
 
@@ -291,14 +280,14 @@ def _epilogue(acc, ok, e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, N, M,
 def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr, n_t,
               n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
               GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
-              HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, STREAM_K: gl.constexpr):
+              HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr):
     """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T`` per tile, for each
     of this program's segments (:func:`_plan`). Per K step it decodes its code words
     (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``2 t + a``) and block scales in
     registers into the wgmma A layout, loads those of two steps ahead, waits for the step's
     activation slot, issues the MMAs, retires them and releases the slot to the producer. The
-    next segment's first code words are loaded before this one's epilogue; a stream-K
-    segment's partial goes through :func:`_stream_k_sum`."""
+    next segment's first code words are loaded before this one's epilogue; a split tail
+    tile's partial goes through :func:`_split_sum`."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
     # [rows, t, a]: registers a then row + 8; lanes t then g; warps rows + 16, + 32 (the A operand's own rows and
@@ -312,10 +301,10 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
     av = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_l)))
     w_col = 2 * tq[None, :, None] + av[None, None, :]
     s_col = tq[None, :] // TPS
-    dp, sk0, sk1, _, _ = _plan(n_t * n_n, n_steps, STREAM_K)
-    n_seg = _n_segments(dp, sk0, sk1, n_steps)
+    dp, s_lo, s_hi, S = _plan(n_t * n_n, n_steps, SPLIT_TAIL)
+    n_seg = dp + (s_hi > s_lo).to(gl.int32)
     j = 0
-    tile, k_lo, k_hi = _segment(0, dp, sk0, sk1, n_steps)
+    tile, k_lo, k_hi = _segment(0, dp, s_lo, s_hi, S, n_steps)
     off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
     w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, off_n, k_lo, k_hi - k_lo, r_w, w_col,
                                                              s_col, N, stride_wn, stride_sn, TPS)
@@ -340,17 +329,15 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
         # (past the last segment: this one's again, never used)
         e_t = off_t
         e_n = off_n
-        e_tile = tile
-        e_slot = gl.where(j == dp, 0, 1)
         j += 1
         if j < n_seg:
-            tile, k_lo, k_hi = _segment(j, dp, sk0, sk1, n_steps)
+            tile, k_lo, k_hi = _segment(j, dp, s_lo, s_hi, S, n_steps)
             off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
         w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, off_n, k_lo, k_hi - k_lo, r_w, w_col,
                                                                  s_col, N, stride_wn, stride_sn, TPS)
-        partial = nk < n_steps  # always whole tiles without stream-K
+        partial = nk < n_steps  # always whole tiles without SPLIT_TAIL
         if partial:
-            tot, last = _stream_k_sum(acc, ws_ptr, cnt_ptr, e_tile, nk, n_t * n_n, n_steps, e_slot, WG, acc_l)
+            tot, last = _split_sum(acc, ws_ptr, cnt_ptr, nk, n_t * n_n, n_steps, WG, acc_l)
             _epilogue(tot, last, e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, N, M,
                       stride_om, post, WG, HAS_GS, HAS_BIAS, False, acc_l)
         else:
@@ -364,7 +351,7 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
 def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, ws_ptr, cnt_ptr, N, M, K,
                        stride_wn, stride_sn, stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr,
                        GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
-                       HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, STREAM_K: gl.constexpr):
+                       HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
     ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K / 8]``; ``s_ptr``: uint8 block scales
@@ -394,11 +381,11 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, 
     gl.warp_specialize([
         (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, STREAM_K)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL)),
         (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, STREAM_K)),
-        (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T, STREAM_K)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL)),
+        (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T, SPLIT_TAIL)),
     ], [4, 1], [232, 40])
 
 
