@@ -1094,15 +1094,19 @@ _WS_TILE_RATE = {256: 1.0, 128: 0.61, 64: 0.35}
 _WS_STAGES = {256: 4, 128: 6, 64: 8}
 
 
-def choose_prefill_ws_tile(m: int, n: int, num_sms: int) -> tuple[int, int]:
+def choose_prefill_ws_tile(m: int, n: int, num_sms: int, split_tail: bool = True) -> tuple[int, int]:
     """``(block_t, stages)`` for :func:`prefill_ws` on ``m`` tokens and ``n`` weight rows: the
-    token tile with the least modelled time, full waves of tiles times the tile's cost
-    (``block_t / rate``), so that few-token calls on few rows still fill the SMs."""
+    token tile with the least modelled time, the waves of tiles times the tile's cost
+    (``block_t / rate``), so that few-token calls on few rows still fill the SMs. With
+    ``split_tail`` a last wave of ``R`` tiles costs ``1 / S`` of a wave (``S = SMs // R``
+    parts, at most 8; see :func:`prefill_ws`)."""
     rows = 2 * 64  # two consumer warpgroups of 64 rows
 
     def cost(bt: int) -> float:
-        waves = -(-(-(-m // bt) * -(-n // rows)) // num_sms)
-        return waves * bt / _WS_TILE_RATE[bt]
+        tiles = -(-m // bt) * -(-n // rows)
+        full, tail = divmod(tiles, num_sms)
+        parts = min(num_sms // tail, 8) if split_tail and tail else 1
+        return (full + (1 / parts if tail else 0)) * bt / _WS_TILE_RATE[bt]
     bt = min(_WS_TILE_RATE, key=lambda b: (cost(b), -b))
     return bt, _WS_STAGES[bt]
 
@@ -1138,7 +1142,9 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     if why is not None:
         raise ValueError(f"{_OP}: prefill_ws {why}")
     if block_t is None:
-        block_t, auto_stages = choose_prefill_ws_tile(x2.shape[0], q.shape[0], _num_sms(x2.device))
+        block_t, auto_stages = choose_prefill_ws_tile(x2.shape[0], q.shape[0], _num_sms(x2.device),
+                                                      persistent and (PREFILL_WS_SPLIT_TAIL if split_tail is None
+                                                                      else split_tail))
         stages = auto_stages if stages is None else stages
     stages = _WS_STAGES.get(block_t, 4) if stages is None else stages
     # shared memory: the activation ring and two output tiles (<= 227 KB on an H100 / H200)

@@ -187,14 +187,15 @@ def test_reasons():
         L.prefill_ws(x, q)
 
 
-@pytest.mark.parametrize("m, n, want", [
-    (4096, 28672, 256), (512, 8192, 256),  # many full waves: the widest tile
-    (128, 28672, 128),  # 224 row tiles: a 256-token tile would be half empty, as many waves
-    (128, 8192, 64),  # 64 row tiles: only 64-token tiles fill the 132 SMs
-    (256, 8192, 128)])
-def test_choose_ws_tile(m, n, want):
-    """The token tile with the fewest modelled wave-costs (the picks the H200 sweep favoured)."""
-    bt, stages = L.choose_prefill_ws_tile(m, n, 132)
+@pytest.mark.parametrize("m, n, split, want", [
+    (4096, 28672, True, 256), (512, 8192, True, 256),  # many full waves: the widest tile
+    (128, 28672, True, 128),  # 224 row tiles: a 256-token tile would be half empty, as many waves
+    (128, 8192, True, 128),  # 64 tiles of 128 tokens, each split in 2 K parts: 128 programs
+    (128, 8192, False, 64),  # unsplit, only 64-token tiles fill the 132 SMs
+    (256, 8192, True, 256), (256, 8192, False, 128)])
+def test_choose_ws_tile(m, n, split, want):
+    """The token tile with the least modelled cost (the picks of the H200 sweeps,
+    ``benchmarks/h200_2026-12-02/split``)."""
+    bt, stages = L.choose_prefill_ws_tile(m, n, 132, split)
     assert bt == want
     assert (stages + 2) * bt * 128 <= 200 * 1024  # the ring and two output tiles fit
-
