@@ -122,8 +122,8 @@ WS_SHAPES = [tuple(int(u) for u in v.split("x"))
 def ws_main() -> None:
     """WS=1: ``prefill_ws`` (NVFP4, MXFP4) checked against float64 on ragged shapes (every
     element within bf16 rounding plus an fp32 accumulation bound), then timed at 512 / 4096
-    tokens (``WS_M``) on the weight shapes ``WS_SHAPES`` for block_t x stages (``WS_CFGS``), next to the routed ``ms.linear``
-    and cuBLAS bf16 (CUDA events, median)."""
+    tokens (``WS_M``) on the weight shapes ``WS_SHAPES`` for block_t x stages (``WS_CFGS``),
+    next to the routed ``ms.linear`` and cuBLAS bf16 (median; ``t_ws``)."""
     res = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "checks": [], "timings": []}
     g = torch.Generator(device=dev).manual_seed(8)

@@ -17,7 +17,9 @@ so here:
   value in the thread and register the wgmma A operand wants: the final
   ``convert_layout`` is asserted trivial at compile time;
 * ``warpgroup_mma`` takes the weights from registers and the activations from the ring
-  (tokens on the MMA's N side: the tile is ``out^T``), one group in flight.
+  (tokens on the MMA's N side: the tile is ``out^T``), one group in flight;
+* one persistent program per SM; the last partial wave of tiles is split in K into parts
+  that run side by side (:func:`_plan`), added up by each tile's last part.
 
 The price of loading codes in A-operand order is a K permutation of the activations: in
 each 64-element K chunk the MMA's K slot ``16 j + 8 a + 2 t + e`` holds physical element
@@ -360,10 +362,12 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, 
     ``_gemv_mma``); ``post``: the power of two the scale placement leaves out. Tile
     order: :func:`_tile_origin`; program ``p`` of ``P`` takes tiles ``p, p + P, ...``
     (persistent when ``P`` is the SM count: the producer fills the ring for the next tile
-    and the consumers load its first codes during the epilogue). ``TMA_OUT``: each
-    consumer writes its ``[BT, WG_ROWS]`` output tile through
-    shared memory with one TMA store (``out_desc``, block ``[BT, WG_ROWS]``; N a multiple of
-    8), else with masked 2-byte stores."""
+    and the consumers load its first codes during the epilogue); ``SPLIT_TAIL``: the tiles
+    past the last full wave split in K (:func:`_plan`), their fp32 parts in ``ws_ptr``
+    (``P x 2 WG_ROWS x BT``) and int32 counters ``cnt_ptr`` (``2 WG_ROWS x 4`` per tail tile,
+    zero on entry, left zero). ``TMA_OUT``: each consumer writes a whole tile's
+    ``[BT, WG_ROWS]`` output through shared memory with one TMA store (``out_desc``, block
+    ``[BT, WG_ROWS]``; N a multiple of 8), else with masked 2-byte stores."""
     n_t = gl.cdiv(M, BT)
     n_n = gl.cdiv(N, 2 * WG_ROWS)
     n_steps = K // BK
