@@ -1094,6 +1094,14 @@ _WS_TILE_RATE = {256: 1.0, 128: 0.61, 64: 0.35}
 _WS_STAGES = {256: 4, 128: 6, 64: 8}
 
 
+def _tail_parts(tiles: int, programs: int) -> int:
+    """K parts per tail tile of :func:`prefill_ws` with ``split_tail`` (as the kernel's
+    ``_plan``; it also caps them at the K step count): ``programs // R`` for the
+    ``R = tiles % programs`` tiles past the last full wave, at most 8; 1 means unsplit."""
+    tail = tiles % programs
+    return max(min(programs // tail, 8), 1) if tail else 1
+
+
 def choose_prefill_ws_tile(m: int, n: int, num_sms: int, split_tail: bool = True) -> tuple[int, int]:
     """``(block_t, stages)`` for :func:`prefill_ws` on ``m`` tokens and ``n`` weight rows: the
     token tile with the least modelled time, the waves of tiles times the tile's cost
@@ -1105,7 +1113,7 @@ def choose_prefill_ws_tile(m: int, n: int, num_sms: int, split_tail: bool = True
     def cost(bt: int) -> float:
         tiles = -(-m // bt) * -(-n // rows)
         full, tail = divmod(tiles, num_sms)
-        parts = min(num_sms // tail, 8) if split_tail and tail else 1
+        parts = _tail_parts(tiles, num_sms) if split_tail else 1
         return (full + (1 / parts if tail else 0)) * bt / _WS_TILE_RATE[bt]
     bt = min(_WS_TILE_RATE, key=lambda b: (cost(b), -b))
     return bt, _WS_STAGES[bt]
@@ -1131,7 +1139,8 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     tile); ``split_tail`` (persistent only; default ``PREFILL_WS_SPLIT_TAIL``): the ``R``
     tiles past the last full wave (all tiles when fewer than the SMs) are split in K into
     ``SMs // R`` parts (2 to 8) on as many programs, the parts' fp32 sums added up in K
-    order by each tile's last part (a workspace per device and stream). Raises ValueError saying why when it cannot serve the call."""
+    order by each tile's last part (a workspace per device and stream). Raises ValueError
+    saying why when it cannot serve the call."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -1141,10 +1150,10 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     why = _prefill_ws_reason(q, x2)
     if why is not None:
         raise ValueError(f"{_OP}: prefill_ws {why}")
+    split_tail = persistent and (PREFILL_WS_SPLIT_TAIL if split_tail is None else split_tail)
+    sms = _num_sms(x2.device)
     if block_t is None:
-        block_t, auto_stages = choose_prefill_ws_tile(x2.shape[0], q.shape[0], _num_sms(x2.device),
-                                                      persistent and (PREFILL_WS_SPLIT_TAIL if split_tail is None
-                                                                      else split_tail))
+        block_t, auto_stages = choose_prefill_ws_tile(x2.shape[0], q.shape[0], sms, split_tail)
         stages = auto_stages if stages is None else stages
     stages = _WS_STAGES.get(block_t, 4) if stages is None else stages
     # shared memory: the activation ring and two output tiles (<= 227 KB on an H100 / H200)
@@ -1173,12 +1182,10 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     out_desc = (TensorDescriptor.from_tensor(out, [block_t, rows], gl.NVMMASharedLayout.get_default_for(
         [block_t, rows], gl.bfloat16)) if tma_out else desc)
     tiles = cdiv(m, block_t) * cdiv(n, 2 * rows)
-    sms = _num_sms(x2.device)
-    split_tail = persistent and (PREFILL_WS_SPLIT_TAIL if split_tail is None else split_tail)
     grid = sms if split_tail else (min(tiles, sms) if persistent else tiles)
-    left = tiles % grid  # tail tiles: a partial tile per program and per-element counters per tile
-    ws, cnt = _workspace(x2.device, grid * 2 * rows * block_t if split_tail and left else 0,
-                         left * 2 * rows * 4 if split_tail else 0)
+    split = split_tail and _tail_parts(tiles, grid) > 1  # a partial tile per program, counters per tail tile
+    ws, cnt = _workspace(x2.device, grid * 2 * rows * block_t if split else 0, (tiles % grid) * 2 * rows * 4 if split
+                         else 0)
     _launch_direct(pg._prefill_ws_kernel, (grid,), desc, wv.words, wv.scales_u8, gs,
                    bias if bias is not None else out, out, out_desc, ws, cnt, n, m, k, wv.words.stride(0),
                    wv.scales_u8.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
