@@ -3,6 +3,8 @@
 # timings with and without stream-K at 128 / 512 / 4096 tokens on the issue's three weight
 # shapes (the wrapper's tile choice), and a token-tile sweep at 128 / 512 tokens with stream-K.
 #   bash benchmarks/run_gpu_sk.sh            (on the GPU machine, repo root; ~6 min)
+# (Ran on commit eb1582c, whose prefill_ws used stream-K ranges; on later commits the same
+# switch, p=sk, selects the aligned K split of the tail tiles: benchmarks/run_gpu_split.sh.)
 set -u
 . "$(dirname "$0")/gpu_steps.sh"  # step(), $OUT (SKIP="name ...": steps left out)
 step pytest_ws 150 python -m pytest -q tests/kernels/test_prefill_gluon.py -k gpu
