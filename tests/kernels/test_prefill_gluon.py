@@ -135,15 +135,19 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
     output element within bf16 rounding of float64 plus an fp32 accumulation bound.
     ``programs=3``: the persistent grid of 3 programs, each looping over many tiles (its
     ring phases, next-tile code prefetch and output-buffer reuse). ``split_tail``: the tiles
-    past the last full wave split in K (with 132 programs every tile here is split in 8
-    parts or as many as it has K steps; with 3 programs a tail tile in 2 or 3), the same
-    output on a second call (the parts are added in a fixed order; the counters were left
-    at zero)."""
+    past the last full wave split in K (with 132 programs every tile here is split, in 4 to 8
+    parts; with 3 programs the single tail tile of the first two cases, in 3), checked to
+    have taken the split path (its workspace requested), the same output on a second call
+    (the parts are added in a fixed order; the counters were left at zero)."""
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) != (9, 0):
         pytest.skip("sm_90 (wgmma)")
     if programs is not None:
         monkeypatch.setattr(L, "_num_sms", lambda device: programs)
+    parts = []  # partial floats each launch asked the workspace for (nonzero: a split tail)
+    workspace = L._workspace
+    monkeypatch.setattr(L, "_workspace", lambda device, floats, tiles: parts.append(floats) or workspace(
+        device, floats, tiles))
     g = torch.Generator(device=dev).manual_seed(4)
     cases = [(300, 196, 1024, 256), (64, 128, 512, 128), (513, 200, 2048, 256),  # N % 8: both stores
              (700, 390, 1088, 128), (520, 264, 1088, 64)]  # 17 K steps
@@ -159,6 +163,7 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
         assert out.dtype == torch.bfloat16 and out.shape == (m, n)
         assert torch.isfinite(out).all()
         assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, n, k)
+    assert any(parts) == split_tail
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
