@@ -222,7 +222,8 @@ def _mma_step(a, x_bufs, ready, empty, acc, it):
 #: ``$0`` = 1 for the last contributor, which also resets the counter to zero for the next call
 ARRIVE_ASM = gl.constexpr("{\n.reg .u32 l, o;\n.reg .u64 a;\n.reg .pred p;\nmov.u32 l, %laneid;\nand.b32 l, l, 3;\n"
               "mul.wide.u32 a, l, 4;\nadd.u64 a, a, $1;\natom.acq_rel.gpu.global.add.u32 o, [a], $2;\n"
-              "add.u32 o, o, $2;\nsetp.eq.u32 p, o, $3;\nselp.u32 $0, 1, 0, p;\n@p st.relaxed.gpu.global.u32 [a], 0;\n}")
+              "add.u32 o, o, $2;\nsetp.eq.u32 p, o, $3;\nselp.u32 $0, 1, 0, p;\n"
+              "@p st.relaxed.gpu.global.u32 [a], 0;\n}")
 
 
 @gluon.jit
@@ -233,7 +234,7 @@ def _split_sum(acc, ws_ptr, cnt_ptr, nk, n_tiles, n_steps, WG: gl.constexpr, acc
     sum, the [rows, 1] flag of rows this thread finishes)."""
     BT: gl.constexpr = acc.shape[1]
     TILE: gl.constexpr = 2 * WG_ROWS * BT
-    dp, s_lo, s_hi, S = _plan(n_tiles, n_steps, True)  # recomputed here: fewer live registers
+    S = _plan(n_tiles, n_steps, True)[3]  # recomputed here: fewer live registers
     tile_sk = gl.program_id(0) // S
     r = gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, acc_l))
     c = gl.arange(0, BT, layout=gl.SliceLayout(0, acc_l))
@@ -340,11 +341,11 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
         partial = nk < n_steps  # always whole tiles without SPLIT_TAIL
         if partial:
             tot, last = _split_sum(acc, ws_ptr, cnt_ptr, nk, n_t * n_n, n_steps, WG, acc_l)
-            _epilogue(tot, last, e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, N, M,
-                      stride_om, post, WG, HAS_GS, HAS_BIAS, False, acc_l)
+            _epilogue(tot, last, e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, N, M, stride_om, post, WG,
+                      HAS_GS, HAS_BIAS, False, acc_l)
         else:
-            _epilogue(acc, gl.full([WG_ROWS, 1], 1, gl.int1, acc_l), e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, N, M, stride_om, post, WG,
-                      HAS_GS, HAS_BIAS, TMA_OUT, acc_l)
+            _epilogue(acc, gl.full([WG_ROWS, 1], 1, gl.int1, acc_l), e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc,
+                      c_bufs, N, M, stride_om, post, WG, HAS_GS, HAS_BIAS, TMA_OUT, acc_l)
     if TMA_OUT:
         tma.store_wait(0)
 
