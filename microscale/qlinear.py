@@ -72,7 +72,8 @@ __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_co
            "gemv_mma", "gemv_mma_supported", "GemvMmaConfig", "choose_gemv_mma_config", "with_gemv_mma_split",
            "GemvConfig", "choose_gemv_config", "GEMV_MAX_M", "prefill", "prefill_supported", "PrefillConfig",
            "choose_prefill_config", "PREFILL_MIN_M", "prefill_ws",
-           "choose_prefill_ws_tile", "PREFILL_WS_MIN_M"]
+           "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "decode_tma", "choose_decode_tma_split",
+           "DECODE_TMA_MIN_M"]
 
 _OP = "linear"
 _SCALE_KIND = {"e8m0": 1, "ue4m3": 2, "fp16": 3, "bf16": 4, "fp32": 5}
@@ -442,8 +443,10 @@ def _(x, codes, scales, zero_points, global_scale, bias, fmt_json, n, k, special
 def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ dequant(qweight)^T + bias``.
 
-    On CUDA a QTensor weight takes, in this order: the tensor-core decode path
-    (:func:`gemv_mma`) for ``GEMV_MMA_MIN_M..GEMV_MMA_MAX_M`` tokens of bf16 activations
+    On CUDA a QTensor weight takes, in this order: on Hopper, the TMA-fed tensor-core decode
+    kernel (:func:`decode_tma`) for ``DECODE_TMA_MIN_M..16`` tokens of bf16 activations and
+    NVFP4 / MXFP4 weights whose K is a multiple of 256 (``MICROSCALE_DECODE_TMA=0``: off);
+    the tensor-core decode path (:func:`gemv_mma`) for ``GEMV_MMA_MIN_M..GEMV_MMA_MAX_M`` tokens of bf16 activations
     and E2M1 weights with UE4M3/E8M0 scales (NVFP4, MXFP4); the f16x2 GEMV for at most
     ``GEMV_MAX_M`` tokens (4/8-bit codes); the prefill kernel from ``PREFILL_MIN_M`` tokens
     (4/8-bit codes); the split-K tensor-core kernel otherwise (any format). On the CPU the
@@ -473,6 +476,10 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
         if len(qweight.shape) == 2:  # (prepare() below explains other shapes)
             _check(x, qweight.shape[0], qweight.shape[1], qweight.device, bias)
         lead = x.shape[:-1]
+        if _DECODE_TMA and DECODE_TMA_MIN_M * x.shape[-1] <= x.numel() <= 16 * x.shape[-1]:
+            x2 = x.reshape(-1, x.shape[-1])
+            if _decode_tma_reason(qweight, x2) is None:
+                return decode_tma(x2, qweight, bias).reshape(*lead, qweight.shape[0])
         if x.numel() >= GEMV_MMA_MIN_M * x.shape[-1]:
             c = _gemv_mma_config(qweight, x)
             if c is not None and _gemv_mma_reason(qweight, x, c) is None:
@@ -1191,6 +1198,120 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
                    wv.scales_u8.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
                    SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
                    TMA_OUT=tma_out, SPLIT_TAIL=split_tail, num_warps=4)
+    return out
+
+
+#: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) with ``DECODE_TMA_MIN_M`` to 16 bf16
+#: tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA=0``, read at import:
+#: :func:`gemv_mma`). H200, CUDA graphs, 28672x8192: 16 tokens 50-52 µs against gemv_mma's
+#: 71-73, 8 tokens 50-51 against 56-58; 8192x8192 at 8 tokens gemv_mma stays ahead (18.5
+#: against 19.1-19.7 µs), hence 9 (``benchmarks/NOTES_linear.md``, twelfth session)
+_DECODE_TMA = os.environ.get("MICROSCALE_DECODE_TMA", "1") == "1"
+DECODE_TMA_MIN_M = 9
+#: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
+#: chunk, ring chunks, resident programs per SM (80 registers x 12 warps)
+_DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
+
+
+def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
+    """``q``'s block scales step-major for :func:`decode_tma`, made once per weight and
+    version of its scales and kept on it: ``[tiles * steps * rows / 64, 256]`` uint8, where
+    row tile ``t`` (``rows`` weight rows, zero-padded) and K step ``s`` (64 elements) hold
+    ``[rows, 4]`` bytes at row ``(t * steps + s) * rows / 64``: one byte per 16 elements (E8M0
+    scales of 32 repeated), so that one TMA box brings a step's scales."""
+    key = (q.scales.data_ptr(), q.scales._version, rows)
+    hit = q.__dict__.get("_ms_step_scales")
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    n, k = q.shape
+    sc = q.scales.reshape(n, -1).view(torch.uint8)
+    if sc.shape[1] != k // 16:
+        sc = sc.repeat_interleave(k // 16 // sc.shape[1], dim=1)
+    tiles = cdiv(n, rows)
+    pad = torch.zeros((tiles * rows, k // 16), dtype=torch.uint8, device=sc.device)
+    pad[:n] = sc
+    st = pad.reshape(tiles, rows, k // 64, 4).permute(0, 2, 1, 3).reshape(-1, 256).contiguous()
+    q.__dict__["_ms_step_scales"] = (key, st)
+    return st
+
+
+def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
+    """Why :func:`decode_tma` cannot serve ``x @ dequant(q)^T``, or None."""
+    why = _prefill_ws_reason(q, x)
+    if why is not None:
+        return why
+    if not 1 <= x.shape[0] <= 16:
+        return f"serves 1 to 16 tokens, got {x.shape[0]}"
+    if q.shape[1] % (64 * _DT_CHUNK):
+        return f"needs K a multiple of {64 * _DT_CHUNK}, got {q.shape[1]}"
+    return None
+
+
+def choose_decode_tma_split(n: int, k: int, num_sms: int) -> int:
+    """K parts per row tile for :func:`decode_tma`: the fewest (a power of two, at most 8)
+    that give every SM a unit, among those that divide K into whole ring chunks."""
+    tiles = cdiv(n, _DT_ROWS)
+    chunks = k // (64 * _DT_CHUNK)
+    split = 1
+    while split < 8 and tiles * split < num_sms and chunks % (2 * split) == 0:
+        split *= 2
+    return split
+
+
+def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, split: int | None = None,
+               programs: int | None = None) -> torch.Tensor:
+    """``x2 [M <= 16, K] @ dequant(q)^T (+ bias)`` for an E2M1 weight (NVFP4, MXFP4) and bf16
+    activations on Hopper, with the warp-specialized Gluon kernel
+    (:mod:`microscale.kernels._decode_tma`: a producer warp brings each K step's code words,
+    block scales and activations by TMA into a shared-memory ring, eight consumer warps
+    decode them into ``mma.sync``). :func:`linear` routes here from ``DECODE_TMA_MIN_M``
+    tokens. ``split``: K parts per 128-row tile (default :func:`choose_decode_tma_split`),
+    added up in K order by each tile's last part; ``programs``: persistent programs (default:
+    all units, at most two per SM). The first call on a weight makes its step-major scales
+    (:func:`_step_scales`, kept on the QTensor). Raises ValueError saying why when it cannot
+    serve the call."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .kernels import _decode_tma as dk
+    from .kernels import _prefill_gluon as pg
+
+    _check(x2, q.shape[0], q.shape[-1], q.device, bias)
+    why = _decode_tma_reason(q, x2)
+    if why is not None:
+        raise ValueError(f"{_OP}: decode_tma {why}")
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    m, k = x2.shape
+    n = q.shape[0]
+    sms = _num_sms(x2.device)
+    split = choose_decode_tma_split(n, k, sms) if split is None else split
+    chunks = k // (64 * _DT_CHUNK)
+    if split < 1 or chunks % split or (programs is not None and programs < 1):
+        raise ValueError(f"{_OP}: decode_tma needs split >= 1 dividing the {chunks} chunks of "
+                         f"{64 * _DT_CHUNK} K elements, programs >= 1")
+    xp = torch.empty((m, k), dtype=x2.dtype, device=x2.device)  # activations in the consumers' K order
+    launch(pg._xperm_kernel, (cdiv(m, 32), k // 64), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, num_warps=4)
+    if q.fmt.scale.name == "ue4m3":
+        sk, ke, post = pg.SK_UE4M3, 0, 2.0 ** 7
+    else:
+        d = _e8m0_window(q)
+        sk, ke, post = pg.SK_E8M0, 126 - d, 2.0 ** d
+    wv = _weight_views(q)
+    rows = _DT_ROWS
+    plain = lambda bits: gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)  # noqa: E731
+    w_desc = TensorDescriptor.from_tensor(wv.words, [rows, 8], plain(32))
+    s_desc = TensorDescriptor.from_tensor(_step_scales(q, rows), [rows // 64, 256], plain(8))
+    x_desc = TensorDescriptor.from_tensor(xp, [16, 64], gl.NVMMASharedLayout.get_default_for([16, 64], gl.bfloat16))
+    out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    gs = wv.global_scale if wv.global_scale is not None else out
+    tiles = cdiv(n, rows)
+    units = tiles * split
+    ws, cnt = _workspace(x2.device, units * rows * 16 if split > 1 else 0, tiles * rows * 4 if split > 1 else 0)
+    grid = min(units, programs or _DT_PER_SM * sms)
+    _launch_direct(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
+                   out, ws, cnt, n, m, tiles, ke, post, S=split, NCH=chunks // split, C=_DT_CHUNK, SK=sk,
+                   STAGES=_DT_STAGES, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
+                   num_warps=rows // 16, maxnreg=80)
     return out
 
 

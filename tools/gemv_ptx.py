@@ -1,11 +1,12 @@
 """Compile the decode GEMV and its activation prep (or, ``--mma``, the tensor-core decode
-kernel; ``--ws``, the warp-specialized Gluon prefill, with ptxas's register / spill report)
+kernel; ``--ws``, the warp-specialized Gluon prefill, ``--dtma`` the TMA-fed Gluon decode kernel,
+with ptxas's register / spill report)
 for sm_90 without a GPU, as ``qlinear`` launches them on an H200 for a weight's second call
 (config from ``choose_gemv_config`` / ``choose_gemv_mma_config`` unless overridden), and
 write their PTX / SASS.
 
     python tools/gemv_ptx.py OUTDIR [--fmt nvfp4] [--m 1] [--n 28672] [--k 8192]
-                             [--config "{'pdl': True}"] [--sass] [--mma | --ws]
+                             [--config "{'pdl': True}"] [--sass] [--mma | --ws | --dtma]
 
 Writes ``OUTDIR/<kernel>.ptx`` for each launch (``.sass`` too with ``--sass``) and prints
 the loop-body instruction histogram of the main kernel. Used by
@@ -67,28 +68,32 @@ def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict, mma: bool = 
     return out
 
 
-def compile_prefill_ws(fmt: str, m: int, n: int, k: int, overrides: dict) -> dict:
+def compile_prefill_ws(fmt: str, m: int, n: int, k: int, overrides: dict, op: str = "prefill_ws") -> dict:
     """``{kernel name: compiled kernel}`` for one ``qlinear.prefill_ws`` call's launches
-    (the K-permutation prep and the warp-specialized Gluon kernel), sm_90a."""
+    (the K-permutation prep and the warp-specialized Gluon kernel), sm_90a; ``op="decode_tma"``:
+    those of ``qlinear.decode_tma`` instead."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    from microscale.kernels import _decode_tma as dk
     from microscale.kernels import _prefill_gluon as pg
 
     rows = n if n * k <= 1 << 24 else 1024 + n % 8  # what specializes: N % 8 (the TMA store), strides
     q = ms.quantize(torch.randn(rows, k), fmt)
     x = torch.zeros(m, k, dtype=torch.bfloat16)
     cc.SPECS.clear()
-    saved = L.launch, L._launch_direct, L._prefill_ws_reason
+    reason = "_prefill_ws_reason" if op == "prefill_ws" else "_decode_tma_reason"
+    saved = L.launch, L._launch_direct, getattr(L, reason)
     L.launch = L._launch_direct = lambda fn, grid, *a, **kw: cc._record(fn, a, kw)
-    L._prefill_ws_reason = lambda q, x: None  # the device checks: a Hopper is stood in
+    setattr(L, reason, lambda q, x: None)  # the device checks: a Hopper is stood in
     try:
-        L.prefill_ws(x, q, None, **overrides)
+        getattr(L, op)(x, q, None, **overrides)
     finally:
-        L.launch, L._launch_direct, L._prefill_ws_reason = saved
+        L.launch, L._launch_direct = saved[:2]
+        setattr(L, reason, saved[2])
     out = {}
     for s in cc.SPECS.values():
-        fn = getattr(pg, s["kernel"])
-        cls = GluonASTSource if s["kernel"] == "_prefill_ws_kernel" else ASTSource
+        fn = getattr(pg, s["kernel"], None) or getattr(dk, s["kernel"])
+        cls = ASTSource if s["kernel"] == "_xperm_kernel" else GluonASTSource
         src = cls(fn=fn, signature=s["signature"], constexprs=s["constexprs"], attrs=s["attrs"])
         out[s["kernel"]] = triton.compile(src, target=cc.TARGET, options=s["options"])
     return out
@@ -106,12 +111,17 @@ def main() -> None:
     ap.add_argument("--mma", action="store_true", help="the tensor-core decode kernel (gemv_mma) instead")
     ap.add_argument("--ws", action="store_true", help="the warp-specialized Gluon prefill (prefill_ws) instead; "
                     "--config then takes its keyword arguments")
+    ap.add_argument("--dtma", action="store_true", help="the TMA-fed Gluon decode kernel (decode_tma) instead; "
+                    "--config then takes its keyword arguments")
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
     cfg = ast.literal_eval(a.config)
-    kernels = compile_prefill_ws(a.fmt, a.m, a.n, a.k, cfg) if a.ws else compile_gemv(a.fmt, a.m, a.n, a.k, cfg,
-                                                                                       a.mma)
-    if a.ws:  # ptxas's own verdict: registers, spills, serialized wgmma (C7512)
+    gluon_main = "_prefill_ws_kernel" if a.ws else "_decode_tma_kernel" if a.dtma else None
+    if gluon_main:
+        kernels = compile_prefill_ws(a.fmt, a.m, a.n, a.k, cfg, "prefill_ws" if a.ws else "decode_tma")
+    else:
+        kernels = compile_gemv(a.fmt, a.m, a.n, a.k, cfg, a.mma)
+    if gluon_main:  # ptxas's own verdict: registers, spills, serialized wgmma (C7512)
         import subprocess
         import tempfile
 
@@ -119,14 +129,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             src = os.path.join(d, "k.ptx")
             with open(src, "w") as f:
-                f.write(kernels["_prefill_ws_kernel"].asm["ptx"])
+                f.write(kernels[gluon_main].asm["ptx"])
             r = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(d, "k.cubin")],
                                capture_output=True, text=True)
         print("\n".join(ln for ln in (r.stdout + r.stderr).splitlines() if "ptxas" in ln or "spill" in ln))
     for name, c in kernels.items():
         with open(os.path.join(a.outdir, name + ".ptx"), "w") as f:
             f.write(c.asm["ptx"])
-        if a.sass or name in ("_gemv_kernel", "_gemv_mma_kernel", "_prefill_ws_kernel"):
+        if a.sass or name in ("_gemv_kernel", "_gemv_mma_kernel", "_prefill_ws_kernel", "_decode_tma_kernel"):
             text = dump_compiled(c, "-sass")
             if a.sass:
                 with open(os.path.join(a.outdir, name + ".sass"), "w") as f:

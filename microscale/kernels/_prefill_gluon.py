@@ -180,7 +180,7 @@ def _tile_codes(w_ptr, s_ptr, off_n, k_lo, nk, r_w, w_col, s_col, N, stride_wn, 
 
 @gluon.jit
 def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.constexpr):
-    """Code words and scale bytes of one K step -> the ``[WG_ROWS, BK]`` bf16 wgmma A operand
+    """Code words and scale bytes of one K step -> the ``[rows, BK]`` bf16 wgmma (or mma.sync) A operand
     (K slots permuted, see the module docstring); the layout change is asserted free."""
     if SK == 2:
         sc = gl.inline_asm_elementwise(UE4M3_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)
@@ -197,7 +197,7 @@ def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.conste
     q3 = gl.join(e[6], e[7])
     v = gl.join(gl.join(q0, q1), gl.join(q2, q3))
     v = gl.permute(v, (0, 5, 4, 2, 1, 3))
-    return gl.convert_layout(gl.reshape(v, [WG_ROWS, BK]), a_l, assert_trivial=True)
+    return gl.convert_layout(gl.reshape(v, [words.shape[0], BK]), a_l, assert_trivial=True)
 
 
 @gluon.jit

@@ -1,0 +1,162 @@
+"""Tensor-core decode for 9-16 tokens and E2M1 weights on Hopper, in Gluon (private).
+
+Why: the Triton tensor-core decode kernel (:mod:`._gemv_mma`) stalls on its loads: each warp
+loads its own code words and activations with ~2 steps in flight (ncu: 0.53 issued warps
+per scheduler, half of the stalls on L1TEX). Here a producer warp brings every K step's
+operands by TMA into a shared-memory ring several steps ahead, and the consumer warps only
+decode and issue ``mma.sync``:
+
+* work unit = a row tile of ``ROWS`` (128) weight rows x one of ``S`` K parts; program ``p``
+  of ``P`` takes units ``p, p + P, ...`` (``S`` is chosen so that the units fill the SMs);
+* per K step of 64 (``BK``) the producer loads the tile's code words (``[ROWS, 8]`` int32, the
+  canonical layout), its block scales from a step-major copy made once per weight
+  (:func:`microscale.qlinear._step_scales`: ``[ROWS, 4]`` bytes, one per 16 elements) and the
+  activations (``[16, 64]``, rows past ``M`` zero-filled by TMA) into slot of a ring of
+  ``STAGES`` chunks of ``C`` steps (``ready`` / ``empty`` mbarriers);
+* the ``ROWS / 16`` consumer warps take 16 rows each; every warp decodes its words with
+  :func:`._prefill_gluon._decode` (the wgmma A register layout per warp is the ``mma.sync``
+  one) and multiplies them by the 16 tokens (``m16n8k16``, tokens on the N side);
+* K parts of a tile are added up by its last part in K order (per-element counters as in the
+  prefill's split tail), so results are deterministic.
+
+The activations are K-permuted as for :mod:`._prefill_gluon` (:func:`._prefill_gluon._xperm_kernel`).
+Gluon kernels do not run under the Triton interpreter; CI compiles this one for sm_90 and
+checks its structure and the scale repack; the GPU tests compare it with float64.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+from ._prefill_gluon import ARRIVE_ASM, BK, _decode
+
+
+@gluon.jit
+def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, S: gl.constexpr,
+              NCH: gl.constexpr, C: gl.constexpr):
+    """One warp: TMA of every chunk (``C`` K steps: codes, scales, activations) of the
+    program's units into the ring, running ahead across unit boundaries."""
+    STAGES: gl.constexpr = ready.shape[0]
+    ROWS: gl.constexpr = w_bufs.shape[1]
+    P = gl.num_programs(0)
+    it = 0
+    for u in range(gl.program_id(0), n_tiles * S, P):
+        tile = u // S
+        for ic in range(NCH):
+            slot = it % STAGES
+            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)  # slots start out free
+            bar = ready.index(slot)
+            mbarrier.expect(bar, C * (w_desc.block_type.nbytes + s_desc.block_type.nbytes +
+                                      x_desc.block_type.nbytes))
+            step0 = ((u % S) * NCH + ic) * C
+            for cs in gl.static_range(C):
+                step = step0 + cs
+                tma.async_copy_global_to_shared(w_desc, [tile * ROWS, step * (BK // 8)], bar,
+                                                w_bufs.index(slot * C + cs))
+                tma.async_copy_global_to_shared(s_desc, [(tile * (S * NCH * C) + step) * (ROWS // 64), 0], bar,
+                                                s_bufs.index(slot * C + cs))
+                tma.async_copy_global_to_shared(x_desc, [0, step * BK], bar, x_bufs.index(slot * C + cs))
+            it += 1
+
+
+@gluon.jit
+def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, ke,
+              post, S: gl.constexpr, NCH: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
+              HAS_BIAS: gl.constexpr):
+    """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
+    ``mma.sync`` its ``C`` steps, free the slot. Per unit: the epilogue (a K part's fp32 sum
+    to the workspace; the tile's last part adds the parts in K order and stores)."""
+    STAGES: gl.constexpr = ready.shape[0]
+    ROWS: gl.constexpr = w_bufs.shape[1]
+    NW: gl.constexpr = ROWS // 16
+    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_l, k_width=2)
+    if NW == 4:
+        wb: gl.constexpr = [[16, 0], [32, 0]]
+        wb3: gl.constexpr = [[16, 0, 0], [32, 0, 0]]
+    else:
+        wb: gl.constexpr = [[16, 0], [32, 0], [64, 0]]
+        wb3: gl.constexpr = [[16, 0, 0], [32, 0, 0], [64, 0, 0]]
+    # code words [rows, 8] as _decode takes them ([rows, t, a]: word 2 t + a of rows 16 w + g and + 8)
+    w2_l: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]], warp_bases=wb,
+        block_bases=[], shape=[ROWS, 8])
+    w_l: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=wb3, block_bases=[], shape=[ROWS, 4, 2])
+    s_l: gl.constexpr = gl.SliceLayout(2, w_l)
+    P = gl.num_programs(0)
+    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_l))
+    c = gl.arange(0, 16, layout=gl.SliceLayout(0, mma_l))
+    TILE: gl.constexpr = ROWS * 16
+    elem = r[:, None] * 16 + c[None, :]
+    it = 0
+    for u in range(gl.program_id(0), n_tiles * S, P):
+        tile = u // S
+        acc = gl.zeros([ROWS, 16], gl.float32, mma_l)
+        for ic in range(NCH):
+            slot = it % STAGES
+            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+            for cs in gl.static_range(C):
+                words = gl.convert_layout(gl.reshape(w_bufs.index(slot * C + cs).load(w2_l), [ROWS, 4, 2]), w_l,
+                                          assert_trivial=True)
+                sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
+                b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
+                acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l), b, acc)
+            mbarrier.arrive(empty.index(slot), count=1)
+            it += 1
+        ok = gl.full([ROWS, 1], 1, gl.int1, mma_l)
+        if S > 1:  # parts [S, tiles, ROWS, 16]; the last part per (row, thread) adds them in K order
+            gl.store(ws_ptr + ((u % S) * n_tiles + tile) * TILE + elem, acc)
+            z = gl.full([ROWS], 0, gl.int32, gl.SliceLayout(1, mma_l))
+            last = gl.inline_asm_elementwise(ARRIVE_ASM, "=r,l,r,r", [cnt_ptr + tile * (ROWS * 4) + r * 4,
+                                                                      z + NCH * C, z + S * NCH * C],
+                                             dtype=gl.int32, is_pure=False, pack=1)
+            ok = gl.expand_dims(last, 1) != 0
+            lm = gl.broadcast(ok, acc)[0]
+            acc = gl.zeros_like(acc)
+            for q in gl.static_range(S):
+                acc += gl.load(ws_ptr + (q * n_tiles + tile) * TILE + elem, mask=lm, other=0.0, cache_modifier=".cg")
+        scale = post
+        if HAS_GS:
+            scale = scale * gl.load(gs_ptr)
+        r_o = tile * ROWS + r
+        v = acc * scale
+        if HAS_BIAS:
+            v += gl.load(b_ptr + r_o, mask=r_o < N, other=0.0).to(gl.float32)[:, None]
+        okm = ok & (r_o < N)[:, None] & (c < M)[None, :]
+        gl.store(out_ptr + c[None, :].to(gl.int64) * N + r_o[:, None], v.to(out_ptr.dtype.element_ty), mask=okm)
+
+
+@gluon.jit
+def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, ke, post,
+                       S: gl.constexpr, NCH: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
+                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """``out[M <= 16, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
+    int32 code words ``[N, K / 8]`` (block ``[ROWS, 8]``); ``s_desc``: of the step-major
+    scales (block ``[ROWS / 64, 256]`` bytes); ``x_desc``: of the K-permuted activations
+    ``[M, K]`` (block ``[16, 64]``). Units: row tile ``u // S``, K part ``u % S`` of ``NCH``
+    chunks of ``C`` steps. ``SK`` / ``ke`` / ``post``: as :mod:`._prefill_gluon`. Partial
+    sums of split tiles in ``ws_ptr`` (``S x tiles x ROWS x 16`` floats), int32 counters
+    ``cnt_ptr`` (``ROWS x 4`` per tile; zero on entry, left zero)."""
+    ROWS: gl.constexpr = w_desc.block_type.shape[0]
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * C, ROWS, 8], w_desc.layout)
+    s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C] + s_desc.block_type.shape, s_desc.layout)
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * C, 16, BK], x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
+                     ke, post, S, NCH, C, SK, HAS_GS, HAS_BIAS)),
+        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, S, NCH, C)),
+    ], [1], [40])
+
+
+__all__: list = []

@@ -1,0 +1,139 @@
+"""The TMA-fed Gluon decode kernel (``qlinear.decode_tma``, 9-16 tokens) without a GPU.
+
+Gluon kernels do not run under the Triton interpreter. What runs here: the step-major scale
+repack against direct indexing, the host's choices and refusals, and the compile for sm_90a
+(the codes land in the ``mma.sync`` operand layout without a data movement -- asserted at
+compile time --, every operand by TMA, no spills). Its decode arithmetic is the prefill's
+(``_prefill_gluon._decode``, emulated in ``test_prefill_gluon.py``). The GPU tests check the
+kernel itself against float64.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import microscale as ms
+from microscale import qlinear as L
+
+pytest.importorskip("microscale.kernels._decode_tma")
+
+
+@pytest.mark.parametrize("name,n", [("nvfp4", 300), ("mxfp4", 128)])
+def test_step_scales_layout(name, n, gen):
+    """Row tile ``t``, step ``s``: bytes ``[rows, 4]``, byte ``(r, j)`` = the scale of elements
+    ``64 s + 16 j ..`` of row ``t rows + r`` (zero past the last row); made once per weight."""
+    k, rows = 512, 128
+    q = ms.quantize(torch.randn(n, k, generator=gen), name)
+    st = L._step_scales(q, rows)
+    sc = q.scales.view(torch.uint8)
+    g = q.fmt.block_size
+    tiles, steps = -(-n // rows), k // 64
+    assert st.shape == (tiles * steps * rows // 64, 256) and st.dtype == torch.uint8
+    view = st.reshape(tiles, steps, rows, 4)
+    for t, s, r, j in [(0, 0, 0, 0), (0, 3, 17, 2), (tiles - 1, steps - 1, (n - 1) % rows, 3), (tiles - 1, 5, 100, 1)]:
+        row = t * rows + r
+        want = int(sc[row, (64 * s + 16 * j) // g]) if row < n else 0
+        assert int(view[t, s, r, j]) == want, (t, s, r, j)
+    if n % rows:
+        assert not view[-1, :, n % rows:].any()
+    assert L._step_scales(q, rows) is st  # cached on the weight
+    q.scales.view(torch.uint8).add_(0)  # an in-place change (its version) makes a new one
+    assert L._step_scales(q, rows) is not st
+
+
+@pytest.mark.parametrize("n, k, sms, want", [
+    (28672, 8192, 132, 1),  # 224 row tiles: every SM has one
+    (8192, 8192, 132, 4), (8192, 28672, 132, 4),  # 64 tiles: 2 parts make 128 units, 4 make 256
+    (1000, 512, 132, 2),  # 8 tiles, but K has only 2 chunks of 256
+    (256, 1024, 132, 4), (28672, 8192, 1000, 8)])  # at most 8 parts
+def test_choose_split(n, k, sms, want):
+    assert L.choose_decode_tma_split(n, k, sms) == want
+
+
+def test_reasons(monkeypatch):
+    q = ms.quantize(torch.randn(64, 512), "mxfp8_e4m3")
+    x = torch.randn(16, 512).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="serves E2M1"):
+        L.decode_tma(x, q)
+    q = ms.quantize(torch.randn(64, 512), "nvfp4")
+    with pytest.raises(ValueError, match="bfloat16"):
+        L.decode_tma(x.half(), q)
+    with pytest.raises(ValueError, match="Hopper"):
+        L.decode_tma(x, q)
+    monkeypatch.setattr(L, "_prefill_ws_reason", lambda q, x: None)  # as if on a Hopper
+    assert L._decode_tma_reason(q, x) is None
+    assert "1 to 16 tokens" in L._decode_tma_reason(q, torch.randn(17, 512).to(torch.bfloat16))
+    q = ms.quantize(torch.randn(64, 320), "nvfp4")
+    assert "multiple of 256" in L._decode_tma_reason(q, torch.randn(16, 320).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("fmt,n", [("nvfp4", 256), ("mxfp4", 1000)])
+def test_compiles_for_sm90_without_movement_or_spills(fmt, n, tmp_path, run_tool):
+    """Compiled as ``decode_tma`` launches it: the code words reach the ``mma.sync`` operand
+    with no layout conversion (``assert_trivial``: a failure would stop the compile), codes,
+    scales and activations by TMA (no global loads in the K loop), activations by
+    ``LDSM``, no spills; split K parts' arrivals are atomics."""
+    r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", fmt, "--m", "16", "--n", str(n), "--k", "1024",
+                 "--config", "{'split': 2}", "--sass")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "0 bytes spill stores" in r.stdout and "Used 80 registers" in r.stdout, r.stdout[-2000:]
+    sass = (tmp_path / "_decode_tma_kernel.sass").read_text()
+    assert "UTMALDG.2D" in sass and "HMMA.16816.F32.BF16" in sass and "LDSM" in sass and "ATOMG" in sass
+    assert "STL" not in sass
+
+
+def _gpu():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs a Hopper GPU (sm_90)")
+    return torch.device("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+def test_gpu_decode_tma(name):
+    """The kernel on an H200: 1-16 tokens, ragged rows, bias, whole and split K, persistent
+    programs looping over many units; each output element within bf16 rounding of float64
+    plus an fp32 accumulation bound, a second call bit-identical (parts added in a fixed
+    order, counters left at zero)."""
+    dev = _gpu()
+    g = torch.Generator(device=dev).manual_seed(12)
+    cases = [(16, 1000, 2048, None, None), (9, 300, 1024, 1, None), (16, 4096, 8192, 4, None),
+             (1, 520, 4096, 2, 5), (13, 3000, 4096, 8, 50), (16, 256, 256, 1, 1)]
+    for (m, n, k, split, programs) in cases:
+        q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
+        wd = q.dequantize(torch.float64)
+        x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
+        bias = torch.randn(n, device=dev, generator=g)
+        out = L.decode_tma(x, q, bias, split=split, programs=programs)
+        assert torch.equal(out, L.decode_tma(x, q, bias, split=split, programs=programs))
+        ref = x.double() @ wd.T + bias.double()
+        cond = x.double().abs() @ wd.abs().T + bias.double().abs()
+        assert out.dtype == torch.bfloat16 and out.shape == (m, n) and torch.isfinite(out).all()
+        assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, n, k, split)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+def test_gpu_routing_and_graph(monkeypatch):
+    """``ms.linear`` routes 9-16 tokens (leading batch dims) here, 8 tokens elsewhere; the
+    route replays in a CUDA graph; bad splits are refused."""
+    dev = _gpu()
+    g = torch.Generator(device=dev).manual_seed(7)
+    q = ms.quantize(torch.randn(512, 1024, device=dev, generator=g), "nvfp4")
+    monkeypatch.setattr(L, "_DECODE_TMA", True)
+    calls = []
+    real = L.decode_tma
+    monkeypatch.setattr(L, "decode_tma", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    x = torch.randn(2, 6, 1024, device=dev, generator=g).to(torch.bfloat16)
+    y = ms.linear(x, q)
+    assert calls == [12]
+    torch.testing.assert_close(y, real(x.reshape(12, 1024), q).reshape(2, 6, 512), rtol=0, atol=0)
+    ms.linear(x[:, :4], q)
+    assert calls == [12]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = ms.linear(x, q)
+    x.copy_(torch.randn(2, 6, 1024, device=dev, generator=g).to(torch.bfloat16))
+    graph.replay()
+    torch.testing.assert_close(yg, real(x.reshape(12, 1024), q).reshape(2, 6, 512), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="split"):
+        real(x[0], q, split=3)
