@@ -1211,8 +1211,6 @@ DECODE_TMA_MIN_M = 9
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
 #: chunk, ring chunks, resident programs per SM (80 registers x 12 warps)
 _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
-#: consumer partitions per program (2: two of 4 warps, each releasing ring slots on its own)
-_DT_PARTS = 1
 
 
 def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
@@ -1313,7 +1311,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, s
     _launch_direct(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
                    out, ws, cnt, n, m, tiles, ke, post, S=split, NCH=chunks // split, C=_DT_CHUNK, SK=sk,
                    STAGES=_DT_STAGES, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
-                   PARTS=_DT_PARTS, num_warps=rows // 16 // _DT_PARTS, maxnreg=80)
+                   num_warps=rows // 16, maxnreg=80)
     return out
 
 

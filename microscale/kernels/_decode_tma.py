@@ -64,14 +64,12 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_ti
 @gluon.jit
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, ke,
               post, S: gl.constexpr, NCH: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
-              HAS_BIAS: gl.constexpr, PART: gl.constexpr, PARTS: gl.constexpr):
-    """Consumer partition ``PART`` of ``PARTS``: rows ``[PART R, (PART + 1) R)`` of each tile,
-    ``R = TILE_ROWS / PARTS``, 16 per warp. Per chunk: wait for its slot, decode and
+              HAS_BIAS: gl.constexpr):
+    """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
     ``mma.sync`` its ``C`` steps, free the slot. Per unit: the epilogue (a K part's fp32 sum
     to the workspace; the tile's last part adds the parts in K order and stores)."""
     STAGES: gl.constexpr = ready.shape[0]
-    TROWS: gl.constexpr = w_bufs.shape[1]
-    ROWS: gl.constexpr = TROWS // PARTS
+    ROWS: gl.constexpr = w_bufs.shape[1]
     NW: gl.constexpr = ROWS // 16
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
@@ -91,9 +89,9 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
         warp_bases=wb3, block_bases=[], shape=[ROWS, 4, 2])
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
     P = gl.num_programs(0)
-    r = PART * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_l))  # rows in the tile
+    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_l))
     c = gl.arange(0, 16, layout=gl.SliceLayout(0, mma_l))
-    TILE: gl.constexpr = TROWS * 16
+    TILE: gl.constexpr = ROWS * 16
     elem = r[:, None] * 16 + c[None, :]
     it = 0
     for u in range(gl.program_id(0), n_tiles * S, P):
@@ -103,13 +101,9 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
             for cs in gl.static_range(C):
-                w_sm = w_bufs.index(slot * C + cs)
-                s_sm = s_bufs.index(slot * C + cs).reshape([TROWS, 4])
-                if PARTS > 1:
-                    w_sm = w_sm.slice(PART * ROWS, ROWS)
-                    s_sm = s_sm.slice(PART * ROWS, ROWS)
-                words = gl.convert_layout(gl.reshape(w_sm.load(w2_l), [ROWS, 4, 2]), w_l, assert_trivial=True)
-                sraw = s_sm.load(s_l).to(gl.int32)
+                words = gl.convert_layout(gl.reshape(w_bufs.index(slot * C + cs).load(w2_l), [ROWS, 4, 2]), w_l,
+                                          assert_trivial=True)
+                sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
                 b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
                 acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l), b, acc)
             mbarrier.arrive(empty.index(slot), count=1)
@@ -118,7 +112,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
         if S > 1:  # parts [S, tiles, ROWS, 16]; the last part per (row, thread) adds them in K order
             gl.store(ws_ptr + ((u % S) * n_tiles + tile) * TILE + elem, acc)
             z = gl.full([ROWS], 0, gl.int32, gl.SliceLayout(1, mma_l))
-            last = gl.inline_asm_elementwise(ARRIVE_ASM, "=r,l,r,r", [cnt_ptr + tile * (TROWS * 4) + r * 4,
+            last = gl.inline_asm_elementwise(ARRIVE_ASM, "=r,l,r,r", [cnt_ptr + tile * (ROWS * 4) + r * 4,
                                                                       z + NCH * C, z + S * NCH * C],
                                              dtype=gl.int32, is_pure=False, pack=1)
             ok = gl.expand_dims(last, 1) != 0
@@ -129,7 +123,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
         scale = post
         if HAS_GS:
             scale = scale * gl.load(gs_ptr)
-        r_o = tile * TROWS + r
+        r_o = tile * ROWS + r
         v = acc * scale
         if HAS_BIAS:
             v += gl.load(b_ptr + r_o, mask=r_o < N, other=0.0).to(gl.float32)[:, None]
@@ -140,7 +134,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
 @gluon.jit
 def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, ke, post,
                        S: gl.constexpr, NCH: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
-                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, PARTS: gl.constexpr):
+                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr):
     """``out[M <= 16, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K / 8]`` (block ``[ROWS, 8]``); ``s_desc``: of the step-major
     scales (block ``[ROWS / 64, 256]`` bytes); ``x_desc``: of the K-permuted activations
@@ -149,7 +143,6 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     sums of split tiles in ``ws_ptr`` (``S x tiles x ROWS x 16`` floats), int32 counters
     ``cnt_ptr`` (``ROWS x 4`` per tile; zero on entry, left zero)."""
     ROWS: gl.constexpr = w_desc.block_type.shape[0]
-    TROWS: gl.constexpr = ROWS
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * C, ROWS, 8], w_desc.layout)
     s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C] + s_desc.block_type.shape, s_desc.layout)
     x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * C, 16, BK], x_desc.layout)
@@ -157,22 +150,13 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=PARTS)
+        mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
-    if PARTS == 1:
-        gl.warp_specialize([
-            (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                         ke, post, S, NCH, C, SK, HAS_GS, HAS_BIAS, 0, 1)),
-            (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, S, NCH, C)),
-        ], [1], [40])
-    else:  # two consumer partitions of half the rows each: a slot's release waits for half the warps
-        gl.warp_specialize([
-            (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                         ke, post, S, NCH, C, SK, HAS_GS, HAS_BIAS, 0, 2)),
-            (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                         ke, post, S, NCH, C, SK, HAS_GS, HAS_BIAS, 1, 2)),
-            (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, S, NCH, C)),
-        ], [TROWS // 32, 1], [80, 40])
+    gl.warp_specialize([
+        (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
+                     ke, post, S, NCH, C, SK, HAS_GS, HAS_BIAS)),
+        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, S, NCH, C)),
+    ], [1], [40])
 
 
 __all__: list = []
