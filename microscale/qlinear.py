@@ -1214,15 +1214,10 @@ _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
 
 
 def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
-    """``q``'s block scales step-major for :func:`decode_tma`, made once per weight and
-    version of its scales and kept on it: ``[tiles * steps * rows / 64, 256]`` uint8, where
-    row tile ``t`` (``rows`` weight rows, zero-padded) and K step ``s`` (64 elements) hold
-    ``[rows, 4]`` bytes at row ``(t * steps + s) * rows / 64``: one byte per 16 elements (E8M0
-    scales of 32 repeated), so that one TMA box brings a step's scales."""
-    key = (q.scales.data_ptr(), q.scales._version, rows)
-    hit = q.__dict__.get("_ms_step_scales")
-    if hit is not None and hit[0] == key:
-        return hit[1]
+    """``q``'s block scales step-major for :func:`decode_tma`: ``[tiles * steps * rows / 64,
+    256]`` uint8, where row tile ``t`` (``rows`` weight rows, zero-padded) and K step ``s`` (64
+    elements) hold ``[rows, 4]`` bytes at row ``(t * steps + s) * rows / 64``: one byte per 16
+    elements (E8M0 scales of 32 repeated), so that one TMA box brings a step's scales."""
     n, k = q.shape
     sc = q.scales.reshape(n, -1).view(torch.uint8)
     if sc.shape[1] != k // 16:
@@ -1230,9 +1225,35 @@ def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
     tiles = cdiv(n, rows)
     pad = torch.zeros((tiles * rows, k // 16), dtype=torch.uint8, device=sc.device)
     pad[:n] = sc
-    st = pad.reshape(tiles, rows, k // 64, 4).permute(0, 2, 1, 3).reshape(-1, 256).contiguous()
-    q.__dict__["_ms_step_scales"] = (key, st)
-    return st
+    return pad.reshape(tiles, rows, k // 64, 4).permute(0, 2, 1, 3).reshape(-1, 256).contiguous()
+
+
+@functools.lru_cache(maxsize=None)
+def _dt_layouts() -> tuple:
+    """Shared-memory layouts of :func:`decode_tma`'s TMA boxes: code words and scale bytes
+    unswizzled (each warp reads its own rows), activations as the MMA operand wants them."""
+    from triton.experimental.gluon import language as gl
+
+    return (gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2),
+            gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2),
+            gl.NVMMASharedLayout.get_default_for([16, 64], gl.bfloat16))
+
+
+def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
+    """TMA descriptors of ``q``'s code words and step-major scales (:func:`_step_scales`) for
+    :func:`decode_tma`, made once per weight and version of its tensors and kept on it."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    key = (q.data.data_ptr(), q.data._version, q.scales.data_ptr(), q.scales._version)
+    hit = q.__dict__.get("_ms_dt_descs")
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    rows = _DT_ROWS
+    lw, ls, _ = _dt_layouts()
+    descs = (TensorDescriptor.from_tensor(wv.words, [rows, 8], lw),
+             TensorDescriptor.from_tensor(_step_scales(q, rows), [rows // 64, 256], ls))
+    q.__dict__["_ms_dt_descs"] = (key, descs)
+    return descs
 
 
 def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
@@ -1268,9 +1289,8 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, s
     tokens. ``split``: K parts per 128-row tile (default :func:`choose_decode_tma_split`),
     added up in K order by each tile's last part; ``programs``: persistent programs (default:
     all units, at most two per SM). The first call on a weight makes its step-major scales
-    (:func:`_step_scales`, kept on the QTensor). Raises ValueError saying why when it cannot
-    serve the call."""
-    from triton.experimental.gluon import language as gl
+    and their TMA descriptors (kept on the QTensor). Raises ValueError saying why when it
+    cannot serve the call."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .kernels import _decode_tma as dk
@@ -1298,20 +1318,18 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, s
         sk, ke, post = pg.SK_E8M0, 126 - d, 2.0 ** d
     wv = _weight_views(q)
     rows = _DT_ROWS
-    plain = lambda bits: gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)  # noqa: E731
-    w_desc = TensorDescriptor.from_tensor(wv.words, [rows, 8], plain(32))
-    s_desc = TensorDescriptor.from_tensor(_step_scales(q, rows), [rows // 64, 256], plain(8))
-    x_desc = TensorDescriptor.from_tensor(xp, [16, 64], gl.NVMMASharedLayout.get_default_for([16, 64], gl.bfloat16))
+    w_desc, s_desc = _dt_weight_descs(q, wv)
+    x_desc = TensorDescriptor.from_tensor(xp, [16, 64], _dt_layouts()[2])
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     gs = wv.global_scale if wv.global_scale is not None else out
     tiles = cdiv(n, rows)
     units = tiles * split
     ws, cnt = _workspace(x2.device, units * rows * 16 if split > 1 else 0, tiles * rows * 4 if split > 1 else 0)
     grid = min(units, programs or _DT_PER_SM * sms)
-    _launch_direct(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
-                   out, ws, cnt, n, m, tiles, ke, post, S=split, NCH=chunks // split, C=_DT_CHUNK, SK=sk,
-                   STAGES=_DT_STAGES, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
-                   num_warps=rows // 16, maxnreg=80)
+    launch(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
+           out, ws, cnt, n, m, tiles, ke, post, S=split, NCH=chunks // split, C=_DT_CHUNK, SK=sk,
+           STAGES=_DT_STAGES, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
+           num_warps=rows // 16, maxnreg=80)
     return out
 
 

@@ -54,6 +54,8 @@ def _spec(a):
         return ("i", a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31), a >= (1 << 63))
     if isinstance(a, float):
         return "f"
+    if hasattr(a, "block_shape") and hasattr(a, "layout"):  # a TMA tensor descriptor: what its type holds
+        return ("desc", a.base.dtype, tuple(a.block_shape), a.layout, a.padding)
     return a  # constexprs and None: by value (must be hashable)
 
 

@@ -21,7 +21,8 @@ pytest.importorskip("microscale.kernels._decode_tma")
 @pytest.mark.parametrize("name,n", [("nvfp4", 300), ("mxfp4", 128)])
 def test_step_scales_layout(name, n, gen):
     """Row tile ``t``, step ``s``: bytes ``[rows, 4]``, byte ``(r, j)`` = the scale of elements
-    ``64 s + 16 j ..`` of row ``t rows + r`` (zero past the last row); made once per weight."""
+    ``64 s + 16 j ..`` of row ``t rows + r`` (zero past the last row). The weight's TMA
+    descriptors (codes, these scales) are made once per weight and version of its tensors."""
     k, rows = 512, 128
     q = ms.quantize(torch.randn(n, k, generator=gen), name)
     st = L._step_scales(q, rows)
@@ -36,9 +37,12 @@ def test_step_scales_layout(name, n, gen):
         assert int(view[t, s, r, j]) == want, (t, s, r, j)
     if n % rows:
         assert not view[-1, :, n % rows:].any()
-    assert L._step_scales(q, rows) is st  # cached on the weight
-    q.scales.view(torch.uint8).add_(0)  # an in-place change (its version) makes a new one
-    assert L._step_scales(q, rows) is not st
+    descs = L._dt_weight_descs(q, L._weight_views(q))
+    assert torch.equal(descs[1].base, st) and list(descs[1].block_shape) == [rows // 64, 256]
+    assert list(descs[0].block_shape) == [rows, 8] and descs[0].base.dtype == torch.int32
+    assert L._dt_weight_descs(q, L._weight_views(q)) is descs  # kept on the weight
+    q.scales.view(torch.uint8).add_(0)  # an in-place change (its version) makes new ones
+    assert L._dt_weight_descs(q, L._weight_views(q)) is not descs
 
 
 @pytest.mark.parametrize("n, k, sms, want", [
