@@ -443,9 +443,11 @@ def _(x, codes, scales, zero_points, global_scale, bias, fmt_json, n, k, special
 def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ dequant(qweight)^T + bias``.
 
-    On CUDA a QTensor weight takes, in this order: on Hopper, the TMA-fed tensor-core decode
-    kernel (:func:`decode_tma`) for ``DECODE_TMA_MIN_M..16`` tokens of bf16 activations and
-    NVFP4 / MXFP4 weights whose K is a multiple of 256 (``MICROSCALE_DECODE_TMA=0``: off);
+    On CUDA a QTensor weight takes, in this order: on Hopper and while a CUDA graph is being
+    captured, the TMA-fed tensor-core decode kernel (:func:`decode_tma`) for
+    ``DECODE_TMA_MIN_M..16`` tokens of bf16 activations and NVFP4 / MXFP4 weights whose K is
+    a multiple of 256 (faster on the GPU, slower on the host; ``MICROSCALE_DECODE_TMA=1``:
+    also eager calls, ``0``: never);
     the tensor-core decode path (:func:`gemv_mma`) for ``GEMV_MMA_MIN_M..GEMV_MMA_MAX_M`` tokens of bf16 activations
     and E2M1 weights with UE4M3/E8M0 scales (NVFP4, MXFP4); the f16x2 GEMV for at most
     ``GEMV_MAX_M`` tokens (4/8-bit codes); the prefill kernel from ``PREFILL_MIN_M`` tokens
@@ -476,7 +478,8 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
         if len(qweight.shape) == 2:  # (prepare() below explains other shapes)
             _check(x, qweight.shape[0], qweight.shape[1], qweight.device, bias)
         lead = x.shape[:-1]
-        if _DECODE_TMA and DECODE_TMA_MIN_M * x.shape[-1] <= x.numel() <= 16 * x.shape[-1]:
+        if DECODE_TMA_MIN_M * x.shape[-1] <= x.numel() <= 16 * x.shape[-1] and _DECODE_TMA != "0" and (
+                _DECODE_TMA == "1" or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
             x2 = x.reshape(-1, x.shape[-1])
             if _decode_tma_reason(qweight, x2) is None:
                 return decode_tma(x2, qweight, bias).reshape(*lead, qweight.shape[0])
@@ -1202,11 +1205,14 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
 
 
 #: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) with ``DECODE_TMA_MIN_M`` to 16 bf16
-#: tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA=0``, read at import:
-#: :func:`gemv_mma`). H200, CUDA graphs, 28672x8192: 16 tokens 50-52 µs against gemv_mma's
-#: 71-73, 8 tokens 50-51 against 56-58; 8192x8192 at 8 tokens gemv_mma stays ahead (18.5
-#: against 19.1-19.7 µs), hence 9 (``benchmarks/NOTES_linear.md``, twelfth session)
-_DECODE_TMA = os.environ.get("MICROSCALE_DECODE_TMA", "1") == "1"
+#: tokens on Hopper to :func:`decode_tma` while a CUDA graph is being captured
+#: (``MICROSCALE_DECODE_TMA``, read at import: ``graph``, the default; ``1`` always; ``0``
+#: never, :func:`gemv_mma` instead). H200, 28672x8192, 16 tokens: 50-51 µs of GPU time
+#: against gemv_mma's 71-73, but 180-250 µs of host time per eager call against 76-113, so
+#: an eager call is faster through gemv_mma and a graph replay (host time paid once) through
+#: this kernel. 8192x8192 at 8 tokens gemv_mma stays ahead (18.5 against 19.1-19.7 µs), hence
+#: 9 (``benchmarks/NOTES_linear.md``, twelfth session)
+_DECODE_TMA = os.environ.get("MICROSCALE_DECODE_TMA", "graph")
 DECODE_TMA_MIN_M = 9
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
 #: chunk, ring chunks, resident programs per SM (80 registers x 12 warps)

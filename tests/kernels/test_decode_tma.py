@@ -118,24 +118,30 @@ def test_gpu_decode_tma(name):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 def test_gpu_routing_and_graph(monkeypatch):
-    """``ms.linear`` routes 9-16 tokens (leading batch dims) here, 8 tokens elsewhere; the
-    route replays in a CUDA graph; bad splits are refused."""
+    """``ms.linear`` routes 9-16 tokens (leading batch dims) here while a CUDA graph is
+    captured (the default, ``graph``), also eager calls with ``1``; 8 tokens elsewhere; the
+    captured route replays; bad splits are refused."""
     dev = _gpu()
     g = torch.Generator(device=dev).manual_seed(7)
     q = ms.quantize(torch.randn(512, 1024, device=dev, generator=g), "nvfp4")
-    monkeypatch.setattr(L, "_DECODE_TMA", True)
+    monkeypatch.setattr(L, "_DECODE_TMA", "graph")
     calls = []
     real = L.decode_tma
     monkeypatch.setattr(L, "decode_tma", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
     x = torch.randn(2, 6, 1024, device=dev, generator=g).to(torch.bfloat16)
+    ms.linear(x, q)
+    assert calls == []  # eager: gemv_mma
+    monkeypatch.setattr(L, "_DECODE_TMA", "1")
     y = ms.linear(x, q)
     assert calls == [12]
     torch.testing.assert_close(y, real(x.reshape(12, 1024), q).reshape(2, 6, 512), rtol=0, atol=0)
     ms.linear(x[:, :4], q)
     assert calls == [12]
+    monkeypatch.setattr(L, "_DECODE_TMA", "graph")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         yg = ms.linear(x, q)
+    assert calls == [12, 12]
     x.copy_(torch.randn(2, 6, 1024, device=dev, generator=g).to(torch.bfloat16))
     graph.replay()
     torch.testing.assert_close(yg, real(x.reshape(12, 1024), q).reshape(2, 6, 512), rtol=0, atol=0)
