@@ -1292,7 +1292,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, s
     (:mod:`microscale.kernels._decode_tma`: a producer warp brings each K step's code words,
     block scales and activations by TMA into a shared-memory ring, eight consumer warps
     decode them into ``mma.sync``). :func:`linear` routes here from ``DECODE_TMA_MIN_M``
-    tokens. ``split``: K parts per 128-row tile (default :func:`choose_decode_tma_split`),
+    tokens while a CUDA graph is being captured (``_DECODE_TMA``). ``split``: K parts per 128-row tile (default :func:`choose_decode_tma_split`),
     added up in K order by each tile's last part; ``programs``: persistent programs (default:
     all units, at most two per SM). The first call on a weight makes its step-major scales
     and their TMA descriptors (kept on the QTensor). Raises ValueError saying why when it

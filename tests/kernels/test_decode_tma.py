@@ -30,13 +30,11 @@ def test_step_scales_layout(name, n, gen):
     g = q.fmt.block_size
     tiles, steps = -(-n // rows), k // 64
     assert st.shape == (tiles * steps * rows // 64, 256) and st.dtype == torch.uint8
-    view = st.reshape(tiles, steps, rows, 4)
-    for t, s, r, j in [(0, 0, 0, 0), (0, 3, 17, 2), (tiles - 1, steps - 1, (n - 1) % rows, 3), (tiles - 1, 5, 100, 1)]:
-        row = t * rows + r
-        want = int(sc[row, (64 * s + 16 * j) // g]) if row < n else 0
-        assert int(view[t, s, r, j]) == want, (t, s, r, j)
-    if n % rows:
-        assert not view[-1, :, n % rows:].any()
+    t, s, r, j = torch.meshgrid(torch.arange(tiles), torch.arange(steps), torch.arange(rows), torch.arange(4),
+                                indexing="ij")
+    row = t * rows + r  # every byte by its formula: the scale of elements 64 s + 16 j.. of that row
+    want = torch.where(row < n, sc[row.clamp(max=n - 1), (64 * s + 16 * j) // g], 0)
+    assert torch.equal(st.reshape(tiles, steps, rows, 4), want.to(torch.uint8))
     descs = L._dt_weight_descs(q, L._weight_views(q))
     assert torch.equal(descs[1].base, st) and list(descs[1].block_shape) == [rows // 64, 256]
     assert list(descs[0].block_shape) == [rows, 8] and descs[0].base.dtype == torch.int32
