@@ -68,10 +68,10 @@ def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict, mma: bool = 
     return out
 
 
-def compile_prefill_ws(fmt: str, m: int, n: int, k: int, overrides: dict, op: str = "prefill_ws") -> dict:
-    """``{kernel name: compiled kernel}`` for one ``qlinear.prefill_ws`` call's launches
-    (the K-permutation prep and the warp-specialized Gluon kernel), sm_90a; ``op="decode_tma"``:
-    those of ``qlinear.decode_tma`` instead."""
+def compile_gluon(fmt: str, m: int, n: int, k: int, overrides: dict, op: str = "prefill_ws") -> dict:
+    """``{kernel name: compiled kernel}`` for one call's launches of a Gluon route, ``op``
+    ``prefill_ws`` or ``decode_tma`` in ``qlinear`` (the K-permutation prep and the
+    warp-specialized kernel), sm_90a."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from microscale.kernels import _decode_tma as dk
@@ -118,7 +118,7 @@ def main() -> None:
     cfg = ast.literal_eval(a.config)
     gluon_main = "_prefill_ws_kernel" if a.ws else "_decode_tma_kernel" if a.dtma else None
     if gluon_main:
-        kernels = compile_prefill_ws(a.fmt, a.m, a.n, a.k, cfg, "prefill_ws" if a.ws else "decode_tma")
+        kernels = compile_gluon(a.fmt, a.m, a.n, a.k, cfg, "prefill_ws" if a.ws else "decode_tma")
     else:
         kernels = compile_gemv(a.fmt, a.m, a.n, a.k, cfg, a.mma)
     if gluon_main:  # ptxas's own verdict: registers, spills, serialized wgmma (C7512)

@@ -28,9 +28,9 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from ._prefill_gluon import ARRIVE_ASM, BK, _decode
+from ._prefill_gluon import ARRIVE_ASM, BK, _decode, ring_barriers
 
 
 @gluon.jit
@@ -146,12 +146,7 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * C, ROWS, 8], w_desc.layout)
     s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C] + s_desc.block_type.shape, s_desc.layout)
     x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * C, 16, BK], x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
-    fence_async_shared()
+    ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
                      ke, post, S, NCH, C, SK, HAS_GS, HAS_BIAS)),

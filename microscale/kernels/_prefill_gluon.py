@@ -351,6 +351,19 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
 
 
 @gluon.jit
+def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The ``ready`` / ``empty`` mbarriers of a ring of ``STAGES`` slots, initialized: a
+    slot is ready after one arrival (its TMA bytes expected), empty after ``CONSUMERS``."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=CONSUMERS)
+    fence_async_shared()
+    return ready, empty
+
+
+@gluon.jit
 def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, ws_ptr, cnt_ptr, N, M, K,
                        stride_wn, stride_sn, stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr,
                        GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
@@ -377,12 +390,7 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, 
         c_bufs = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
     else:
         c_bufs = x_bufs  # unused
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)
-    fence_async_shared()
+    ready, empty = ring_barriers(STAGES, 2)  # both consumer warpgroups free a slot
     gl.warp_specialize([
         (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS,
