@@ -47,6 +47,7 @@ def profile(fn, n: int = N_CALLS, top: int = 18) -> str:
     torch.cuda.synchronize()
     s = io.StringIO()
     pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(top)
     return s.getvalue()
 
 
@@ -59,10 +60,15 @@ def main() -> None:
     xq = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
     q8 = kq.quantize(xq, "mxfp4")
     x8 = torch.randn(8, k, device=DEV, dtype=torch.bfloat16)
+    x16 = torch.randn(16, k, device=DEV, dtype=torch.bfloat16)
+    from microscale import qlinear as L
     cases = {
         "F.linear bf16 M=1 (cuBLAS)": lambda: F.linear(x1, w),
         "ms.linear nvfp4 M=1": lambda: ms.linear(x1, qw),
         "ms.linear nvfp4 M=8 (tensor-core decode)": lambda: ms.linear(x8, qw),
+        "ms.linear nvfp4 M=16 (eager route)": lambda: ms.linear(x16, qw),
+        "qlinear.decode_tma nvfp4 M=16": lambda: L.decode_tma(x16, qw),
+        "qlinear.gemv_mma nvfp4 M=16": lambda: L.gemv_mma(x16, qw),
         "kq.dequantize mxfp4 8192^2": lambda: kq.dequantize(q8, torch.bfloat16),
         "kq.quantize mxfp4 8192^2": lambda: kq.quantize(xq, "mxfp4"),
         "empty + zero-arg torch op": lambda: torch.empty(16, device=DEV).zero_(),
@@ -71,7 +77,7 @@ def main() -> None:
     out = [f"{torch.cuda.get_device_name()}  torch {torch.__version__}  MICROSCALE_FAST_LAUNCH={fast}"]
     for name, fn in cases.items():
         out.append(f"{name:42s} host {host_us(fn):8.1f} us/call")
-    for name in ("ms.linear nvfp4 M=1", "kq.dequantize mxfp4 8192^2"):
+    for name in ("ms.linear nvfp4 M=1", "qlinear.decode_tma nvfp4 M=16", "qlinear.gemv_mma nvfp4 M=16"):
         out.append(f"\n--- cProfile, {N_CALLS} calls: {name}\n" + profile(cases[name]))
     text = "\n".join(out)
     print(text)
