@@ -1,18 +1,19 @@
-"""Where the eager host time of one ``ms.linear`` call goes (GPU machine): the whole call,
-then the same call with ``qlinear.launch`` timed (kernel launches through the cached
-launcher), then with launches stubbed out (the wrappers' Python and torch calls), plus a
-few single torch / Triton operations for scale. Means over ``N`` calls after warm-up, µs.
+"""Where the eager host time of one ``ms.linear`` call goes (GPU machine): the whole call
+with its plan (``qlinear._Plan``) and without plans; without plans, the same call with
+``qlinear.launch`` timed (launches through the cached launcher) and with launches stubbed
+out (the wrappers' Python and torch calls); cuBLAS and a few single torch / Triton
+operations for scale. Means over ``N`` calls after warm-up, µs.
 Usage: ``PYTHONPATH=. python3 benchmarks/host_breakdown.py``."""
 from __future__ import annotations
 
 import time
 
 import torch
+import torch.nn.functional as F
 from triton.runtime import driver
 
 import microscale as ms
 from microscale import qlinear as L
-from microscale.kernels import _launch
 
 N = 300
 DEV = "cuda"
@@ -30,6 +31,15 @@ def host_us(fn, n: int = N) -> float:
     return (t1 - t0) / n * 1e6
 
 
+def _tma(fn):
+    """``fn()`` with ``linear`` routing 9-16 tokens to ``decode_tma`` in eager calls too."""
+    L._DECODE_TMA = "1"
+    try:
+        return fn()
+    finally:
+        L._DECODE_TMA = "graph"
+
+
 def main() -> None:
     torch.manual_seed(0)
     n, k = 28672, 8192
@@ -37,9 +47,11 @@ def main() -> None:
     xs = {m: torch.randn(m, k, device=DEV, dtype=torch.bfloat16) for m in (1, 8, 16)}
     calls = {"ms.linear M=1": lambda: ms.linear(xs[1], qw), "ms.linear M=8": lambda: ms.linear(xs[8], qw),
              "ms.linear M=16": lambda: ms.linear(xs[16], qw),
-             "decode_tma M=16": lambda: L.decode_tma(xs[16], qw)}
+             "ms.linear M=16, decode_tma route": lambda: _tma(lambda: ms.linear(xs[16], qw))}
     rows = []
     for name, fn in calls.items():
+        planned = host_us(fn)
+        L._PLANS = False
         whole = host_us(fn)
         spent = [0.0, 0]
         orig = L.launch
@@ -61,7 +73,8 @@ def main() -> None:
             stub = host_us(fn)
         finally:
             L.launch = orig
-        rows.append((name, whole, launches, per_launch, stub))
+            L._PLANS = True
+        rows.append((name, planned, whole, launches, per_launch, stub))
     drv = driver.active
     single = {
         "torch.empty((16, 8192), cuda)": lambda: torch.empty((16, 8192), device=DEV),
@@ -70,9 +83,12 @@ def main() -> None:
         "x.reshape(-1, K)": lambda: xs[16].reshape(-1, k),
     }
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; means over {N} eager calls, µs")
-    print("| call | whole | launches/call | µs per launch | launches stubbed |\n|---|---|---|---|---|")
+    wb = torch.randn(n, k, device=DEV, dtype=torch.bfloat16)
+    print(f"cuBLAS F.linear bf16 M=1: {host_us(lambda: F.linear(xs[1], wb)):.1f} µs")
+    print("| call | with plans | without | launches/call | µs per launch | launches stubbed |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r[0]} | {r[1]:.1f} | {r[2]:.0f} | {r[3]:.1f} | {r[4]:.1f} |")
+        print(f"| {r[0]} | {r[1]:.1f} | {r[2]:.1f} | {r[3]:.0f} | {r[4]:.1f} | {r[5]:.1f} |")
     for name, fn in single.items():
         print(f"{name}: {host_us(fn, 2000):.2f} µs")
 

@@ -65,6 +65,7 @@ import torch
 
 from . import reference
 from .formats import Format, pack_codes, unpack_codes
+from .kernels import _launch as _kl
 from .kernels._launch import cdiv, launch, next_pow2, pdl_capable
 from .qtensor import QTensor
 
@@ -346,6 +347,24 @@ def _workspace(device: torch.device, floats: int, tiles: int) -> tuple[torch.Ten
     return ws, cnt
 
 
+_SCRATCH: dict = {}
+
+
+def _scratch(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An intermediate buffer that only kernels of one call write and read (prepared
+    activations): one per (device, stream, shape, dtype), reused by later calls on the stream
+    (in stream order: each writer starts after the previous call's readers have finished,
+    see the prep kernels' programmatic-launch waits); a fresh one while a CUDA graph is being
+    captured."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.empty(shape, dtype=dtype, device=device)
+    key = (device, torch.cuda.current_stream(device).cuda_stream, shape, dtype)
+    t = _SCRATCH.get(key)
+    if t is None:
+        t = _SCRATCH[key] = torch.empty(shape, dtype=dtype, device=device)
+    return t
+
+
 def _check(x: torch.Tensor, n: int, k: int, device: torch.device, bias: torch.Tensor | None) -> None:
     """Clear errors for what every route of :func:`linear` assumes (weight ``[n, k]`` on
     ``device``)."""
@@ -475,32 +494,151 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
         ``[..., N]`` in x's dtype.
     """
     if isinstance(qweight, QTensor):
+        plans = key = plan = None
+        if _PLANS:
+            key = _plan_key(x, qweight, bias)
+            if key is not None:
+                plans = qweight.__dict__.get("_ms_plans")
+                if plans is None:
+                    plans = qweight.__dict__["_ms_plans"] = {}
+                plan = plans.get(key)
+                if type(plan) is _Plan:
+                    return plan(x, bias)
         if len(qweight.shape) == 2:  # (prepare() below explains other shapes)
             _check(x, qweight.shape[0], qweight.shape[1], qweight.device, bias)
-        lead = x.shape[:-1]
-        if DECODE_TMA_MIN_M * x.shape[-1] <= x.numel() <= 16 * x.shape[-1] and _DECODE_TMA != "0" and (
-                _DECODE_TMA == "1" or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
-            x2 = x.reshape(-1, x.shape[-1])
-            if _decode_tma_reason(qweight, x2) is None:
-                return decode_tma(x2, qweight, bias).reshape(*lead, qweight.shape[0])
-        if x.numel() >= GEMV_MMA_MIN_M * x.shape[-1]:
-            c = _gemv_mma_config(qweight, x)
-            if c is not None and _gemv_mma_reason(qweight, x, c) is None:
-                return _gemv_mma_launch(x.reshape(-1, x.shape[-1]), qweight, bias, c).reshape(*lead, qweight.shape[0])
-        if gemv_supported(qweight, x):
-            return gemv(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
-        if _PREFILL_WS and x.numel() >= PREFILL_WS_MIN_M * x.shape[-1]:
-            x2 = x.reshape(-1, x.shape[-1])
-            if _prefill_ws_reason(qweight, x2) is None:
-                return prefill_ws(x2, qweight, bias).reshape(*lead, qweight.shape[0])
-        if prefill_supported(qweight, x):
-            return prefill(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
-        if gemv_supported(qweight, x, _GEMV_FALLBACK_M):  # shapes the tensor-core kernel does not tile
-            return gemv(x.reshape(-1, x.shape[-1]), qweight, bias).reshape(*lead, qweight.shape[0])
+        if plan is not _SEEN:  # no plans, refused, or a key's first call (a weight's first use is
+            y, _ = _route(x, qweight, bias)  # not its steady state: its views are made then)
+            if plans is not None and plan is None:
+                if len(plans) >= _PLANS_PER_WEIGHT:
+                    plans.clear()
+                plans[key] = _SEEN
+        else:  # the second call: recorded
+            rec: list = []
+            _kl.record(rec)
+            try:
+                y, plannable = _route(x, qweight, bias)
+            finally:
+                _kl.record(None)
+            plans[key] = (_Plan.build(rec, x, bias, y) if plannable else None) or _REFUSED
+        if y is not None:
+            return y
     pw = qweight if isinstance(qweight, PackedLinearWeight) else _cached_prepare(qweight)
     _check(x, pw.n, pw.k, pw.device, bias)
     return torch.ops.microscale.linear(x, pw.codes, pw.scales, pw.zero_points, pw.global_scale, bias,
                                        _fmt_json(pw.fmt), pw.n, pw.k, pw.specials)
+
+
+def _route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple[torch.Tensor | None, bool]:
+    """:func:`linear`'s choice of kernel for a QTensor weight: ``(out, plannable)``, or
+    ``(None, False)`` for the custom op's split-K kernel / reference. ``plannable``: the route
+    makes its output with ``torch.empty`` and fills it with its launches alone, and takes x
+    and bias as given (what :class:`_Plan` replays)."""
+    lead = x.shape[:-1]
+    n = q.shape[0]
+    if DECODE_TMA_MIN_M * x.shape[-1] <= x.numel() <= 16 * x.shape[-1] and _DECODE_TMA != "0" and (
+            _DECODE_TMA == "1" or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+        x2 = x.reshape(-1, x.shape[-1])
+        if _decode_tma_reason(q, x2) is None:
+            return decode_tma(x2, q, bias).reshape(*lead, n), True
+    if x.numel() >= GEMV_MMA_MIN_M * x.shape[-1]:
+        c = _gemv_mma_config(q, x)
+        if c is not None and _gemv_mma_reason(q, x, c) is None:
+            return _gemv_mma_launch(x.reshape(-1, x.shape[-1]), q, bias, c).reshape(*lead, n), True
+    if gemv_supported(q, x):
+        return gemv(x.reshape(-1, x.shape[-1]), q, bias).reshape(*lead, n), True
+    if _PREFILL_WS and x.numel() >= PREFILL_WS_MIN_M * x.shape[-1]:
+        x2 = x.reshape(-1, x.shape[-1])
+        if _prefill_ws_reason(q, x2) is None:
+            return prefill_ws(x2, q, bias).reshape(*lead, n), False
+    if prefill_supported(q, x):
+        return prefill(x.reshape(-1, x.shape[-1]), q, bias).reshape(*lead, n), False
+    if gemv_supported(q, x, _GEMV_FALLBACK_M):  # shapes the tensor-core kernel does not tile
+        return gemv(x.reshape(-1, x.shape[-1]), q, bias).reshape(*lead, n), True
+    return None, False
+
+
+# ----------------------------------------------------------------------------------
+# eager call plans
+# ----------------------------------------------------------------------------------
+#: Eager calls of the decode routes replay a plan (``MICROSCALE_PLANS``, read at import;
+#: ``0``: off). The wrappers' Python and torch calls cost 60-70 µs per call on the H200
+#: machine's host and each cached launch 40-55 µs (``benchmarks/host_breakdown.py``), for
+#: kernels of 10-50 µs; a plan is the call's recorded launches (compiled kernels, grids,
+#: argument values) with x, bias and the output substituted, made on the second call with
+#: the same key and kept on the weight. Not used while a CUDA graph is being captured or
+#: when a launch hook is installed.
+_PLANS = os.environ.get("MICROSCALE_PLANS", "1") == "1"
+_PLANS_PER_WEIGHT = 64
+_SEEN, _REFUSED = object(), object()  # a key's first call (recorded on its second); no plan
+
+
+def _plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple | None:
+    """What a plan of ``linear(x, q, bias)`` depends on, or None when no plan may serve it
+    (CPU, non-contiguous x or bias, graph capture, launch hooks): x's and bias's shape,
+    dtype, device and 16-byte alignment, the weight's tensors (address and version), the
+    current stream."""
+    if not x.is_cuda or not x.is_contiguous() or torch.cuda.is_current_stream_capturing() or _kl.hooked():
+        return None
+    if bias is None:
+        bk = None
+    elif bias.is_contiguous():
+        bk = (bias.shape, bias.dtype, bias.device, bias.data_ptr() % 16)
+    else:
+        return None
+    wk = tuple((t.data_ptr(), t._version) if t is not None else None
+               for t in (q.data, q.scales, q.zero_points, q.global_scale))
+    routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, GEMV_MMA_MIN_M, GEMV_MAX_M)  # (switches tests set)
+    return (x.shape, x.dtype, x.device, x.data_ptr() % 16, bk, wk, _kl.current_stream(), routes)
+
+
+class _Plan:
+    """The launches of one :func:`linear` call, replayed with a new x, bias and output."""
+
+    __slots__ = ("launches", "shape", "dtype", "device")
+
+    def __init__(self, launches: list, shape: torch.Size, dtype: torch.dtype, device: torch.device):
+        self.launches, self.shape, self.dtype, self.device = launches, shape, dtype, device
+
+    @staticmethod
+    def build(rec: list, x: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> "_Plan | None":
+        """The plan of a recorded call, or None: every launch took the cached path; a tensor
+        argument at x's, bias's or the output's address is that tensor (or a same-sized view
+        of it), every other one is the call's own (the weight's views, workspaces, scratch);
+        x and bias are each read by some launch (not a converted copy); no TMA descriptor
+        covers x, bias or the output."""
+        if not rec or any(r is None for r in rec) or not y.is_contiguous():
+            return None
+        subs = [(x.data_ptr(), x), (y.data_ptr(), y)] + ([(bias.data_ptr(), bias)] if bias is not None else [])
+        seen = set()
+        launches = []
+        for compiled, grid, vals in rec:
+            slots = []
+            for i, v in enumerate(vals):
+                if isinstance(v, torch.Tensor):
+                    for j, (ptr, t) in enumerate(subs):
+                        if v.data_ptr() == ptr:
+                            if v.dtype.itemsize * v.numel() != t.dtype.itemsize * t.numel():
+                                return None
+                            slots.append((i, j, None if v.dtype == t.dtype else v.dtype))
+                            seen.add(j)
+                            break
+                elif hasattr(v, "block_shape") and hasattr(v, "base"):  # a TMA descriptor: kept as recorded
+                    if any(v.base.data_ptr() == ptr for ptr, _ in subs):
+                        return None
+            launches.append((compiled, tuple(grid), vals, tuple(slots)))
+        if 0 not in seen or (bias is not None and 2 not in seen):
+            return None
+        return _Plan(launches, y.shape, y.dtype, y.device)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        subs = (x, out, bias)
+        for compiled, grid, vals, slots in self.launches:
+            vals = list(vals)
+            for i, j, dt in slots:
+                vals[i] = subs[j] if dt is None else subs[j].view(dt)
+            _kl.run_recorded(compiled, grid, vals)
+        return out
 
 
 _FMT_JSON: dict = {}
@@ -700,8 +838,8 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
     x2 = x2.contiguous()
     mp = -(-m // tokens) * tokens
     nch = kw // c.block_kw  # activation chunks, one power of two each
-    xp = torch.empty((mp, k), dtype=torch.float16, device=x2.device)
-    xs = torch.empty((mp, nch), dtype=torch.float32, device=x2.device)
+    xp = _scratch((mp, k), torch.float16, x2.device)
+    xs = _scratch((mp, nch), torch.float32, x2.device)
     if mp > m:
         xp[m:].zero_()
         xs[m:].zero_()
@@ -1315,7 +1453,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, s
     if split < 1 or chunks % split or (programs is not None and programs < 1):
         raise ValueError(f"{_OP}: decode_tma needs split >= 1 dividing the {chunks} chunks of "
                          f"{64 * _DT_CHUNK} K elements, programs >= 1")
-    xp = torch.empty((m, k), dtype=x2.dtype, device=x2.device)  # activations in the consumers' K order
+    xp = _scratch((m, k), x2.dtype, x2.device)  # activations in the consumers' K order
     launch(pg._xperm_kernel, (cdiv(m, 32), k // 64), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, num_warps=4)
     if q.fmt.scale.name == "ue4m3":
         sk, ke, post = pg.SK_UE4M3, 0, 2.0 ** 7

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 
 import torch
 from triton import knobs
@@ -24,6 +25,14 @@ from triton.runtime import driver
 _FAST = os.environ.get("MICROSCALE_FAST_LAUNCH", "1") == "1"
 _CACHE: dict = {}
 _PARAMS: dict = {}
+_TLS = threading.local()
+
+
+def record(into: list | None) -> None:
+    """While ``into`` is a list, this thread's launches append ``(compiled kernel, grid,
+    argument values)`` to it, or None for one that took Triton's own path (the call plans of
+    :func:`microscale.qlinear.linear`); None stops recording."""
+    _TLS.record = into
 
 
 def cdiv(a: int, b: int) -> int:
@@ -59,7 +68,7 @@ def _spec(a):
     return a  # constexprs and None: by value (must be hashable)
 
 
-def _hooked() -> bool:
+def hooked() -> bool:
     """Whether a launch hook (profilers, proton) wants launch metadata."""
     for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
         if h is not None and getattr(h, "calls", True):
@@ -71,8 +80,11 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
     """``fn[grid](*args, **kwargs)``: positional arguments are the kernel's leading
     parameters, keyword arguments the rest (constexprs, keyed by value; tensors) and
     launch options (``num_warps``, ``num_stages``, ``launch_pdl``...)."""
-    if not _FAST or os.environ.get("TRITON_INTERPRET", "0") == "1" or _hooked():
+    if not _FAST or os.environ.get("TRITON_INTERPRET", "0") == "1" or hooked():
         fn[grid](*args, **kwargs)
+        rec = getattr(_TLS, "record", None)
+        if rec is not None:
+            rec.append(None)
         return
     # keyword arguments are constexprs / options (by value) or, rarely, tensors
     key = (fn, tuple(map(_spec, args)),
@@ -85,13 +97,36 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
             if params is None:
                 params = _PARAMS[fn] = [(p.name, p.default) for p in fn.params]
             _CACHE[key] = (compiled, params)
+        rec = getattr(_TLS, "record", None)
+        if rec is not None:
+            rec.append((compiled, grid, _values(params, args, kwargs)) if key in _CACHE else None)
         return
     compiled, params = hit
+    vals = _values(params, args, kwargs)
+    run_recorded(compiled, grid, vals)
+    rec = getattr(_TLS, "record", None)
+    if rec is not None:
+        rec.append((compiled, grid, vals))
+
+
+def _values(params: list, args: tuple, kwargs: dict) -> list:
+    """The launcher's argument list: ``args``, then every other parameter from ``kwargs`` or
+    its default."""
     vals = list(args)
     for name, default in params[len(args):]:
         vals.append(kwargs.get(name, default))
-    g1 = grid[1] if len(grid) > 1 else 1
-    g2 = grid[2] if len(grid) > 2 else 1
-    drv = driver.active  # the stream Triton's own launch would use
-    stream = drv.get_current_stream(drv.get_current_device())
-    compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None, *vals)
+    return vals
+
+
+def current_stream() -> int:
+    """The stream Triton's own launch would use: the current device's current stream."""
+    drv = driver.active
+    return drv.get_current_stream(drv.get_current_device())
+
+
+def run_recorded(compiled, grid: tuple, vals) -> None:
+    """Launch ``compiled`` with launcher values as :func:`record` keeps them, on
+    :func:`current_stream`."""
+    stream = current_stream()
+    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                 compiled.function, compiled.packed_metadata, None, None, None, *vals)

@@ -1,0 +1,210 @@
+"""Eager call plans of ``ms.linear`` (``qlinear._Plan``): launch recording in
+``kernels._launch``, the plan's substitution of x / bias / output and its refusals, the
+state machine in ``linear`` (first call marks, second records, later ones replay) on the
+CPU with stub kernels; on a GPU, replays against the routes they stand for."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import microscale as ms
+from microscale import qlinear as L
+from microscale.kernels import _launch
+
+
+class _Param:
+    def __init__(self, name, default=None):
+        self.name, self.default = name, default
+
+
+class _Compiled:
+    """A compiled-kernel stand-in: ``run`` keeps (grid, argument values)."""
+    packed_metadata = function = object()
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def run(self, *a):
+        self.log.append((a[:3], a[9:]))
+
+
+class _Fn:
+    """A JIT-function stand-in with parameters ``x, out, b, n, C`` (``C`` constexpr, default 5)."""
+    params = [_Param("x"), _Param("out"), _Param("b"), _Param("n"), _Param("C", 5)]
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def __getitem__(self, grid):
+        def runner(*a, **kw):
+            self.log.append(("miss", grid))
+            return _Compiled(self.log)
+        return runner
+
+
+@pytest.fixture
+def stub_driver(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    drv = type("Drv", (), {"get_current_device": staticmethod(lambda: 0),
+                           "get_current_stream": staticmethod(lambda d: 0)})
+    monkeypatch.setattr(_launch, "driver", type("D", (), {"active": drv})())
+
+
+def test_launches_are_recorded_while_asked(stub_driver, monkeypatch):
+    """A miss and a hit both append (compiled, grid, values with defaults); Triton's own path
+    (interpreter) appends None; nothing is kept once recording stops."""
+    log: list = []
+    fn = _Fn(log)
+    x, out = torch.zeros(8), torch.zeros(8)
+    rec: list = []
+    _launch.record(rec)
+    try:
+        _launch.launch(fn, (3,), x, out, out, 17, C=2)  # miss (compiles)
+        _launch.launch(fn, (3, 2), x, out, out, 33, C=2)  # hit
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        _launch.launch(fn, (3,), x, out, out, 33, C=2)
+    finally:
+        _launch.record(None)
+    assert [r is None for r in rec] == [False, False, True]
+    assert rec[0][1] == (3,) and rec[0][2] == [x, out, out, 17, 2]
+    assert rec[1][0] is rec[0][0] and rec[1][1] == (3, 2) and rec[1][2] == [x, out, out, 33, 2]
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    _launch.launch(fn, (3,), x, out, out, 17, C=2)
+    assert len(rec) == 3
+
+
+def test_plan_substitutes_x_bias_and_output(stub_driver):
+    """Values at x's, bias's and the output's addresses are replaced per call (a view of
+    another dtype stays that view); everything else is replayed as recorded."""
+    log: list = []
+    c1, c2 = _Compiled(log), _Compiled(log)
+    x, b, y = torch.randn(2, 8), torch.randn(4), torch.empty(2, 4)
+    const = torch.ones(3)
+    rec = [(c1, (5,), [x, const, 8, 2.5]), (c2, (1, 2), [x, y.view(torch.int32), b, y, const])]
+    plan = L._Plan.build(rec, x, b, y)
+    assert plan is not None
+    x2, b2 = torch.randn(2, 8), torch.randn(4)
+    out = plan(x2, b2)
+    assert out.shape == y.shape and out.dtype == y.dtype and out.data_ptr() != y.data_ptr()
+    (g1, v1), (g2, v2) = log
+    assert g1 == (5, 1, 1) and v1[0] is x2 and v1[1] is const and v1[2:] == (8, 2.5)
+    assert g2 == (1, 2, 1) and v2[0] is x2 and v2[2] is b2 and v2[3] is out and v2[4] is const
+    assert v2[1].dtype == torch.int32 and v2[1].data_ptr() == out.data_ptr()
+    # the recorded values themselves are left as they were
+    assert rec[1][2][0] is x and rec[1][2][3] is y
+
+
+def test_plan_refusals():
+    """No plan when a launch took Triton's path, x or the given bias is never read (a
+    converted copy was), a tensor at the output's address has another size, or a TMA
+    descriptor covers x."""
+    c = _Compiled([])
+    x, b, y = torch.randn(2, 8), torch.randn(4), torch.empty(2, 4)
+    assert L._Plan.build([(c, (1,), [x, y]), None], x, None, y) is None
+    assert L._Plan.build([(c, (1,), [x.clone(), y])], x, None, y) is None
+    assert L._Plan.build([(c, (1,), [x, y, b.clone()])], x, b, y) is None
+    assert L._Plan.build([(c, (1,), [x, y[:1]])], x, None, y) is None
+    desc = type("Desc", (), {"block_shape": [16, 64], "base": x})()
+    assert L._Plan.build([(c, (1,), [x, y, desc])], x, None, y) is None
+    assert L._Plan.build([], x, None, y) is None
+    assert L._Plan.build([(c, (1,), [x, y])], x, None, y) is not None
+
+
+def test_linear_marks_records_then_replays(stub_driver, monkeypatch):
+    """Per key: the first call runs the route, the second runs it recording, later calls
+    replay without it; a route that is not plannable runs every time; another key starts
+    over; the plans live on the weight."""
+    log: list = []
+    fn = _Fn(log)
+    routed = []
+
+    def route(x, q, bias):
+        routed.append(x.shape)
+        y = torch.empty(x.shape[0], 4)
+        _launch.launch(fn, (2,), x, y, bias if bias is not None else y, 9)
+        return y, plannable[0]
+
+    plannable = [True]
+    monkeypatch.setattr(L, "_route", route)
+    monkeypatch.setattr(L, "_plan_key", lambda x, q, bias: (x.shape, bias is None))
+    monkeypatch.setattr(L, "_check", lambda *a: None)
+    q = ms.quantize(torch.randn(4, 64), "mxfp4")
+    xs = [torch.randn(3, 64) for _ in range(4)]
+    for x in xs:
+        L.linear(x, q)
+    assert len(routed) == 2  # marked, recorded; then two replays
+    replays = [v for g, v in (e for e in log if e[0] != "miss")][-2:]
+    assert replays[0][0] is xs[2] and replays[1][0] is xs[3]
+    assert any(type(p) is L._Plan for p in q.__dict__["_ms_plans"].values())
+    b = torch.randn(4)
+    for _ in range(3):
+        L.linear(xs[0], q, b)
+    assert len(routed) == 4  # a new key: marked, recorded, replayed
+    plannable[0] = False
+    for _ in range(3):
+        L.linear(torch.randn(5, 64), q)
+    assert len(routed) == 7  # refused: the route every time
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt,m,lead,tma", [("nvfp4", 1, (), "graph"), ("mxfp4", 2, (2,), "graph"),
+                                            ("mxfp8_e4m3", 1, (), "graph"), ("int4_affine_g128", 3, (), "graph"),
+                                            ("nvfp4", 8, (2,), "graph"), ("mxfp4", 16, (), "graph"),
+                                            ("nvfp4", 12, (3,), "1")])
+def test_gpu_plans_replay_the_routes(fmt, m, lead, tma, monkeypatch):
+    """Eager calls with fresh x and bias each time: every result (replays included) is
+    bit-identical to the route run without plans; a plan is made; an in-place change of the
+    weight is followed; another stream gets its own plan."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(11)
+    monkeypatch.setattr(L, "_DECODE_TMA", tma)
+    n, k = 384, 1024
+    q = ms.quantize(torch.randn(n, k, device=dev, generator=g), fmt)
+    shape = (*lead, m // lead[0], k) if lead else (m, k)
+
+    def fresh():
+        x = torch.randn(shape, device=dev, generator=g).to(torch.bfloat16)
+        b = torch.randn(n, device=dev, generator=g).to(torch.bfloat16)
+        return x, b
+
+    for use_bias in (False, True):
+        for _ in range(4):
+            x, b = fresh()
+            bias = b if use_bias else None
+            y = ms.linear(x, q, bias)
+            want, _ = L._route(x, q, bias)
+            assert torch.equal(y, want), (fmt, m, use_bias)
+    assert sum(type(p) is L._Plan for p in q.__dict__["_ms_plans"].values()) == 2
+    other = ms.quantize(torch.randn(n, k, device=dev, generator=g), fmt)
+    q.data.copy_(other.data)
+    q.scales.copy_(other.scales)
+    for _ in range(3):
+        x, b = fresh()
+        assert torch.equal(ms.linear(x, q, b), L._route(x, other, b)[0])
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            x, b = fresh()
+            y = ms.linear(x, q, b)
+            want = L._route(x, other, b)[0]
+    torch.cuda.synchronize()
+    assert torch.equal(y, want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_capture_after_plans():
+    """A weight with plans still captures into a CUDA graph (no plan while capturing) and the
+    graph replays on new input like the eager call."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(12)
+    q = ms.quantize(torch.randn(256, 512, device=dev, generator=g), "nvfp4")
+    x = torch.randn(1, 512, device=dev, generator=g).to(torch.bfloat16)
+    for _ in range(3):
+        ms.linear(x, q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = ms.linear(x, q)
+    x.copy_(torch.randn(1, 512, device=dev, generator=g).to(torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(yg, ms.linear(x, q))
