@@ -356,7 +356,7 @@ def _scratch(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Te
     (in stream order: each writer starts after the previous call's readers have finished,
     see the prep kernels' programmatic-launch waits); a fresh one while a CUDA graph is being
     captured."""
-    if torch.cuda.is_current_stream_capturing():
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return torch.empty(shape, dtype=dtype, device=device)
     key = (device, torch.cuda.current_stream(device).cuda_stream, shape, dtype)
     t = _SCRATCH.get(key)

@@ -176,8 +176,10 @@ def test_gpu_plans_replay_the_routes(fmt, m, lead, tma, monkeypatch):
             assert torch.equal(y, want), (fmt, m, use_bias)
     assert sum(type(p) is L._Plan for p in q.__dict__["_ms_plans"].values()) == 2
     other = ms.quantize(torch.randn(n, k, device=dev, generator=g), fmt)
-    q.data.copy_(other.data)
-    q.scales.copy_(other.scales)
+    for t, o in ((q.data, other.data), (q.scales, other.scales), (q.zero_points, other.zero_points),
+                 (q.global_scale, other.global_scale)):
+        if t is not None:
+            t.copy_(o)
     for _ in range(3):
         x, b = fresh()
         assert torch.equal(ms.linear(x, q, b), L._route(x, other, b)[0])
