@@ -1,7 +1,7 @@
 """Eager ``ms.linear`` loops at 9 and 16 tokens (H200): µs per call over back-to-back calls
 (weights rotated past L2, synchronized at the ends only, so each figure is whichever of
-host and GPU time bounds the loop), with 9-16 tokens routed to ``gemv_mma`` (the default
-``MICROSCALE_DECODE_TMA=graph`` outside graph capture) and to ``decode_tma`` (``1``), with
+host and GPU time bounds the loop), with 9-16 tokens routed to ``gemv_mma``
+(``MICROSCALE_DECODE_TMA=graph``: eager calls take it) and to ``decode_tma`` (``1``), with
 call plans on (``qlinear._Plan``) and off; cuBLAS bf16 ``F.linear`` the same way.
 Usage: ``PYTHONPATH=. python3 benchmarks/eager_decode.py``."""
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main() -> None:
                 for route in ("graph", "1"):
                     L._DECODE_TMA = route
                     row.append(loop_us(lambda i: ms.linear(x, qs[i]), copies))
-            L._PLANS, L._DECODE_TMA = True, "graph"
+            L._PLANS, L._DECODE_TMA = True, "auto"
             print(f"| {n}x{k} | {m} | " + " | ".join(f"{v:.1f}" for v in row) + " |", flush=True)
 
 

@@ -37,7 +37,7 @@ def _tma(fn):
     try:
         return fn()
     finally:
-        L._DECODE_TMA = "graph"
+        L._DECODE_TMA = "auto"
 
 
 def main() -> None:

@@ -74,7 +74,7 @@ __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_co
            "GemvConfig", "choose_gemv_config", "GEMV_MAX_M", "prefill", "prefill_supported", "PrefillConfig",
            "choose_prefill_config", "PREFILL_MIN_M", "prefill_ws",
            "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "decode_tma", "choose_decode_tma_split",
-           "DECODE_TMA_MIN_M"]
+           "DECODE_TMA_MIN_M", "DECODE_TMA_EAGER_MIN_NK"]
 
 _OP = "linear"
 _SCALE_KIND = {"e8m0": 1, "ue4m3": 2, "fp16": 3, "bf16": 4, "fp32": 5}
@@ -462,11 +462,12 @@ def _(x, codes, scales, zero_points, global_scale, bias, fmt_json, n, k, special
 def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ dequant(qweight)^T + bias``.
 
-    On CUDA a QTensor weight takes, in this order: on Hopper and while a CUDA graph is being
-    captured, the TMA-fed tensor-core decode kernel (:func:`decode_tma`) for
-    ``DECODE_TMA_MIN_M..16`` tokens of bf16 activations and NVFP4 / MXFP4 weights whose K is
-    a multiple of 256 (faster on the GPU, slower on the host; ``MICROSCALE_DECODE_TMA=1``:
-    also eager calls, ``0``: never);
+    On CUDA a QTensor weight takes, in this order: on Hopper, while a CUDA graph is being
+    captured or in eager calls on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements,
+    the TMA-fed tensor-core decode kernel (:func:`decode_tma`) for ``DECODE_TMA_MIN_M..16``
+    tokens of bf16 activations and NVFP4 / MXFP4 weights whose K is a multiple of 256
+    (faster on the GPU, slower on the host; ``MICROSCALE_DECODE_TMA``: ``graph`` only while
+    capturing, ``1`` always, ``0`` never);
     the tensor-core decode path (:func:`gemv_mma`) for ``GEMV_MMA_MIN_M..GEMV_MMA_MAX_M`` tokens of bf16 activations
     and E2M1 weights with UE4M3/E8M0 scales (NVFP4, MXFP4); the f16x2 GEMV for at most
     ``GEMV_MAX_M`` tokens (4/8-bit codes); the prefill kernel from ``PREFILL_MIN_M`` tokens
@@ -535,8 +536,7 @@ def _route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple[torc
     and bias as given (what :class:`_Plan` replays)."""
     lead = x.shape[:-1]
     n = q.shape[0]
-    if DECODE_TMA_MIN_M * x.shape[-1] <= x.numel() <= 16 * x.shape[-1] and _DECODE_TMA != "0" and (
-            _DECODE_TMA == "1" or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+    if DECODE_TMA_MIN_M * x.shape[-1] <= x.numel() <= 16 * x.shape[-1] and _decode_tma_wanted(x, q):
         x2 = x.reshape(-1, x.shape[-1])
         if _decode_tma_reason(q, x2) is None:
             return decode_tma(x2, q, bias).reshape(*lead, n), True
@@ -587,7 +587,8 @@ def _plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple |
         return None
     wk = tuple((t.data_ptr(), t._version) if t is not None else None
                for t in (q.data, q.scales, q.zero_points, q.global_scale))
-    routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, GEMV_MMA_MIN_M, GEMV_MAX_M)  # (switches tests set)
+    routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, DECODE_TMA_EAGER_MIN_NK, GEMV_MMA_MIN_M,
+              GEMV_MAX_M)  # (switches tests set)
     return (x.shape, x.dtype, x.device, x.data_ptr() % 16, bk, wk, _kl.current_stream(), routes)
 
 
@@ -1343,15 +1344,31 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
 
 
 #: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) with ``DECODE_TMA_MIN_M`` to 16 bf16
-#: tokens on Hopper to :func:`decode_tma` while a CUDA graph is being captured
-#: (``MICROSCALE_DECODE_TMA``, read at import: ``graph``, the default; ``1`` always; ``0``
-#: never, :func:`gemv_mma` instead). H200, 28672x8192, 16 tokens: 50-51 µs of GPU time
-#: against gemv_mma's 71-73, but 180-250 µs of host time per eager call against 76-113, so
-#: an eager call is faster through gemv_mma and a graph replay (host time paid once) through
-#: this kernel. 8192x8192 at 8 tokens gemv_mma stays ahead (18.5 against 19.1-19.7 µs), hence
-#: 9 (``benchmarks/NOTES_linear.md``, twelfth session)
-_DECODE_TMA = os.environ.get("MICROSCALE_DECODE_TMA", "graph")
+#: tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA``, read at import):
+#: ``auto`` (the default) while a CUDA graph is being captured, and in eager calls with call
+#: plans on for weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``graph`` only
+#: while capturing; ``1`` always; ``0`` never (:func:`gemv_mma` instead). H200, 16 tokens,
+#: graph replays: 50-51 µs on 28672x8192 against gemv_mma's 71-73; 8192x8192 at 8 tokens
+#: gemv_mma stays ahead (18.5 against 19.1-19.7 µs), hence 9 (twelfth session). Eager loops
+#: with plans (``benchmarks/eager_decode.py``, thirteenth session): 51.9 / 54.0 µs per call
+#: at 16 / 9 tokens on 28672x8192 against gemv_mma's 71.3 / 68.9, but 55.5 / 53.3 on
+#: 8192x8192 against 32.3 / 22.9 (its two launches and three TMA descriptors cost ~35-55 µs
+#: of host time there, more than the kernel), hence the size limit between the two
+_DECODE_TMA = os.environ.get("MICROSCALE_DECODE_TMA", "auto")
 DECODE_TMA_MIN_M = 9
+DECODE_TMA_EAGER_MIN_NK = 1 << 27
+
+
+def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
+    """Whether :func:`linear` sends ``x`` (``DECODE_TMA_MIN_M..16`` tokens) to
+    :func:`decode_tma` by ``MICROSCALE_DECODE_TMA`` (the kernel's own limits aside)."""
+    if _DECODE_TMA == "1":
+        return True
+    if _DECODE_TMA == "0" or not x.is_cuda:
+        return False
+    if torch.cuda.is_current_stream_capturing():
+        return True
+    return _DECODE_TMA == "auto" and _PLANS and q.shape[0] * q.shape[-1] >= DECODE_TMA_EAGER_MIN_NK
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
 #: chunk, ring chunks, resident programs per SM (80 registers x 12 warps)
 _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
@@ -1430,7 +1447,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, s
     (:mod:`microscale.kernels._decode_tma`: a producer warp brings each K step's code words,
     block scales and activations by TMA into a shared-memory ring, eight consumer warps
     decode them into ``mma.sync``). :func:`linear` routes here from ``DECODE_TMA_MIN_M``
-    tokens while a CUDA graph is being captured (``_DECODE_TMA``). ``split``: K parts per 128-row tile (default :func:`choose_decode_tma_split`),
+    tokens while a CUDA graph is being captured and for large weights (``_decode_tma_wanted``). ``split``: K parts per 128-row tile (default :func:`choose_decode_tma_split`),
     added up in K order by each tile's last part; ``programs``: persistent programs (default:
     all units, at most two per SM). The first call on a weight makes its step-major scales
     and their TMA descriptors (kept on the QTensor). Raises ValueError saying why when it

@@ -145,3 +145,27 @@ def test_gpu_routing_and_graph(monkeypatch):
     torch.testing.assert_close(yg, real(x.reshape(12, 1024), q).reshape(2, 6, 512), rtol=0, atol=0)
     with pytest.raises(ValueError, match="split"):
         real(x[0], q, split=3)
+
+
+def test_routing_switch(monkeypatch):
+    """``MICROSCALE_DECODE_TMA``: ``1`` always, ``0`` never; ``graph`` while capturing;
+    ``auto`` also eager calls on CUDA for weights of at least ``DECODE_TMA_EAGER_MIN_NK``
+    elements while call plans are on; never for CPU tensors otherwise."""
+    from types import SimpleNamespace as NS
+
+    big, small = NS(shape=(28672, 8192)), NS(shape=(8192, 8192))
+    gpu, cpu = NS(is_cuda=True), NS(is_cuda=False)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+
+    def wanted(mode, x, q, plans=True):
+        monkeypatch.setattr(L, "_DECODE_TMA", mode)
+        monkeypatch.setattr(L, "_PLANS", plans)
+        return L._decode_tma_wanted(x, q)
+
+    assert wanted("1", cpu, small) and not wanted("0", gpu, big)
+    assert [wanted(m, gpu, q) for m in ("graph", "auto") for q in (big, small)] == [False, False, True, False]
+    assert not wanted("auto", gpu, big, plans=False) and not wanted("auto", cpu, big)
+    capturing[0] = True
+    assert wanted("graph", gpu, small) and wanted("auto", gpu, small) and not wanted("0", gpu, big)
+    assert big.shape[0] * big.shape[1] >= L.DECODE_TMA_EAGER_MIN_NK > small.shape[0] * small.shape[1]
