@@ -574,10 +574,11 @@ _SEEN, _REFUSED = object(), object()  # a key's first call (recorded on its seco
 
 def _plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple | None:
     """What a plan of ``linear(x, q, bias)`` depends on, or None when no plan may serve it
-    (CPU, non-contiguous x or bias, graph capture, launch hooks): x's and bias's shape,
+    (CPU, non-contiguous x or bias, graph capture, launch hooks, tracing): x's and bias's shape,
     dtype, device and 16-byte alignment, the weight's tensors (address and version), the
     current stream."""
-    if not x.is_cuda or not x.is_contiguous() or torch.cuda.is_current_stream_capturing() or _kl.hooked():
+    if (not x.is_cuda or not x.is_contiguous() or torch.cuda.is_current_stream_capturing() or _kl.hooked()
+            or torch.compiler.is_compiling()):
         return None
     if bias is None:
         bk = None
@@ -626,7 +627,9 @@ class _Plan:
                 elif hasattr(v, "block_shape") and hasattr(v, "base"):  # a TMA descriptor: kept as recorded
                     if any(v.base.data_ptr() == ptr for ptr, _ in subs):
                         return None
-            launches.append((compiled, tuple(grid), vals, tuple(slots)))
+            # the recorded call's x, bias and output are not kept alive by the plan
+            kept = [None if any(i == sl[0] for sl in slots) else v for i, v in enumerate(vals)]
+            launches.append((compiled, tuple(grid), kept, tuple(slots)))
         if 0 not in seen or (bias is not None and 2 not in seen):
             return None
         return _Plan(launches, y.shape, y.dtype, y.device)

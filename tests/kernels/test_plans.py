@@ -90,8 +90,10 @@ def test_plan_substitutes_x_bias_and_output(stub_driver):
     assert g1 == (5, 1, 1) and v1[0] is x2 and v1[1] is const and v1[2:] == (8, 2.5)
     assert g2 == (1, 2, 1) and v2[0] is x2 and v2[2] is b2 and v2[3] is out and v2[4] is const
     assert v2[1].dtype == torch.int32 and v2[1].data_ptr() == out.data_ptr()
-    # the recorded values themselves are left as they were
+    # the recorded values themselves are left as they were; the plan keeps none of x, bias, y
     assert rec[1][2][0] is x and rec[1][2][3] is y
+    kept = [v for _, _, vals, _ in plan.launches for v in vals if isinstance(v, torch.Tensor)]
+    assert all(v.data_ptr() not in (x.data_ptr(), b.data_ptr(), y.data_ptr()) for v in kept) and len(kept) == 2
 
 
 def test_plan_refusals():
