@@ -1372,6 +1372,8 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
     if torch.cuda.is_current_stream_capturing():
         return True
     return _DECODE_TMA == "auto" and _PLANS and q.shape[0] * q.shape[-1] >= DECODE_TMA_EAGER_MIN_NK
+
+
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
 #: chunk, ring chunks, resident programs per SM (80 registers x 12 warps)
 _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
@@ -1450,8 +1452,9 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, s
     (:mod:`microscale.kernels._decode_tma`: a producer warp brings each K step's code words,
     block scales and activations by TMA into a shared-memory ring, eight consumer warps
     decode them into ``mma.sync``). :func:`linear` routes here from ``DECODE_TMA_MIN_M``
-    tokens while a CUDA graph is being captured and for large weights (``_decode_tma_wanted``). ``split``: K parts per 128-row tile (default :func:`choose_decode_tma_split`),
-    added up in K order by each tile's last part; ``programs``: persistent programs (default:
+    tokens while a CUDA graph is being captured and for large weights
+    (``_decode_tma_wanted``). ``split``: K parts per 128-row tile (default
+    :func:`choose_decode_tma_split`), added up in K order by each tile's last part; ``programs``: persistent programs (default:
     all units, at most two per SM). The first call on a weight makes its step-major scales
     and their TMA descriptors (kept on the QTensor). Raises ValueError saying why when it
     cannot serve the call."""
