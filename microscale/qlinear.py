@@ -485,6 +485,14 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     memory) must not be rewritten by such kernels right before the call; or set
     ``MICROSCALE_GEMV_PDL_CHAIN=0``.
 
+    Eager calls on the decode routes (up to 16 tokens, CUDA, contiguous x and bias) replay a
+    plan from the third call with the same shapes, dtypes, alignment, weight tensors and
+    stream: the launches recorded on the second call, with the new x, bias and a new output
+    put in (host time per call on the H200 machine ~20-35 µs instead of 80-135). Plans live
+    on the QTensor and follow in-place changes through torch's version counters; none is
+    used while a CUDA graph is being captured, under launch hooks or while tracing
+    (``MICROSCALE_PLANS=0``: never).
+
     Args:
         x: bfloat16 or float16 ``[..., K]``.
         qweight: a QTensor ``[N, K]`` (prepared once and cached on it) or the result of
