@@ -2,7 +2,8 @@
 with its plan (``qlinear._Plan``) and without plans; without plans, the same call with
 ``qlinear.launch`` timed (launches through the cached launcher) and with launches stubbed
 out (the wrappers' Python and torch calls); cuBLAS and a few single torch / Triton
-operations for scale. Means over ``N`` calls after warm-up, µs.
+operations for scale. Means over ``N_CALLS`` (environment, default 200) calls after
+warm-up, µs.
 Usage: ``PYTHONPATH=. python3 benchmarks/host_breakdown.py``."""
 from __future__ import annotations
 
@@ -14,21 +15,9 @@ from triton.runtime import driver
 
 import microscale as ms
 from microscale import qlinear as L
+from profile_host import N_CALLS as N, host_us  # (this directory is on sys.path when the script runs)
 
-N = 300
 DEV = "cuda"
-
-
-def host_us(fn, n: int = N) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
 
 
 def _tma(fn):
