@@ -117,8 +117,9 @@ def test_gpu_decode_tma(name):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 def test_gpu_routing_and_graph(monkeypatch):
     """``ms.linear`` routes 9-16 tokens (leading batch dims) here while a CUDA graph is
-    captured (the default, ``graph``), also eager calls with ``1``; 8 tokens elsewhere; the
-    captured route replays; bad splits are refused."""
+    captured (``graph``; the default ``auto`` also takes eager calls on large weights), also
+    eager calls with ``1``; 8 tokens elsewhere; the captured route replays; bad splits are
+    refused."""
     dev = _gpu()
     g = torch.Generator(device=dev).manual_seed(7)
     q = ms.quantize(torch.randn(512, 1024, device=dev, generator=g), "nvfp4")
