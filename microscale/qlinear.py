@@ -261,7 +261,7 @@ def _cached_prepare(q: QTensor | PackedLinearWeight) -> PackedLinearWeight:
         return q
     if not isinstance(q, QTensor):
         raise TypeError(f"{_OP}: qweight must be a QTensor or PackedLinearWeight, got {type(q).__name__}")
-    key = (q.data.data_ptr(), q.data._version, q.scales.data_ptr(), q.scales._version, q.data.device)
+    key = (_weight_key(q), q.data.device)
     hit = q.__dict__.get("_ms_linear_packed")
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -594,8 +594,7 @@ def _plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple |
         bk = (bias.shape, bias.dtype, bias.device, bias.data_ptr() % 16)
     else:
         return None
-    wk = tuple((t.data_ptr(), t._version) if t is not None else None
-               for t in (q.data, q.scales, q.zero_points, q.global_scale))
+    wk = _weight_key(q)
     routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, DECODE_TMA_EAGER_MIN_NK, GEMV_MMA_MIN_M,
               GEMV_MAX_M)  # (switches tests set)
     return (x.shape, x.dtype, x.device, x.data_ptr() % 16, bk, wk, _kl.current_stream(), routes)
@@ -679,12 +678,18 @@ def _weight_views(q: QTensor) -> _WeightViews:
     return _weight_views_hit(q)[0]
 
 
+def _weight_key(q: QTensor) -> tuple:
+    """Address and version of each of ``q``'s tensors: what the per-weight caches (views,
+    packed weight, TMA descriptors, call plans) are valid for."""
+    return tuple((t.data_ptr(), t._version) if t is not None else None
+                 for t in (q.data, q.scales, q.zero_points, q.global_scale))
+
+
 def _weight_views_hit(q: QTensor) -> tuple[_WeightViews, bool]:
     """:func:`_weight_views` and whether they came from the cache: False on a QTensor's first
     use and after any in-place change of its tensors (when kernels still in flight may be
     writing them, so the GEMV must not read them ahead of its wait)."""
-    key = tuple((t.data_ptr(), t._version) if t is not None else None
-                for t in (q.data, q.scales, q.zero_points, q.global_scale))
+    key = _weight_key(q)
     hit = q.__dict__.get("_ms_weight_views")
     if hit is not None and hit[0] == key:
         return hit[1], True
@@ -1418,7 +1423,7 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
     :func:`decode_tma`, made once per weight and version of its tensors and kept on it."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    key = (q.data.data_ptr(), q.data._version, q.scales.data_ptr(), q.scales._version)
+    key = _weight_key(q)
     hit = q.__dict__.get("_ms_dt_descs")
     if hit is not None and hit[0] == key:
         return hit[1]
