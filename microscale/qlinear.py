@@ -1390,6 +1390,10 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
 #: chunk, ring chunks, resident programs per SM (80 registers x 12 warps)
 _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
+#: :func:`decode_tma` variants: code words by one TMA box per ring chunk (``[rows, 8 x chunk]``
+#: words, 128-byte rows, swizzled) instead of one per K step; warpgroup MMAs (``wgmma``, the
+#: activations read by the tensor cores from shared memory) instead of ``mma.sync``
+_DT_WIDE, _DT_WG = False, False
 
 
 def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
@@ -1423,13 +1427,19 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
     :func:`decode_tma`, made once per weight and version of its tensors and kept on it."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    key = _weight_key(q)
+    key = (_weight_key(q), _DT_WIDE)
     hit = q.__dict__.get("_ms_dt_descs")
     if hit is not None and hit[0] == key:
         return hit[1]
     rows = _DT_ROWS
     lw, ls, _ = _dt_layouts()
-    descs = (TensorDescriptor.from_tensor(wv.words, [rows, 8], lw),
+    if _DT_WIDE:
+        from triton.experimental.gluon import language as gl
+
+        box, lw = [rows, 8 * _DT_CHUNK], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+    else:
+        box = [rows, 8]
+    descs = (TensorDescriptor.from_tensor(wv.words, box, lw),
              TensorDescriptor.from_tensor(_step_scales(q, rows), [rows // 64, 256], ls))
     q.__dict__["_ms_dt_descs"] = (key, descs)
     return descs
@@ -1508,7 +1518,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, s
     grid = min(units, programs or _DT_PER_SM * sms)
     launch(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
            out, ws, cnt, n, m, tiles, ke, post, S=split, NCH=chunks // split, C=_DT_CHUNK, SK=sk,
-           STAGES=_DT_STAGES, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
+           STAGES=_DT_STAGES, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, WG=_DT_WG,
            num_warps=rows // 16, maxnreg=80)
     return out
 

@@ -7,6 +7,7 @@ write their PTX / SASS.
 
     python tools/gemv_ptx.py OUTDIR [--fmt nvfp4] [--m 1] [--n 28672] [--k 8192]
                              [--config "{'pdl': True}"] [--sass] [--mma | --ws | --dtma]
+                             [--set "{'_DT_WG': True}"]
 
 Writes ``OUTDIR/<kernel>.ptx`` for each launch (``.sass`` too with ``--sass``) and prints
 the loop-body instruction histogram of the main kernel. Used by
@@ -113,7 +114,13 @@ def main() -> None:
                     "--config then takes its keyword arguments")
     ap.add_argument("--dtma", action="store_true", help="the TMA-fed Gluon decode kernel (decode_tma) instead; "
                     "--config then takes its keyword arguments")
+    ap.add_argument("--set", default="{}", help="qlinear module switches to set first, a Python dict literal "
+                    "(e.g. \"{'_DT_WG': True}\")")
     a = ap.parse_args()
+    for name, value in ast.literal_eval(a.set).items():
+        if not hasattr(L, name):
+            raise SystemExit(f"qlinear has no {name}")
+        setattr(L, name, value)
     os.makedirs(a.outdir, exist_ok=True)
     cfg = ast.literal_eval(a.config)
     gluon_main = "_prefill_ws_kernel" if a.ws else "_decode_tma_kernel" if a.dtma else None

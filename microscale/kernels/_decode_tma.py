@@ -28,7 +28,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ._prefill_gluon import ARRIVE_ASM, BK, _decode, ring_barriers
 
@@ -40,6 +40,7 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_ti
     program's units into the ring, running ahead across unit boundaries."""
     STAGES: gl.constexpr = ready.shape[0]
     ROWS: gl.constexpr = w_bufs.shape[1]
+    CW: gl.constexpr = w_bufs.shape[2] // 8  # K steps per code box
     P = gl.num_programs(0)
     it = 0
     for u in range(gl.program_id(0), n_tiles * S, P):
@@ -48,13 +49,14 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_ti
             slot = it % STAGES
             mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)  # slots start out free
             bar = ready.index(slot)
-            mbarrier.expect(bar, C * (w_desc.block_type.nbytes + s_desc.block_type.nbytes +
-                                      x_desc.block_type.nbytes))
+            mbarrier.expect(bar, (C // CW) * w_desc.block_type.nbytes + C * (s_desc.block_type.nbytes +
+                                                                         x_desc.block_type.nbytes))
             step0 = ((u % S) * NCH + ic) * C
+            for cb in gl.static_range(C // CW):
+                tma.async_copy_global_to_shared(w_desc, [tile * ROWS, (step0 + cb * CW) * (BK // 8)], bar,
+                                                w_bufs.index(slot * (C // CW) + cb))
             for cs in gl.static_range(C):
                 step = step0 + cs
-                tma.async_copy_global_to_shared(w_desc, [tile * ROWS, step * (BK // 8)], bar,
-                                                w_bufs.index(slot * C + cs))
                 tma.async_copy_global_to_shared(s_desc, [(tile * (S * NCH * C) + step) * (ROWS // 64), 0], bar,
                                                 s_bufs.index(slot * C + cs))
                 tma.async_copy_global_to_shared(x_desc, [0, step * BK], bar, x_bufs.index(slot * C + cs))
@@ -64,14 +66,19 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_ti
 @gluon.jit
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, ke,
               post, S: gl.constexpr, NCH: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
-              HAS_BIAS: gl.constexpr):
+              HAS_BIAS: gl.constexpr, WG: gl.constexpr):
     """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
     ``mma.sync`` its ``C`` steps, free the slot. Per unit: the epilogue (a K part's fp32 sum
     to the workspace; the tile's last part adds the parts in K order and stores)."""
     STAGES: gl.constexpr = ready.shape[0]
     ROWS: gl.constexpr = w_bufs.shape[1]
+    CW: gl.constexpr = w_bufs.shape[2] // 8
     NW: gl.constexpr = ROWS // 16
-    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
+    if WG:  # warpgroup MMAs: the activations read from shared memory once per warpgroup
+        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                       instr_shape=[16, 16, 16])
+    else:
+        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_l, k_width=2)
     if NW == 4:
@@ -101,11 +108,16 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
             for cs in gl.static_range(C):
-                words = gl.convert_layout(gl.reshape(w_bufs.index(slot * C + cs).load(w2_l), [ROWS, 4, 2]), w_l,
-                                          assert_trivial=True)
+                wbuf = w_bufs.index(slot * (C // CW) + cs // CW).slice((cs % CW) * 8, 8, dim=1)
+                words = gl.convert_layout(gl.reshape(wbuf.load(w2_l), [ROWS, 4, 2]), w_l, assert_trivial=True)
                 sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
-                b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
-                acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l), b, acc)
+                if WG:
+                    acc = warpgroup_mma(_decode(words, sraw, ke, SK, s_l, a_l),
+                                        x_bufs.index(slot * C + cs).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+                else:
+                    b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
+                    acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l), b, acc)
             mbarrier.arrive(empty.index(slot), count=1)
             it += 1
         ok = gl.full([ROWS, 1], 1, gl.int1, mma_l)
@@ -134,7 +146,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
 @gluon.jit
 def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, ke, post,
                        S: gl.constexpr, NCH: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
-                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr):
+                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr = False):
     """``out[M <= 16, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K / 8]`` (block ``[ROWS, 8]``); ``s_desc``: of the step-major
     scales (block ``[ROWS / 64, 256]`` bytes); ``x_desc``: of the K-permuted activations
@@ -143,13 +155,14 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     sums of split tiles in ``ws_ptr`` (``S x tiles x ROWS x 16`` floats), int32 counters
     ``cnt_ptr`` (``ROWS x 4`` per tile; zero on entry, left zero)."""
     ROWS: gl.constexpr = w_desc.block_type.shape[0]
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * C, ROWS, 8], w_desc.layout)
+    CW: gl.constexpr = w_desc.block_type.shape[1] // 8  # K steps per code box: 1, or C (one box a chunk)
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * (C // CW), ROWS, 8 * CW], w_desc.layout)
     s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C] + s_desc.block_type.shape, s_desc.layout)
     x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * C, 16, BK], x_desc.layout)
     ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                     ke, post, S, NCH, C, SK, HAS_GS, HAS_BIAS)),
+                     ke, post, S, NCH, C, SK, HAS_GS, HAS_BIAS, WG)),
         (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, S, NCH, C)),
     ], [1], [40])
 

@@ -1,0 +1,50 @@
+"""``decode_tma`` variants at 9 / 16 tokens (H200, CUDA graphs): code words by one TMA box per
+ring chunk (``_DT_WIDE``), warpgroup MMAs (``_DT_WG``), both; each checked against float64
+(relative Frobenius error) before it is timed, next to cuBLAS bf16 ``F.linear``.
+    python benchmarks/exp_dtma_variants.py [shape ...]   (shape NxK, default the issue's three)"""
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+
+import microscale as ms
+from microscale import qlinear as L
+
+VARIANTS = {"base": {}, "wide": {"_DT_WIDE": True}, "wg": {"_DT_WG": True},
+            "wg+wide": {"_DT_WG": True, "_DT_WIDE": True}}
+dev = torch.device("cuda")
+g = torch.Generator(device=dev).manual_seed(7)
+shapes = [tuple(map(int, s.split("x"))) for s in sys.argv[1:]] or [(28672, 8192), (8192, 28672), (8192, 8192)]
+rows = []
+for n, k in shapes:
+    w = torch.randn(n, k, device=dev, generator=g)
+    wb = w.to(torch.bfloat16)
+    for fmt in ("nvfp4", "mxfp4"):
+        q = ms.quantize(w, fmt)
+        wd = q.dequantize().double()
+        for m in (16, 9):
+            x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+            ref = x.double() @ wd.T
+            cub = triton.testing.do_bench_cudagraph(lambda: F.linear(x, wb), rep=30, return_mode="median") * 1e3
+            for name, sw in VARIANTS.items():
+                saved = {a: getattr(L, a) for a in sw}
+                for a, v in sw.items():
+                    setattr(L, a, v)
+                try:
+                    out = L.decode_tma(x, q)
+                    err = ((out.double() - ref).norm() / ref.norm()).item()
+                    t = triton.testing.do_bench_cudagraph(lambda: L.decode_tma(x, q), rep=30,
+                                                          return_mode="median") * 1e3 if err < 1e-2 else float("nan")
+                except Exception as e:  # noqa: BLE001 - an experiment: report and go on
+                    err, t = float("nan"), float("nan")
+                    print(f"{name} {fmt} {n}x{k} m{m}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                finally:
+                    for a, v in saved.items():
+                        setattr(L, a, v)
+                rows.append((f"{n}x{k}", fmt, m, name, err, t, cub / t))
+                print(*rows[-1], flush=True)
+        del q, wd
+print(f"\n{'shape':12s} {'fmt':6s} {'M':>3s} {'variant':8s} {'rel err':>9s} {'us':>7s} {'x cuBLAS':>8s}")
+for r in rows:
+    print(f"{r[0]:12s} {r[1]:6s} {r[2]:3d} {r[3]:8s} {r[4]:9.2e} {r[5]:7.1f} {r[6]:8.2f}")
