@@ -44,7 +44,7 @@ for n, k in shapes:
                         setattr(L, a, v)
                 rows.append((f"{n}x{k}", fmt, m, name, err, t, cub / t))
                 print(*rows[-1], flush=True)
-        del q, wd
+        wd = None
 print(f"\n{'shape':12s} {'fmt':6s} {'M':>3s} {'variant':8s} {'rel err':>9s} {'us':>7s} {'x cuBLAS':>8s}")
 for r in rows:
     print(f"{r[0]:12s} {r[1]:6s} {r[2]:3d} {r[3]:8s} {r[4]:9.2e} {r[5]:7.1f} {r[6]:8.2f}")

@@ -73,7 +73,7 @@ __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_co
            "gemv_mma", "gemv_mma_supported", "GemvMmaConfig", "choose_gemv_mma_config", "with_gemv_mma_split",
            "GemvConfig", "choose_gemv_config", "GEMV_MAX_M", "prefill", "prefill_supported", "PrefillConfig",
            "choose_prefill_config", "PREFILL_MIN_M", "prefill_ws",
-           "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "decode_tma", "choose_decode_tma_split",
+           "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "decode_tma",
            "DECODE_TMA_MIN_M", "DECODE_TMA_EAGER_MIN_NK"]
 
 _OP = "linear"
@@ -1457,18 +1457,16 @@ def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
     return None
 
 
-def choose_decode_tma_split(n: int, k: int, num_sms: int) -> int:
-    """K parts per row tile for :func:`decode_tma`: the fewest (a power of two, at most 8)
-    that give every SM a unit, among those that divide K into whole ring chunks."""
-    tiles = cdiv(n, _DT_ROWS)
-    chunks = k // (64 * _DT_CHUNK)
-    split = 1
-    while split < 8 and tiles * split < num_sms and chunks % (2 * split) == 0:
-        split *= 2
-    return split
+@functools.lru_cache(maxsize=256)
+def _dt_parts(tiles: int, nct: int, programs: int) -> int:
+    """Most programs sharing one row tile when :func:`decode_tma`'s ``programs`` take equal
+    contiguous shares of the ``tiles x nct`` ring chunks (1: every tile is one program's)."""
+    total = tiles * nct
+    return max(((t + 1) * nct * programs - 1) // total - ((t * nct + 1) * programs - 1) // total + 1
+               for t in range(tiles))
 
 
-def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, split: int | None = None,
+def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
                programs: int | None = None) -> torch.Tensor:
     """``x2 [M <= 16, K] @ dequant(q)^T (+ bias)`` for an E2M1 weight (NVFP4, MXFP4) and bf16
     activations on Hopper, with the warp-specialized Gluon kernel
@@ -1476,11 +1474,12 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, s
     block scales and activations by TMA into a shared-memory ring, eight consumer warps
     decode them into ``mma.sync``). :func:`linear` routes here from ``DECODE_TMA_MIN_M``
     tokens while a CUDA graph is being captured and for large weights
-    (``_decode_tma_wanted``). ``split``: K parts per 128-row tile (default
-    :func:`choose_decode_tma_split`), added up in K order by each tile's last part; ``programs``: persistent programs (default:
-    all units, at most two per SM). The first call on a weight makes its step-major scales
-    and their TMA descriptors (kept on the QTensor). Raises ValueError saying why when it
-    cannot serve the call."""
+    (``_decode_tma_wanted``). Work: the 128-row tiles' ring chunks (256 K elements) in
+    tile-major order, split into ``programs`` contiguous shares of equal size (stream-K; default
+    two programs per SM, at most one per chunk), so every SM gets the same work whatever the
+    tile count; a tile shared by several programs is added up in K order by its last part. The
+    first call on a weight makes its step-major scales and their TMA descriptors (kept on the
+    QTensor). Raises ValueError saying why when it cannot serve the call."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .kernels import _decode_tma as dk
@@ -1493,12 +1492,8 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, s
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     m, k = x2.shape
     n = q.shape[0]
-    sms = _num_sms(x2.device)
-    split = choose_decode_tma_split(n, k, sms) if split is None else split
-    chunks = k // (64 * _DT_CHUNK)
-    if split < 1 or chunks % split or (programs is not None and programs < 1):
-        raise ValueError(f"{_OP}: decode_tma needs split >= 1 dividing the {chunks} chunks of "
-                         f"{64 * _DT_CHUNK} K elements, programs >= 1")
+    if programs is not None and programs < 1:
+        raise ValueError(f"{_OP}: decode_tma needs programs >= 1, got {programs}")
     xp = _scratch((m, k), x2.dtype, x2.device)  # activations in the consumers' K order
     launch(pg._xperm_kernel, (cdiv(m, 32), k // 64), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, num_warps=4)
     if q.fmt.scale.name == "ue4m3":
@@ -1513,11 +1508,12 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, s
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     gs = wv.global_scale if wv.global_scale is not None else out
     tiles = cdiv(n, rows)
-    units = tiles * split
-    ws, cnt = _workspace(x2.device, units * rows * 16 if split > 1 else 0, tiles * rows * 4 if split > 1 else 0)
-    grid = min(units, programs or _DT_PER_SM * sms)
+    nct = k // (64 * _DT_CHUNK)
+    grid = min(tiles * nct, programs or _DT_PER_SM * _num_sms(x2.device))
+    maxp = _dt_parts(tiles, nct, grid)
+    ws, cnt = _workspace(x2.device, tiles * maxp * rows * 16 if maxp > 1 else 0, tiles * rows * 4 if maxp > 1 else 0)
     launch(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
-           out, ws, cnt, n, m, tiles, ke, post, S=split, NCH=chunks // split, C=_DT_CHUNK, SK=sk,
+           out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=_DT_CHUNK, SK=sk,
            STAGES=_DT_STAGES, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, WG=_DT_WG,
            num_warps=rows // 16, maxnreg=80)
     return out

@@ -34,38 +34,47 @@ from ._prefill_gluon import ARRIVE_ASM, BK, _decode, ring_barriers
 
 
 @gluon.jit
-def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, S: gl.constexpr,
-              NCH: gl.constexpr, C: gl.constexpr):
-    """One warp: TMA of every chunk (``C`` K steps: codes, scales, activations) of the
-    program's units into the ring, running ahead across unit boundaries."""
-    STAGES: gl.constexpr = ready.shape[0]
-    ROWS: gl.constexpr = w_bufs.shape[1]
-    CW: gl.constexpr = w_bufs.shape[2] // 8  # K steps per code box
+def _chunks(n_tiles, NCT: gl.constexpr):
+    """This program's share ``[c0, c1)`` of the ``n_tiles x NCT`` ring chunks (tile-major):
+    contiguous and within one chunk of equal across the programs (stream-K)."""
     P = gl.num_programs(0)
-    it = 0
-    for u in range(gl.program_id(0), n_tiles * S, P):
-        tile = u // S
-        for ic in range(NCH):
-            slot = it % STAGES
-            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)  # slots start out free
-            bar = ready.index(slot)
-            mbarrier.expect(bar, (C // CW) * w_desc.block_type.nbytes + C * (s_desc.block_type.nbytes +
-                                                                         x_desc.block_type.nbytes))
-            step0 = ((u % S) * NCH + ic) * C
-            for cb in gl.static_range(C // CW):
-                tma.async_copy_global_to_shared(w_desc, [tile * ROWS, (step0 + cb * CW) * (BK // 8)], bar,
-                                                w_bufs.index(slot * (C // CW) + cb))
-            for cs in gl.static_range(C):
-                step = step0 + cs
-                tma.async_copy_global_to_shared(s_desc, [(tile * (S * NCH * C) + step) * (ROWS // 64), 0], bar,
-                                                s_bufs.index(slot * C + cs))
-                tma.async_copy_global_to_shared(x_desc, [0, step * BK], bar, x_bufs.index(slot * C + cs))
-            it += 1
+    p = gl.program_id(0)
+    T = n_tiles * NCT
+    return p * T // P, (p + 1) * T // P
 
 
 @gluon.jit
-def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, ke,
-              post, S: gl.constexpr, NCH: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
+def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, NCT: gl.constexpr,
+              C: gl.constexpr):
+    """One warp: TMA of every chunk (``C`` K steps: codes, scales, activations) of the
+    program's chunk range into the ring, running ahead across tile boundaries."""
+    STAGES: gl.constexpr = ready.shape[0]
+    ROWS: gl.constexpr = w_bufs.shape[1]
+    CW: gl.constexpr = w_bufs.shape[2] // 8  # K steps per code box
+    c0, c1 = _chunks(n_tiles, NCT)
+    it = 0
+    for ch in range(c0, c1):
+        tile = ch // NCT
+        slot = it % STAGES
+        mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)  # slots start out free
+        bar = ready.index(slot)
+        mbarrier.expect(bar, (C // CW) * w_desc.block_type.nbytes + C * (s_desc.block_type.nbytes +
+                                                                     x_desc.block_type.nbytes))
+        step0 = (ch % NCT) * C
+        for cb in gl.static_range(C // CW):
+            tma.async_copy_global_to_shared(w_desc, [tile * ROWS, (step0 + cb * CW) * (BK // 8)], bar,
+                                            w_bufs.index(slot * (C // CW) + cb))
+        for cs in gl.static_range(C):
+            step = step0 + cs
+            tma.async_copy_global_to_shared(s_desc, [(tile * (NCT * C) + step) * (ROWS // 64), 0], bar,
+                                            s_bufs.index(slot * C + cs))
+            tma.async_copy_global_to_shared(x_desc, [0, step * BK], bar, x_bufs.index(slot * C + cs))
+        it += 1
+
+
+@gluon.jit
+def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp,
+              ke, post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
               HAS_BIAS: gl.constexpr, WG: gl.constexpr):
     """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
     ``mma.sync`` its ``C`` steps, free the slot. Per unit: the epilogue (a K part's fp32 sum
@@ -95,16 +104,19 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
         reg_bases=[[0, 0, 1], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
         warp_bases=wb3, block_bases=[], shape=[ROWS, 4, 2])
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
-    P = gl.num_programs(0)
     r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_l))
     c = gl.arange(0, 16, layout=gl.SliceLayout(0, mma_l))
     TILE: gl.constexpr = ROWS * 16
     elem = r[:, None] * 16 + c[None, :]
+    P = gl.num_programs(0)
+    T = n_tiles * NCT
+    c0, c1 = _chunks(n_tiles, NCT)
     it = 0
-    for u in range(gl.program_id(0), n_tiles * S, P):
-        tile = u // S
+    for tile in range(c0 // NCT, (c1 - 1) // NCT + 1):  # the tiles this program's chunks touch
+        k0 = gl.maximum(c0, tile * NCT)  # the tile's chunks [k0, k1) are this program's
+        k1 = gl.minimum(c1, (tile + 1) * NCT)
         acc = gl.zeros([ROWS, 16], gl.float32, mma_l)
-        for ic in range(NCH):
+        for ch in range(k0, k1):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
             for cs in gl.static_range(C):
@@ -121,17 +133,21 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
             mbarrier.arrive(empty.index(slot), count=1)
             it += 1
         ok = gl.full([ROWS, 1], 1, gl.int1, mma_l)
-        if S > 1:  # parts [S, tiles, ROWS, 16]; the last part per (row, thread) adds them in K order
-            gl.store(ws_ptr + ((u % S) * n_tiles + tile) * TILE + elem, acc)
+        if (k0 != tile * NCT) | (k1 != (tile + 1) * NCT):
+            # a part of the tile: to the workspace, slot (tile, this program - the tile's first);
+            # the tile's last part to arrive (per row and thread) adds all parts in K order
+            pf = ((tile * NCT + 1) * P - 1) // T
+            pl = ((tile + 1) * NCT * P - 1) // T
+            gl.store(ws_ptr + (tile * maxp + gl.program_id(0) - pf) * TILE + elem, acc)
             z = gl.full([ROWS], 0, gl.int32, gl.SliceLayout(1, mma_l))
             last = gl.inline_asm_elementwise(ARRIVE_ASM, "=r,l,r,r", [cnt_ptr + tile * (ROWS * 4) + r * 4,
-                                                                      z + NCH * C, z + S * NCH * C],
+                                                                      z + (k1 - k0) * C, z + NCT * C],
                                              dtype=gl.int32, is_pure=False, pack=1)
             ok = gl.expand_dims(last, 1) != 0
             lm = gl.broadcast(ok, acc)[0]
             acc = gl.zeros_like(acc)
-            for q in gl.static_range(S):
-                acc += gl.load(ws_ptr + (q * n_tiles + tile) * TILE + elem, mask=lm, other=0.0, cache_modifier=".cg")
+            for q in range(pl - pf + 1):
+                acc += gl.load(ws_ptr + (tile * maxp + q) * TILE + elem, mask=lm, other=0.0, cache_modifier=".cg")
         scale = post
         if HAS_GS:
             scale = scale * gl.load(gs_ptr)
@@ -144,8 +160,8 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
 
 
 @gluon.jit
-def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, ke, post,
-                       S: gl.constexpr, NCH: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
+def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp, ke,
+                       post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
                        HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr = False):
     """``out[M <= 16, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K / 8]`` (block ``[ROWS, 8]``); ``s_desc``: of the step-major
@@ -162,8 +178,8 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                     ke, post, S, NCH, C, SK, HAS_GS, HAS_BIAS, WG)),
-        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, S, NCH, C)),
+                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, WG)),
+        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, NCT, C)),
     ], [1], [40])
 
 

@@ -43,13 +43,28 @@ def test_step_scales_layout(name, n, gen):
     assert L._dt_weight_descs(q, L._weight_views(q)) is not descs
 
 
-@pytest.mark.parametrize("n, k, sms, want", [
-    (28672, 8192, 132, 1),  # 224 row tiles: every SM has one
-    (8192, 8192, 132, 4), (8192, 28672, 132, 4),  # 64 tiles: 2 parts make 128 units, 4 make 256
-    (1000, 512, 132, 2),  # 8 tiles, but K has only 2 chunks of 256
-    (256, 1024, 132, 4), (28672, 8192, 1000, 8)])  # at most 8 parts
-def test_choose_split(n, k, sms, want):
-    assert L.choose_decode_tma_split(n, k, sms) == want
+@pytest.mark.parametrize("tiles, nct, programs", [(224, 32, 264), (64, 32, 264), (224, 32, 224), (3, 32, 5),
+                                                (1, 4, 3), (7, 9, 13), (264, 32, 264), (5, 1, 5)])
+def test_stream_k_shares(tiles, nct, programs):
+    """The kernel's chunk arithmetic, emulated: program ``p`` takes chunks ``[p T // P,
+    (p + 1) T // P)`` (every chunk exactly once, shares within one chunk of each other); a
+    tile's parts are programs ``pf .. pl`` by the kernel's closed forms, in K order, so its
+    workspace slots ``p - pf`` are below ``_dt_parts`` (the launch's bound), which is tight."""
+    total = tiles * nct
+    share = [(p * total // programs, (p + 1) * total // programs) for p in range(programs)]
+    assert [c for a, b in share for c in range(a, b)] == list(range(total))
+    assert max(b - a for a, b in share) - min(b - a for a, b in share) <= 1
+    maxp = L._dt_parts(tiles, nct, programs)
+    worst = 0
+    for t in range(tiles):
+        owners = [p for p, (a, b) in enumerate(share) if a < (t + 1) * nct and b > t * nct]
+        pf = ((t * nct + 1) * programs - 1) // total
+        pl = ((t + 1) * nct * programs - 1) // total
+        assert owners == list(range(pf, pl + 1))
+        whole = share[pf][0] <= t * nct and share[pf][1] >= (t + 1) * nct
+        assert whole == (pf == pl)  # the kernel's test for a whole tile: its chunks are one program's
+        worst = max(worst, len(owners))
+    assert maxp == worst
 
 
 def test_reasons(monkeypatch):
@@ -74,9 +89,9 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, tmp_path, run_tool
     """Compiled as ``decode_tma`` launches it: the code words reach the ``mma.sync`` operand
     with no layout conversion (``assert_trivial``: a failure would stop the compile), codes,
     scales and activations by TMA (no global loads in the K loop), activations by
-    ``LDSM``, no spills; split K parts' arrivals are atomics."""
+    ``LDSM``, no spills; the arrivals of tiles shared by programs are atomics."""
     r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", fmt, "--m", "16", "--n", str(n), "--k", "1024",
-                 "--config", "{'split': 2}", "--sass")
+                 "--config", "{'programs': 5}", "--sass")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "0 bytes spill stores" in r.stdout and "Used 80 registers" in r.stdout, r.stdout[-2000:]
     sass = (tmp_path / "_decode_tma_kernel.sass").read_text()
@@ -93,33 +108,33 @@ def _gpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
 def test_gpu_decode_tma(name):
-    """The kernel on an H200: 1-16 tokens, ragged rows, bias, whole and split K, persistent
-    programs looping over many units; each output element within bf16 rounding of float64
+    """The kernel on an H200: 1-16 tokens, ragged rows, bias, whole tiles and tiles shared by
+    2-5 programs (stream-K shares), one program for all; each output element within bf16 rounding of float64
     plus an fp32 accumulation bound, a second call bit-identical (parts added in a fixed
     order, counters left at zero)."""
     dev = _gpu()
     g = torch.Generator(device=dev).manual_seed(12)
-    cases = [(16, 1000, 2048, None, None), (9, 300, 1024, 1, None), (16, 4096, 8192, 4, None),
-             (1, 520, 4096, 2, 5), (13, 3000, 4096, 8, 50), (16, 256, 256, 1, 1)]
-    for (m, n, k, split, programs) in cases:
+    cases = [(16, 1000, 2048, None), (9, 300, 1024, 3), (16, 4096, 8192, None), (1, 520, 4096, 5),
+             (13, 3000, 4096, 50), (16, 256, 256, 1), (16, 28672, 1024, 264), (11, 1000, 2048, 13)]
+    for (m, n, k, programs) in cases:
         q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
         wd = q.dequantize(torch.float64)
         x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
         bias = torch.randn(n, device=dev, generator=g)
-        out = L.decode_tma(x, q, bias, split=split, programs=programs)
-        assert torch.equal(out, L.decode_tma(x, q, bias, split=split, programs=programs))
+        out = L.decode_tma(x, q, bias, programs=programs)
+        assert torch.equal(out, L.decode_tma(x, q, bias, programs=programs))
         ref = x.double() @ wd.T + bias.double()
         cond = x.double().abs() @ wd.abs().T + bias.double().abs()
         assert out.dtype == torch.bfloat16 and out.shape == (m, n) and torch.isfinite(out).all()
-        assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, n, k, split)
+        assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, n, k, programs)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 def test_gpu_routing_and_graph(monkeypatch):
     """``ms.linear`` routes 9-16 tokens (leading batch dims) here while a CUDA graph is
     captured (``graph``; the default ``auto`` also takes eager calls on large weights), also
-    eager calls with ``1``; 8 tokens elsewhere; the captured route replays; bad splits are
-    refused."""
+    eager calls with ``1``; 8 tokens elsewhere; the captured route replays; a bad program
+    count is refused."""
     dev = _gpu()
     g = torch.Generator(device=dev).manual_seed(7)
     q = ms.quantize(torch.randn(512, 1024, device=dev, generator=g), "nvfp4")
@@ -144,8 +159,8 @@ def test_gpu_routing_and_graph(monkeypatch):
     x.copy_(torch.randn(2, 6, 1024, device=dev, generator=g).to(torch.bfloat16))
     graph.replay()
     torch.testing.assert_close(yg, real(x.reshape(12, 1024), q).reshape(2, 6, 512), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="split"):
-        real(x[0], q, split=3)
+    with pytest.raises(ValueError, match="programs"):
+        real(x[0], q, programs=0)
 
 
 def test_routing_switch(monkeypatch):
