@@ -11,8 +11,12 @@ import triton
 import microscale as ms
 from microscale import qlinear as L
 
-VARIANTS = {"base": {}, "wide": {"_DT_WIDE": True}, "wg": {"_DT_WG": True},
-            "wg+wide": {"_DT_WG": True, "_DT_WIDE": True}}
+VARIANTS = {  # qlinear switches, and "programs" for decode_tma
+    "base": {}, "tile": {"programs": "tiles"}, "wide4": {"_DT_WIDE": 4}, "wide4 tile": {"_DT_WIDE": 4, "programs": "tiles"},
+    "c8w4s2": {"_DT_WIDE": 4, "_DT_CHUNK": 8, "_DT_STAGES": 2},
+    "c8w4s3 P132": {"_DT_WIDE": 4, "_DT_CHUNK": 8, "_DT_STAGES": 3, "programs": 132},
+    "c8w2s2": {"_DT_WIDE": 2, "_DT_CHUNK": 8, "_DT_STAGES": 2},
+    "wg wide4": {"_DT_WG": True, "_DT_WIDE": 4}}
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(7)
 shapes = [tuple(map(int, s.split("x"))) for s in sys.argv[1:]] or [(28672, 8192), (8192, 28672), (8192, 8192)]
@@ -23,18 +27,21 @@ for n, k in shapes:
     for fmt in ("nvfp4", "mxfp4"):
         q = ms.quantize(w, fmt)
         wd = q.dequantize().double()
-        for m in (16, 9):
+        for m in (16,):
             x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
             ref = x.double() @ wd.T
             cub = triton.testing.do_bench_cudagraph(lambda: F.linear(x, wb), rep=30, return_mode="median") * 1e3
             for name, sw in VARIANTS.items():
+                sw = dict(sw)
+                prog = sw.pop("programs", None)
+                prog = (n // 128 if n // 128 >= 132 else n // 32) if prog == "tiles" else prog
                 saved = {a: getattr(L, a) for a in sw}
                 for a, v in sw.items():
                     setattr(L, a, v)
                 try:
-                    out = L.decode_tma(x, q)
+                    out = L.decode_tma(x, q, programs=prog)
                     err = ((out.double() - ref).norm() / ref.norm()).item()
-                    t = triton.testing.do_bench_cudagraph(lambda: L.decode_tma(x, q), rep=30,
+                    t = triton.testing.do_bench_cudagraph(lambda: L.decode_tma(x, q, programs=prog), rep=30,
                                                           return_mode="median") * 1e3 if err < 1e-2 else float("nan")
                 except Exception as e:  # noqa: BLE001 - an experiment: report and go on
                     err, t = float("nan"), float("nan")
@@ -45,6 +52,6 @@ for n, k in shapes:
                 rows.append((f"{n}x{k}", fmt, m, name, err, t, cub / t))
                 print(*rows[-1], flush=True)
         wd = None
-print(f"\n{'shape':12s} {'fmt':6s} {'M':>3s} {'variant':8s} {'rel err':>9s} {'us':>7s} {'x cuBLAS':>8s}")
+print(f"\n{'shape':12s} {'fmt':6s} {'M':>3s} {'variant':12s} {'rel err':>9s} {'us':>7s} {'x cuBLAS':>8s}")
 for r in rows:
-    print(f"{r[0]:12s} {r[1]:6s} {r[2]:3d} {r[3]:8s} {r[4]:9.2e} {r[5]:7.1f} {r[6]:8.2f}")
+    print(f"{r[0]:12s} {r[1]:6s} {r[2]:3d} {r[3]:12s} {r[4]:9.2e} {r[5]:7.1f} {r[6]:8.2f}")

@@ -1390,10 +1390,10 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
 #: chunk, ring chunks, resident programs per SM (80 registers x 12 warps)
 _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
-#: :func:`decode_tma` variants: code words by one TMA box per ring chunk (``[rows, 8 x chunk]``
-#: words, 128-byte rows, swizzled) instead of one per K step; warpgroup MMAs (``wgmma``, the
-#: activations read by the tensor cores from shared memory) instead of ``mma.sync``
-_DT_WIDE, _DT_WG = False, False
+#: :func:`decode_tma` variants: K steps per TMA box of code words (1: ``[rows, 8]`` words, 32-byte
+#: rows, unswizzled; 4: 128-byte rows, swizzled; must divide the chunk); warpgroup MMAs
+#: (``wgmma``, the activations read by the tensor cores from shared memory) instead of ``mma.sync``
+_DT_WIDE, _DT_WG = 1, False
 
 
 def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
@@ -1433,12 +1433,11 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
         return hit[1]
     rows = _DT_ROWS
     lw, ls, _ = _dt_layouts()
-    if _DT_WIDE:
+    box = [rows, 8 * _DT_WIDE]
+    if _DT_WIDE > 1:
         from triton.experimental.gluon import language as gl
 
-        box, lw = [rows, 8 * _DT_CHUNK], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-    else:
-        box = [rows, 8]
+        lw = gl.NVMMASharedLayout(swizzle_byte_width=32 * _DT_WIDE, element_bitwidth=32, rank=2)
     descs = (TensorDescriptor.from_tensor(wv.words, box, lw),
              TensorDescriptor.from_tensor(_step_scales(q, rows), [rows // 64, 256], ls))
     q.__dict__["_ms_dt_descs"] = (key, descs)
