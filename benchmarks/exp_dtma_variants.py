@@ -11,16 +11,20 @@ import triton
 import microscale as ms
 from microscale import qlinear as L
 
-VARIANTS = {  # qlinear switches, and "programs" for decode_tma
-    "base": {}, "tile": {"programs": "tiles"}, "wide4": {"_DT_WIDE": 4}, "wide4 tile": {"_DT_WIDE": 4, "programs": "tiles"},
-    "c8w4s2": {"_DT_WIDE": 4, "_DT_CHUNK": 8, "_DT_STAGES": 2},
-    "c8w4s3 P132": {"_DT_WIDE": 4, "_DT_CHUNK": 8, "_DT_STAGES": 3, "programs": 132},
-    "c8w2s2": {"_DT_WIDE": 2, "_DT_CHUNK": 8, "_DT_STAGES": 2},
-    "wg wide4": {"_DT_WG": True, "_DT_WIDE": 4}}
+VARIANTS = {  # qlinear switches, and "programs" for decode_tma ("tiles": one per tile or quarter tile)
+    "base": {}, "tile": {"programs": "tiles"}, "wide4 tile": {"_DT_WIDE": 4, "programs": "tiles"},
+    "contig tile": {"_DT_CONTIG": True, "programs": "tiles"},
+    "dry tile": {"_DT_DRY": True, "programs": "tiles"},
+    "dry wide4 tile": {"_DT_DRY": True, "_DT_WIDE": 4, "programs": "tiles"},
+    "dry contig tile": {"_DT_DRY": True, "_DT_CONTIG": True, "programs": "tiles"}}
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(7)
 shapes = [tuple(map(int, s.split("x"))) for s in sys.argv[1:]] or [(28672, 8192), (8192, 28672), (8192, 8192)]
 rows = []
+big = torch.empty(1 << 28, dtype=torch.uint8, device=dev)
+copy = triton.testing.do_bench_cudagraph(lambda: big.clone(), rep=30, return_mode="median") * 1e3
+print(f"device copy of 256 MiB: {2 * big.numel() / copy / 1e3:.0f} GB/s (read + write)")
+del big
 for n, k in shapes:
     w = torch.randn(n, k, device=dev, generator=g)
     wb = w.to(torch.bfloat16)
@@ -41,17 +45,18 @@ for n, k in shapes:
                 try:
                     out = L.decode_tma(x, q, programs=prog)
                     err = ((out.double() - ref).norm() / ref.norm()).item()
+                    dry = sw.get("_DT_DRY", False)  # no output: timed unchecked
                     t = triton.testing.do_bench_cudagraph(lambda: L.decode_tma(x, q, programs=prog), rep=30,
-                                                          return_mode="median") * 1e3 if err < 1e-2 else float("nan")
+                                                          return_mode="median") * 1e3 if err < 1e-2 or dry else float("nan")
                 except Exception as e:  # noqa: BLE001 - an experiment: report and go on
                     err, t = float("nan"), float("nan")
                     print(f"{name} {fmt} {n}x{k} m{m}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 finally:
                     for a, v in saved.items():
                         setattr(L, a, v)
-                rows.append((f"{n}x{k}", fmt, m, name, err, t, cub / t))
+                rows.append((f"{n}x{k}", fmt, m, name, err, t, cub / t, (n * k // 2 + n * k // 16) / t / 1e3))
                 print(*rows[-1], flush=True)
         wd = None
-print(f"\n{'shape':12s} {'fmt':6s} {'M':>3s} {'variant':12s} {'rel err':>9s} {'us':>7s} {'x cuBLAS':>8s}")
+print(f"\n{'shape':12s} {'fmt':6s} {'M':>3s} {'variant':12s} {'rel err':>9s} {'us':>7s} {'x cuBLAS':>8s} {'GB/s':>6s}")
 for r in rows:
-    print(f"{r[0]:12s} {r[1]:6s} {r[2]:3d} {r[3]:12s} {r[4]:9.2e} {r[5]:7.1f} {r[6]:8.2f}")
+    print(f"{r[0]:12s} {r[1]:6s} {r[2]:3d} {r[3]:12s} {r[4]:9.2e} {r[5]:7.1f} {r[6]:8.2f} {r[7]:6.0f}")

@@ -1394,6 +1394,9 @@ _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
 #: rows, unswizzled; 4: 128-byte rows, swizzled; must divide the chunk); warpgroup MMAs
 #: (``wgmma``, the activations read by the tensor cores from shared memory) instead of ``mma.sync``
 _DT_WIDE, _DT_WG = 1, False
+#: experiments: codes from a step-major copy (each K step's ``[rows, 8]`` words contiguous, as
+#: the scales); consumers that only wait for and free the ring (the operand stream alone)
+_DT_CONTIG, _DT_DRY = False, False
 
 
 def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
@@ -1427,7 +1430,7 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
     :func:`decode_tma`, made once per weight and version of its tensors and kept on it."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    key = (_weight_key(q), _DT_WIDE)
+    key = (_weight_key(q), _DT_WIDE, _DT_CONTIG)
     hit = q.__dict__.get("_ms_dt_descs")
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -1438,7 +1441,14 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
         from triton.experimental.gluon import language as gl
 
         lw = gl.NVMMASharedLayout(swizzle_byte_width=32 * _DT_WIDE, element_bitwidth=32, rank=2)
-    descs = (TensorDescriptor.from_tensor(wv.words, box, lw),
+    words = wv.words
+    if _DT_CONTIG:
+        n, kw = words.shape
+        tiles = cdiv(n, rows)
+        pad = torch.zeros((tiles * rows, kw), dtype=words.dtype, device=words.device)
+        pad[:n] = words
+        words = pad.reshape(tiles, rows, kw // 8, 8).permute(0, 2, 1, 3).reshape(-1, 8).contiguous()
+    descs = (TensorDescriptor.from_tensor(words, box, lw),
              TensorDescriptor.from_tensor(_step_scales(q, rows), [rows // 64, 256], ls))
     q.__dict__["_ms_dt_descs"] = (key, descs)
     return descs
@@ -1514,6 +1524,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     launch(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
            out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=_DT_CHUNK, SK=sk,
            STAGES=_DT_STAGES, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, WG=_DT_WG,
+           CONTIG=_DT_CONTIG, DRY=_DT_DRY,
            num_warps=rows // 16, maxnreg=80)
     return out
 

@@ -45,7 +45,7 @@ def _chunks(n_tiles, NCT: gl.constexpr):
 
 @gluon.jit
 def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, NCT: gl.constexpr,
-              C: gl.constexpr):
+              C: gl.constexpr, CONTIG: gl.constexpr):
     """One warp: TMA of every chunk (``C`` K steps: codes, scales, activations) of the
     program's chunk range into the ring, running ahead across tile boundaries."""
     STAGES: gl.constexpr = ready.shape[0]
@@ -62,8 +62,12 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_ti
                                                                      x_desc.block_type.nbytes))
         step0 = (ch % NCT) * C
         for cb in gl.static_range(C // CW):
-            tma.async_copy_global_to_shared(w_desc, [tile * ROWS, (step0 + cb * CW) * (BK // 8)], bar,
-                                            w_bufs.index(slot * (C // CW) + cb))
+            if CONTIG:  # step-major copy of the codes: a step's [ROWS, 8] words are contiguous
+                tma.async_copy_global_to_shared(w_desc, [(tile * (NCT * C) + step0 + cb) * ROWS, 0], bar,
+                                                w_bufs.index(slot * (C // CW) + cb))
+            else:
+                tma.async_copy_global_to_shared(w_desc, [tile * ROWS, (step0 + cb * CW) * (BK // 8)], bar,
+                                                w_bufs.index(slot * (C // CW) + cb))
         for cs in gl.static_range(C):
             step = step0 + cs
             tma.async_copy_global_to_shared(s_desc, [(tile * (NCT * C) + step) * (ROWS // 64), 0], bar,
@@ -75,7 +79,7 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_ti
 @gluon.jit
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp,
               ke, post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
-              HAS_BIAS: gl.constexpr, WG: gl.constexpr):
+              HAS_BIAS: gl.constexpr, WG: gl.constexpr, DRY: gl.constexpr):
     """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
     ``mma.sync`` its ``C`` steps, free the slot. Per unit: the epilogue (a K part's fp32 sum
     to the workspace; the tile's last part adds the parts in K order and stores)."""
@@ -119,17 +123,18 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
         for ch in range(k0, k1):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            for cs in gl.static_range(C):
-                wbuf = w_bufs.index(slot * (C // CW) + cs // CW).slice((cs % CW) * 8, 8, dim=1)
-                words = gl.convert_layout(gl.reshape(wbuf.load(w2_l), [ROWS, 4, 2]), w_l, assert_trivial=True)
-                sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
-                if WG:
-                    acc = warpgroup_mma(_decode(words, sraw, ke, SK, s_l, a_l),
-                                        x_bufs.index(slot * C + cs).permute((1, 0)), acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-                else:
-                    b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
-                    acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l), b, acc)
+            if not DRY:  # (an experiment: the operand stream alone)
+                for cs in gl.static_range(C):
+                    wbuf = w_bufs.index(slot * (C // CW) + cs // CW).slice((cs % CW) * 8, 8, dim=1)
+                    words = gl.convert_layout(gl.reshape(wbuf.load(w2_l), [ROWS, 4, 2]), w_l, assert_trivial=True)
+                    sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
+                    if WG:
+                        acc = warpgroup_mma(_decode(words, sraw, ke, SK, s_l, a_l),
+                                            x_bufs.index(slot * C + cs).permute((1, 0)), acc, is_async=True)
+                        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+                    else:
+                        b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
+                        acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l), b, acc)
             mbarrier.arrive(empty.index(slot), count=1)
             it += 1
         ok = gl.full([ROWS, 1], 1, gl.int1, mma_l)
@@ -162,7 +167,8 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
 @gluon.jit
 def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp, ke,
                        post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
-                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr = False):
+                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr = False,
+                       CONTIG: gl.constexpr = False, DRY: gl.constexpr = False):
     """``out[M <= 16, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K / 8]`` (block ``[ROWS, 8]``); ``s_desc``: of the step-major
     scales (block ``[ROWS / 64, 256]`` bytes); ``x_desc``: of the K-permuted activations
@@ -178,8 +184,8 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, WG)),
-        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, NCT, C)),
+                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, WG, DRY)),
+        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, NCT, C, CONTIG)),
     ], [1], [40])
 
 
