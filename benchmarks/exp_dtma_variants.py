@@ -24,7 +24,7 @@ rows = []
 big = torch.empty(1 << 28, dtype=torch.uint8, device=dev)
 copy = triton.testing.do_bench_cudagraph(lambda: big.clone(), rep=30, return_mode="median") * 1e3
 print(f"device copy of 256 MiB: {2 * big.numel() / copy / 1e3:.0f} GB/s (read + write)")
-del big
+big = None
 for n, k in shapes:
     w = torch.randn(n, k, device=dev, generator=g)
     wb = w.to(torch.bfloat16)
