@@ -1,6 +1,9 @@
-"""``decode_tma`` variants at 9 / 16 tokens (H200, CUDA graphs): code words by one TMA box per
-ring chunk (``_DT_WIDE``), warpgroup MMAs (``_DT_WG``), both; each checked against float64
-(relative Frobenius error) before it is timed, next to cuBLAS bf16 ``F.linear``.
+"""``decode_tma`` variants at 16 tokens (H200, CUDA graphs): the default, code words by one
+TMA box per K step instead of per ring chunk, two programs per SM with equal stream-K shares
+instead of :func:`choose_decode_tma_programs`; each checked against float64 (relative
+Frobenius error) before it is timed, next to cuBLAS bf16 ``F.linear`` and a device copy.
+(The fourteenth session's wgmma, step-major-code and drain-only variants: branch
+``exp/dtma-s14``.)
     python benchmarks/exp_dtma_variants.py [shape ...]   (shape NxK, default the issue's three)"""
 import sys
 
@@ -11,12 +14,8 @@ import triton
 import microscale as ms
 from microscale import qlinear as L
 
-VARIANTS = {  # qlinear switches, and "programs" for decode_tma ("tiles": one per tile or quarter tile)
-    "base": {}, "tile": {"programs": "tiles"}, "wide4 tile": {"_DT_WIDE": 4, "programs": "tiles"},
-    "contig tile": {"_DT_CONTIG": True, "programs": "tiles"},
-    "dry tile": {"_DT_DRY": True, "programs": "tiles"},
-    "dry wide4 tile": {"_DT_DRY": True, "_DT_WIDE": 4, "programs": "tiles"},
-    "dry contig tile": {"_DT_DRY": True, "_DT_CONTIG": True, "programs": "tiles"}}
+VARIANTS = {  # qlinear switches, and "programs" for decode_tma (an int, or "2/SM": equal stream-K shares)
+    "default": {}, "box 1 step": {"_DT_WIDE": 1}, "2 per SM": {"programs": "2/SM"}}
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(7)
 shapes = [tuple(map(int, s.split("x"))) for s in sys.argv[1:]] or [(28672, 8192), (8192, 28672), (8192, 8192)]
@@ -38,22 +37,25 @@ for n, k in shapes:
             for name, sw in VARIANTS.items():
                 sw = dict(sw)
                 prog = sw.pop("programs", None)
-                prog = (n // 128 if n // 128 >= 132 else n // 32) if prog == "tiles" else prog
+                prog = 2 * L._num_sms(dev) if prog == "2/SM" else prog
                 saved = {a: getattr(L, a) for a in sw}
                 for a, v in sw.items():
                     setattr(L, a, v)
+                L._dt_layouts.cache_clear()  # the switches change the code box and its layout
+                q.__dict__.pop("_ms_dt_descs", None)
                 try:
                     out = L.decode_tma(x, q, programs=prog)
                     err = ((out.double() - ref).norm() / ref.norm()).item()
-                    dry = sw.get("_DT_DRY", False)  # no output: timed unchecked
                     t = triton.testing.do_bench_cudagraph(lambda: L.decode_tma(x, q, programs=prog), rep=30,
-                                                          return_mode="median") * 1e3 if err < 1e-2 or dry else float("nan")
+                                                          return_mode="median") * 1e3 if err < 1e-2 else float("nan")
                 except Exception as e:  # noqa: BLE001 - an experiment: report and go on
                     err, t = float("nan"), float("nan")
                     print(f"{name} {fmt} {n}x{k} m{m}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 finally:
                     for a, v in saved.items():
                         setattr(L, a, v)
+                    L._dt_layouts.cache_clear()
+                    q.__dict__.pop("_ms_dt_descs", None)
                 rows.append((f"{n}x{k}", fmt, m, name, err, t, cub / t, (n * k // 2 + n * k // 16) / t / 1e3))
                 print(*rows[-1], flush=True)
         wd = None

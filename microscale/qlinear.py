@@ -73,7 +73,7 @@ __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_co
            "gemv_mma", "gemv_mma_supported", "GemvMmaConfig", "choose_gemv_mma_config", "with_gemv_mma_split",
            "GemvConfig", "choose_gemv_config", "GEMV_MAX_M", "prefill", "prefill_supported", "PrefillConfig",
            "choose_prefill_config", "PREFILL_MIN_M", "prefill_ws",
-           "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "decode_tma",
+           "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "decode_tma", "choose_decode_tma_programs",
            "DECODE_TMA_MIN_M", "DECODE_TMA_EAGER_MIN_NK"]
 
 _OP = "linear"
@@ -1390,13 +1390,10 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
 #: chunk, ring chunks, resident programs per SM (80 registers x 12 warps)
 _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
-#: :func:`decode_tma` variants: K steps per TMA box of code words (1: ``[rows, 8]`` words, 32-byte
-#: rows, unswizzled; 4: 128-byte rows, swizzled; must divide the chunk); warpgroup MMAs
-#: (``wgmma``, the activations read by the tensor cores from shared memory) instead of ``mma.sync``
-_DT_WIDE, _DT_WG = 1, False
-#: experiments: codes from a step-major copy (each K step's ``[rows, 8]`` words contiguous, as
-#: the scales); consumers that only wait for and free the ring (the operand stream alone)
-_DT_CONTIG, _DT_DRY = False, False
+#: K steps per TMA box of :func:`decode_tma`'s code words: 4, one ``[rows, 32]`` box (128-byte
+#: rows, 128-byte swizzle) per ring chunk, against 1 (``[rows, 8]``, 32-byte rows): 1-3% faster
+#: and a fourth of the copy operations (``benchmarks/exp_dtma_variants.py``); divides the chunk
+_DT_WIDE = 4
 
 
 def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
@@ -1416,11 +1413,13 @@ def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=None)
 def _dt_layouts() -> tuple:
-    """Shared-memory layouts of :func:`decode_tma`'s TMA boxes: code words and scale bytes
+    """Shared-memory layouts of :func:`decode_tma`'s TMA boxes: code words swizzled by their
+    row width (conflict-free 8-byte reads of one K step's words by each quad), scale bytes
     unswizzled (each warp reads its own rows), activations as the MMA operand wants them."""
     from triton.experimental.gluon import language as gl
 
-    return (gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2),
+    return (gl.NVMMASharedLayout(swizzle_byte_width=0 if _DT_WIDE == 1 else 32 * _DT_WIDE, element_bitwidth=32,
+                                 rank=2),
             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2),
             gl.NVMMASharedLayout.get_default_for([16, 64], gl.bfloat16))
 
@@ -1430,25 +1429,13 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
     :func:`decode_tma`, made once per weight and version of its tensors and kept on it."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    key = (_weight_key(q), _DT_WIDE, _DT_CONTIG)
+    key = _weight_key(q)
     hit = q.__dict__.get("_ms_dt_descs")
     if hit is not None and hit[0] == key:
         return hit[1]
     rows = _DT_ROWS
     lw, ls, _ = _dt_layouts()
-    box = [rows, 8 * _DT_WIDE]
-    if _DT_WIDE > 1:
-        from triton.experimental.gluon import language as gl
-
-        lw = gl.NVMMASharedLayout(swizzle_byte_width=32 * _DT_WIDE, element_bitwidth=32, rank=2)
-    words = wv.words
-    if _DT_CONTIG:
-        n, kw = words.shape
-        tiles = cdiv(n, rows)
-        pad = torch.zeros((tiles * rows, kw), dtype=words.dtype, device=words.device)
-        pad[:n] = words
-        words = pad.reshape(tiles, rows, kw // 8, 8).permute(0, 2, 1, 3).reshape(-1, 8).contiguous()
-    descs = (TensorDescriptor.from_tensor(words, box, lw),
+    descs = (TensorDescriptor.from_tensor(wv.words, [rows, 8 * _DT_WIDE], lw),
              TensorDescriptor.from_tensor(_step_scales(q, rows), [rows // 64, 256], ls))
     q.__dict__["_ms_dt_descs"] = (key, descs)
     return descs
@@ -1464,6 +1451,26 @@ def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
     if q.shape[1] % (64 * _DT_CHUNK):
         return f"needs K a multiple of {64 * _DT_CHUNK}, got {q.shape[1]}"
     return None
+
+
+def choose_decode_tma_programs(n: int, k: int, num_sms: int) -> int:
+    """Programs for :func:`decode_tma` on an ``n x k`` weight. Units: 128-row tiles, cut into
+    the fewest K parts (a power of two, at most 8, dividing the chunks) that give every SM
+    one; whole units per program where that spreads evenly over the SMs (two resident per
+    SM: as many units per program as that needs), else two programs per SM, each with an
+    equal stream-K share (measured: 176 tiles 44.6 against 51.5 us, 224 tiles 54.5 against
+    51.9 us; ``benchmarks/exp_balance.py``, ``exp_dtma_variants.py``)."""
+    tiles, nct = cdiv(n, _DT_ROWS), k // (64 * _DT_CHUNK)
+    parts = 1
+    while parts < 8 and tiles * parts < num_sms and nct % (2 * parts) == 0:
+        parts *= 2
+    units = tiles * parts
+    per = cdiv(units, _DT_PER_SM * num_sms)  # units per program
+    programs = cdiv(units, per)
+    # SMs run one or two programs: the busiest has ceil(programs / SMs), against programs / SMs on average
+    if programs > num_sms and cdiv(programs, num_sms) * num_sms > 1.3 * programs:
+        programs = _DT_PER_SM * num_sms
+    return min(programs, tiles * nct)
 
 
 @functools.lru_cache(maxsize=256)
@@ -1484,9 +1491,9 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     decode them into ``mma.sync``). :func:`linear` routes here from ``DECODE_TMA_MIN_M``
     tokens while a CUDA graph is being captured and for large weights
     (``_decode_tma_wanted``). Work: the 128-row tiles' ring chunks (256 K elements) in
-    tile-major order, split into ``programs`` contiguous shares of equal size (stream-K; default
-    two programs per SM, at most one per chunk), so every SM gets the same work whatever the
-    tile count; a tile shared by several programs is added up in K order by its last part. The
+    tile-major order, split into ``programs`` contiguous shares of equal size (stream-K;
+    default :func:`choose_decode_tma_programs`); a tile shared by several programs is added
+    up in K order by its last part. The
     first call on a weight makes its step-major scales and their TMA descriptors (kept on the
     QTensor). Raises ValueError saying why when it cannot serve the call."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -1518,13 +1525,12 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     gs = wv.global_scale if wv.global_scale is not None else out
     tiles = cdiv(n, rows)
     nct = k // (64 * _DT_CHUNK)
-    grid = min(tiles * nct, programs or _DT_PER_SM * _num_sms(x2.device))
+    grid = min(tiles * nct, programs or choose_decode_tma_programs(n, k, _num_sms(x2.device)))
     maxp = _dt_parts(tiles, nct, grid)
     ws, cnt = _workspace(x2.device, tiles * maxp * rows * 16 if maxp > 1 else 0, tiles * rows * 4 if maxp > 1 else 0)
     launch(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
            out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=_DT_CHUNK, SK=sk,
-           STAGES=_DT_STAGES, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, WG=_DT_WG,
-           CONTIG=_DT_CONTIG, DRY=_DT_DRY,
+           STAGES=_DT_STAGES, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
            num_warps=rows // 16, maxnreg=80)
     return out
 

@@ -6,18 +6,21 @@ per scheduler, half of the stalls on L1TEX). Here a producer warp brings every K
 operands by TMA into a shared-memory ring several steps ahead, and the consumer warps only
 decode and issue ``mma.sync``:
 
-* work unit = a row tile of ``ROWS`` (128) weight rows x one of ``S`` K parts; program ``p``
-  of ``P`` takes units ``p, p + P, ...`` (``S`` is chosen so that the units fill the SMs);
-* per K step of 64 (``BK``) the producer loads the tile's code words (``[ROWS, 8]`` int32, the
-  canonical layout), its block scales from a step-major copy made once per weight
+* work: the row tiles of ``ROWS`` (128) weight rows, each ``NCT`` ring chunks of ``C`` K
+  steps, in tile-major order; program ``p`` of ``P`` takes chunks ``[p T / P, (p + 1) T / P)``
+  of the ``T`` (stream-K shares: whole tiles or equal parts of them where ``P`` divides, see
+  :func:`microscale.qlinear.choose_decode_tma_programs`);
+* per ring chunk the producer loads the tile's code words (``[ROWS, 8 CW]`` int32 boxes of the
+  canonical layout, ``CW`` K steps of 64 (``BK``) each), per step its block scales from a
+  step-major copy made once per weight
   (:func:`microscale.qlinear._step_scales`: ``[ROWS, 4]`` bytes, one per 16 elements) and the
   activations (``[16, 64]``, rows past ``M`` zero-filled by TMA) into slot of a ring of
   ``STAGES`` chunks of ``C`` steps (``ready`` / ``empty`` mbarriers);
 * the ``ROWS / 16`` consumer warps take 16 rows each; every warp decodes its words with
   :func:`._prefill_gluon._decode` (the wgmma A register layout per warp is the ``mma.sync``
   one) and multiplies them by the 16 tokens (``m16n8k16``, tokens on the N side);
-* K parts of a tile are added up by its last part in K order (per-element counters as in the
-  prefill's split tail), so results are deterministic.
+* a tile shared by several programs is added up by its last part in K order (per-element
+  counters as in the prefill's split tail), so results are deterministic.
 
 The activations are K-permuted as for :mod:`._prefill_gluon` (:func:`._prefill_gluon._xperm_kernel`).
 Gluon kernels do not run under the Triton interpreter; CI compiles this one for sm_90 and
@@ -28,7 +31,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from ._prefill_gluon import ARRIVE_ASM, BK, _decode, ring_barriers
 
@@ -45,7 +48,7 @@ def _chunks(n_tiles, NCT: gl.constexpr):
 
 @gluon.jit
 def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, NCT: gl.constexpr,
-              C: gl.constexpr, CONTIG: gl.constexpr):
+              C: gl.constexpr):
     """One warp: TMA of every chunk (``C`` K steps: codes, scales, activations) of the
     program's chunk range into the ring, running ahead across tile boundaries."""
     STAGES: gl.constexpr = ready.shape[0]
@@ -62,12 +65,8 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_ti
                                                                      x_desc.block_type.nbytes))
         step0 = (ch % NCT) * C
         for cb in gl.static_range(C // CW):
-            if CONTIG:  # step-major copy of the codes: a step's [ROWS, 8] words are contiguous
-                tma.async_copy_global_to_shared(w_desc, [(tile * (NCT * C) + step0 + cb) * ROWS, 0], bar,
-                                                w_bufs.index(slot * (C // CW) + cb))
-            else:
-                tma.async_copy_global_to_shared(w_desc, [tile * ROWS, (step0 + cb * CW) * (BK // 8)], bar,
-                                                w_bufs.index(slot * (C // CW) + cb))
+            tma.async_copy_global_to_shared(w_desc, [tile * ROWS, (step0 + cb * CW) * (BK // 8)], bar,
+                                            w_bufs.index(slot * (C // CW) + cb))
         for cs in gl.static_range(C):
             step = step0 + cs
             tma.async_copy_global_to_shared(s_desc, [(tile * (NCT * C) + step) * (ROWS // 64), 0], bar,
@@ -79,19 +78,15 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_ti
 @gluon.jit
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp,
               ke, post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
-              HAS_BIAS: gl.constexpr, WG: gl.constexpr, DRY: gl.constexpr):
+              HAS_BIAS: gl.constexpr):
     """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
-    ``mma.sync`` its ``C`` steps, free the slot. Per unit: the epilogue (a K part's fp32 sum
-    to the workspace; the tile's last part adds the parts in K order and stores)."""
+    ``mma.sync`` its ``C`` steps, free the slot. Per tile it touches: the epilogue (a shared
+    tile's part to the workspace; the tile's last part adds the parts in K order and stores)."""
     STAGES: gl.constexpr = ready.shape[0]
     ROWS: gl.constexpr = w_bufs.shape[1]
     CW: gl.constexpr = w_bufs.shape[2] // 8
     NW: gl.constexpr = ROWS // 16
-    if WG:  # warpgroup MMAs: the activations read from shared memory once per warpgroup
-        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                       instr_shape=[16, 16, 16])
-    else:
-        mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
+    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_l, k_width=2)
     if NW == 4:
@@ -123,18 +118,12 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
         for ch in range(k0, k1):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            if not DRY:  # (an experiment: the operand stream alone)
-                for cs in gl.static_range(C):
-                    wbuf = w_bufs.index(slot * (C // CW) + cs // CW).slice((cs % CW) * 8, 8, dim=1)
-                    words = gl.convert_layout(gl.reshape(wbuf.load(w2_l), [ROWS, 4, 2]), w_l, assert_trivial=True)
-                    sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
-                    if WG:
-                        acc = warpgroup_mma(_decode(words, sraw, ke, SK, s_l, a_l),
-                                            x_bufs.index(slot * C + cs).permute((1, 0)), acc, is_async=True)
-                        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-                    else:
-                        b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
-                        acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l), b, acc)
+            for cs in gl.static_range(C):
+                wbuf = w_bufs.index(slot * (C // CW) + cs // CW).slice((cs % CW) * 8, 8, dim=1)
+                words = gl.convert_layout(gl.reshape(wbuf.load(w2_l), [ROWS, 4, 2]), w_l, assert_trivial=True)
+                sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
+                b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
+                acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l), b, acc)
             mbarrier.arrive(empty.index(slot), count=1)
             it += 1
         ok = gl.full([ROWS, 1], 1, gl.int1, mma_l)
@@ -167,15 +156,15 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
 @gluon.jit
 def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp, ke,
                        post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
-                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr = False,
-                       CONTIG: gl.constexpr = False, DRY: gl.constexpr = False):
+                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr):
     """``out[M <= 16, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
-    int32 code words ``[N, K / 8]`` (block ``[ROWS, 8]``); ``s_desc``: of the step-major
-    scales (block ``[ROWS / 64, 256]`` bytes); ``x_desc``: of the K-permuted activations
-    ``[M, K]`` (block ``[16, 64]``). Units: row tile ``u // S``, K part ``u % S`` of ``NCH``
-    chunks of ``C`` steps. ``SK`` / ``ke`` / ``post``: as :mod:`._prefill_gluon`. Partial
-    sums of split tiles in ``ws_ptr`` (``S x tiles x ROWS x 16`` floats), int32 counters
-    ``cnt_ptr`` (``ROWS x 4`` per tile; zero on entry, left zero)."""
+    int32 code words ``[N, K / 8]`` (block ``[ROWS, 8 CW]``, ``CW`` dividing ``C``);
+    ``s_desc``: of the step-major scales (block ``[ROWS / 64, 256]`` bytes); ``x_desc``: of
+    the K-permuted activations ``[M, K]`` (block ``[16, 64]``). ``NCT`` chunks of ``C`` steps
+    per row tile, shared out over the programs (module docstring). ``SK`` / ``ke`` / ``post``:
+    as :mod:`._prefill_gluon`. Partial sums of shared tiles in ``ws_ptr`` (``tiles x maxp x
+    ROWS x 16`` floats, ``maxp`` the most programs sharing a tile), int32 counters ``cnt_ptr``
+    (``ROWS x 4`` per tile; zero on entry, left zero)."""
     ROWS: gl.constexpr = w_desc.block_type.shape[0]
     CW: gl.constexpr = w_desc.block_type.shape[1] // 8  # K steps per code box: 1, or C (one box a chunk)
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * (C // CW), ROWS, 8 * CW], w_desc.layout)
@@ -184,8 +173,8 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, WG, DRY)),
-        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, NCT, C, CONTIG)),
+                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS)),
+        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, NCT, C)),
     ], [1], [40])
 
 

@@ -37,7 +37,7 @@ def test_step_scales_layout(name, n, gen):
     assert torch.equal(st.reshape(tiles, steps, rows, 4), want.to(torch.uint8))
     descs = L._dt_weight_descs(q, L._weight_views(q))
     assert torch.equal(descs[1].base, st) and list(descs[1].block_shape) == [rows // 64, 256]
-    assert list(descs[0].block_shape) == [rows, 8] and descs[0].base.dtype == torch.int32
+    assert list(descs[0].block_shape) == [rows, 8 * L._DT_WIDE] and descs[0].base.dtype == torch.int32
     assert L._dt_weight_descs(q, L._weight_views(q)) is descs  # kept on the weight
     q.scales.view(torch.uint8).add_(0)  # an in-place change (its version) makes new ones
     assert L._dt_weight_descs(q, L._weight_views(q)) is not descs
@@ -65,6 +65,19 @@ def test_stream_k_shares(tiles, nct, programs):
         assert whole == (pf == pl)  # the kernel's test for a whole tile: its chunks are one program's
         worst = max(worst, len(owners))
     assert maxp == worst
+
+
+@pytest.mark.parametrize("n, k, sms, want", [
+    (28672, 8192, 132, 224),  # 224 tiles: one each (two per SM on 92 SMs)
+    (8192, 8192, 132, 256), (8192, 28672, 132, 256),  # 64 tiles in 4 parts
+    (16896, 8192, 132, 132),  # one tile per SM
+    (22528, 8192, 132, 264),  # 176 tiles: 44 SMs would run two, 88 one -> equal shares
+    (10240, 8192, 132, 264),  # 80 tiles in 2 parts: 160 units, as uneven
+    (57344, 8192, 132, 224),  # 448 tiles: two per program
+    (1000, 512, 132, 16),  # 8 tiles, K has 2 chunks: 2 parts
+    (256, 256, 132, 2)])  # never more programs than chunks
+def test_choose_programs(n, k, sms, want):
+    assert L.choose_decode_tma_programs(n, k, sms) == want
 
 
 def test_reasons(monkeypatch):
