@@ -4,7 +4,7 @@
 # linear cases at 9 / 16 tokens on its three weight shapes.   bash benchmarks/run_gpu_s14.sh
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
-step tests 200 python -m pytest -q tests/kernels/test_decode_tma.py tests/kernels/test_plans.py tests/test_linear.py
+step tests 200 python -m pytest -q tests/kernels/test_decode_tma.py tests/kernels/test_plans.py tests/kernels/test_linear.py -k "gpu or plan or decode"
 step variants 120 python benchmarks/exp_dtma_variants.py 28672x8192 8192x28672 8192x8192
 shapes=""
 for m in 9 16; do for nk in 8192x8192 28672x8192 8192x28672; do shapes="$shapes${shapes:+,}${m}x$nk"; done; done
