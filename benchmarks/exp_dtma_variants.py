@@ -1,5 +1,5 @@
-"""``decode_tma`` variants at 16 tokens (H200, CUDA graphs): the default, code words by one
-TMA box per K step instead of per ring chunk, two programs per SM with equal stream-K shares
+"""``decode_tma`` variants at 16 tokens (H200, CUDA graphs): the default, code words or scales
+by one TMA box per K step instead of per ring chunk, two programs per SM with equal stream-K shares
 instead of :func:`choose_decode_tma_programs`; each checked against float64 (relative
 Frobenius error) before it is timed, next to cuBLAS bf16 ``F.linear`` and a device copy.
 (The fourteenth session's wgmma, step-major-code and drain-only variants: branch
@@ -15,7 +15,8 @@ import microscale as ms
 from microscale import qlinear as L
 
 VARIANTS = {  # qlinear switches, and "programs" for decode_tma (an int, or "2/SM": equal stream-K shares)
-    "default": {}, "box 1 step": {"_DT_WIDE": 1}, "2 per SM": {"programs": "2/SM"}}
+    "default": {}, "code box 1 step": {"_DT_WIDE": 1}, "scale box 1 step": {"_DT_SBOX": 1},
+    "2 per SM": {"programs": "2/SM"}}
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(7)
 shapes = [tuple(map(int, s.split("x"))) for s in sys.argv[1:]] or [(28672, 8192), (8192, 28672), (8192, 8192)]

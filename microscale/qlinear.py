@@ -1394,6 +1394,9 @@ _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
 #: rows, 128-byte swizzle) per ring chunk, against 1 (``[rows, 8]``, 32-byte rows): 1-3% faster
 #: and a fourth of the copy operations (``benchmarks/exp_dtma_variants.py``); divides the chunk
 _DT_WIDE = 4
+#: K steps per TMA box of :func:`decode_tma`'s step-major scales: the ring chunk's (``[2 x chunk,
+#: 256]`` bytes, consecutive rows of the copy) or 1; divides the chunk
+_DT_SBOX = _DT_CHUNK
 
 
 def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
@@ -1436,7 +1439,7 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
     rows = _DT_ROWS
     lw, ls, _ = _dt_layouts()
     descs = (TensorDescriptor.from_tensor(wv.words, [rows, 8 * _DT_WIDE], lw),
-             TensorDescriptor.from_tensor(_step_scales(q, rows), [rows // 64, 256], ls))
+             TensorDescriptor.from_tensor(_step_scales(q, rows), [_DT_SBOX * rows // 64, 256], ls))
     q.__dict__["_ms_dt_descs"] = (key, descs)
     return descs
 

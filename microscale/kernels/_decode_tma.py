@@ -47,13 +47,14 @@ def _chunks(n_tiles, NCT: gl.constexpr):
 
 
 @gluon.jit
-def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, NCT: gl.constexpr,
+def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT: gl.constexpr,
               C: gl.constexpr):
     """One warp: TMA of every chunk (``C`` K steps: codes, scales, activations) of the
     program's chunk range into the ring, running ahead across tile boundaries."""
     STAGES: gl.constexpr = ready.shape[0]
     ROWS: gl.constexpr = w_bufs.shape[1]
     CW: gl.constexpr = w_bufs.shape[2] // 8  # K steps per code box
+    SW: gl.constexpr = s_boxes.shape[1] // (ROWS // 64)  # K steps per scale box
     c0, c1 = _chunks(n_tiles, NCT)
     it = 0
     for ch in range(c0, c1):
@@ -61,16 +62,17 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_ti
         slot = it % STAGES
         mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)  # slots start out free
         bar = ready.index(slot)
-        mbarrier.expect(bar, (C // CW) * w_desc.block_type.nbytes + C * (s_desc.block_type.nbytes +
-                                                                     x_desc.block_type.nbytes))
+        mbarrier.expect(bar, (C // CW) * w_desc.block_type.nbytes + (C // SW) * s_desc.block_type.nbytes +
+                        C * x_desc.block_type.nbytes)
         step0 = (ch % NCT) * C
         for cb in gl.static_range(C // CW):
             tma.async_copy_global_to_shared(w_desc, [tile * ROWS, (step0 + cb * CW) * (BK // 8)], bar,
                                             w_bufs.index(slot * (C // CW) + cb))
+        for cb in gl.static_range(C // SW):
+            tma.async_copy_global_to_shared(s_desc, [(tile * (NCT * C) + step0 + cb * SW) * (ROWS // 64), 0], bar,
+                                            s_boxes.index(slot * (C // SW) + cb))
         for cs in gl.static_range(C):
             step = step0 + cs
-            tma.async_copy_global_to_shared(s_desc, [(tile * (NCT * C) + step) * (ROWS // 64), 0], bar,
-                                            s_bufs.index(slot * C + cs))
             tma.async_copy_global_to_shared(x_desc, [0, step * BK], bar, x_bufs.index(slot * C + cs))
         it += 1
 
@@ -168,13 +170,15 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     ROWS: gl.constexpr = w_desc.block_type.shape[0]
     CW: gl.constexpr = w_desc.block_type.shape[1] // 8  # K steps per code box: 1, or C (one box a chunk)
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * (C // CW), ROWS, 8 * CW], w_desc.layout)
-    s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C] + s_desc.block_type.shape, s_desc.layout)
+    SW: gl.constexpr = s_desc.block_type.shape[0] // (ROWS // 64)  # K steps per scale box: 1 or C
+    s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C, ROWS // 64, 256], s_desc.layout)
+    s_boxes = s_bufs._reinterpret(gl.uint8, [STAGES * C // SW, SW * (ROWS // 64), 256], s_desc.layout)
     x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * C, 16, BK], x_desc.layout)
     ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
                      maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS)),
-        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_bufs, x_bufs, ready, empty, n_tiles, NCT, C)),
+        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT, C)),
     ], [1], [40])
 
 

@@ -36,7 +36,7 @@ def test_step_scales_layout(name, n, gen):
     want = torch.where(row < n, sc[row.clamp(max=n - 1), (64 * s + 16 * j) // g], 0)
     assert torch.equal(st.reshape(tiles, steps, rows, 4), want.to(torch.uint8))
     descs = L._dt_weight_descs(q, L._weight_views(q))
-    assert torch.equal(descs[1].base, st) and list(descs[1].block_shape) == [rows // 64, 256]
+    assert torch.equal(descs[1].base, st) and list(descs[1].block_shape) == [L._DT_SBOX * rows // 64, 256]
     assert list(descs[0].block_shape) == [rows, 8 * L._DT_WIDE] and descs[0].base.dtype == torch.int32
     assert L._dt_weight_descs(q, L._weight_views(q)) is descs  # kept on the weight
     q.scales.view(torch.uint8).add_(0)  # an in-place change (its version) makes new ones
