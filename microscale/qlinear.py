@@ -1391,8 +1391,8 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
 #: chunk, ring chunks, resident programs per SM (80 registers x 12 warps)
 _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
 #: K steps per TMA box of :func:`decode_tma`'s code words: 4, one ``[rows, 32]`` box (128-byte
-#: rows, 128-byte swizzle) per ring chunk, against 1 (``[rows, 8]``, 32-byte rows): 1-3% faster
-#: and a fourth of the copy operations (``benchmarks/exp_dtma_variants.py``); divides the chunk
+#: rows, 128-byte swizzle) per ring chunk, against 1 (``[rows, 8]``, 32-byte rows): a fourth of
+#: the copy operations, time within +-2 us (``benchmarks/exp_dtma_variants.py``); divides the chunk
 _DT_WIDE = 4
 #: K steps per TMA box of :func:`decode_tma`'s step-major scales: the ring chunk's (``[2 x chunk,
 #: 256]`` bytes, consecutive rows of the copy) or 1; divides the chunk
