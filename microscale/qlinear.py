@@ -1496,9 +1496,9 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     (``_decode_tma_wanted``). Work: the 128-row tiles' ring chunks (256 K elements) in
     tile-major order, split into ``programs`` contiguous shares of equal size (stream-K;
     default :func:`choose_decode_tma_programs`); a tile shared by several programs is added
-    up in K order by its last part. The
-    first call on a weight makes its step-major scales and their TMA descriptors (kept on the
-    QTensor). Raises ValueError saying why when it cannot serve the call."""
+    up in K order by its last part. The first call on a weight makes its step-major scales
+    and their TMA descriptors (kept on the QTensor). Raises ValueError saying why when it
+    cannot serve the call."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .kernels import _decode_tma as dk

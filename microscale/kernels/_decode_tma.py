@@ -10,12 +10,12 @@ decode and issue ``mma.sync``:
   steps, in tile-major order; program ``p`` of ``P`` takes chunks ``[p T / P, (p + 1) T / P)``
   of the ``T`` (stream-K shares: whole tiles or equal parts of them where ``P`` divides, see
   :func:`microscale.qlinear.choose_decode_tma_programs`);
-* per ring chunk the producer loads the tile's code words (``[ROWS, 8 CW]`` int32 boxes of the
-  canonical layout, ``CW`` K steps of 64 (``BK``) each), per step its block scales from a
-  step-major copy made once per weight
-  (:func:`microscale.qlinear._step_scales`: ``[ROWS, 4]`` bytes, one per 16 elements) and the
-  activations (``[16, 64]``, rows past ``M`` zero-filled by TMA) into slot of a ring of
-  ``STAGES`` chunks of ``C`` steps (``ready`` / ``empty`` mbarriers);
+* per ring chunk of ``C`` K steps of 64 (``BK``) the producer loads the tile's code words
+  (``[ROWS, 8 CW]`` int32 boxes of the canonical layout, ``CW`` steps each), its block scales
+  from a step-major copy made once per weight (:func:`microscale.qlinear._step_scales`:
+  ``[ROWS, 4]`` bytes a step, one per 16 elements; ``SW`` steps a box) and per step the
+  activations (``[16, 64]``, rows past ``M`` zero-filled by TMA) into a slot of a ring of
+  ``STAGES`` chunks (``ready`` / ``empty`` mbarriers);
 * the ``ROWS / 16`` consumer warps take 16 rows each; every warp decodes its words with
   :func:`._prefill_gluon._decode` (the wgmma A register layout per warp is the ``mma.sync``
   one) and multiplies them by the 16 tokens (``m16n8k16``, tokens on the N side);
@@ -161,7 +161,8 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
                        HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr):
     """``out[M <= 16, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K / 8]`` (block ``[ROWS, 8 CW]``, ``CW`` dividing ``C``);
-    ``s_desc``: of the step-major scales (block ``[ROWS / 64, 256]`` bytes); ``x_desc``: of
+    ``s_desc``: of the step-major scales (block ``[SW ROWS / 64, 256]`` bytes, ``SW`` steps
+    dividing ``C``); ``x_desc``: of
     the K-permuted activations ``[M, K]`` (block ``[16, 64]``). ``NCT`` chunks of ``C`` steps
     per row tile, shared out over the programs (module docstring). ``SK`` / ``ke`` / ``post``:
     as :mod:`._prefill_gluon`. Partial sums of shared tiles in ``ws_ptr`` (``tiles x maxp x
