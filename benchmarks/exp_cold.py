@@ -31,12 +31,8 @@ for n, k in ((8192, 8192), (28672, 8192)):
         for name, wide, prog in variants:
             if wide is not None:
                 L._DT_WIDE = wide
-                L._dt_layouts.cache_clear()
-                for q in qs:
-                    q.__dict__.pop("_ms_dt_descs", None)
             t = time_cuda(lambda a, q: L.decode_tma(a, q, programs=prog), sets, graph="always").median_ms * 1e3
             print(f"{n}x{k:<6d} {fmt:6s} {name:18s} {t:7.1f} {cub / t:8.2f}", flush=True)
         if hasattr(L, "_DT_WIDE"):
             L._DT_WIDE = 4
-            L._dt_layouts.cache_clear()
         qs = sets = None

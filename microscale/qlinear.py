@@ -1415,14 +1415,14 @@ def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _dt_layouts() -> tuple:
-    """Shared-memory layouts of :func:`decode_tma`'s TMA boxes: code words swizzled by their
-    row width (conflict-free 8-byte reads of one K step's words by each quad), scale bytes
-    unswizzled (each warp reads its own rows), activations as the MMA operand wants them."""
+def _dt_layouts(wide: int) -> tuple:
+    """Shared-memory layouts of :func:`decode_tma`'s TMA boxes: code words (``wide`` K steps a
+    box) swizzled by their row width (conflict-free 8-byte reads of one K step's words by each
+    quad), scale bytes unswizzled (each warp reads its own rows), activations as the MMA
+    operand wants them."""
     from triton.experimental.gluon import language as gl
 
-    return (gl.NVMMASharedLayout(swizzle_byte_width=0 if _DT_WIDE == 1 else 32 * _DT_WIDE, element_bitwidth=32,
-                                 rank=2),
+    return (gl.NVMMASharedLayout(swizzle_byte_width=0 if wide == 1 else 32 * wide, element_bitwidth=32, rank=2),
             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2),
             gl.NVMMASharedLayout.get_default_for([16, 64], gl.bfloat16))
 
@@ -1432,12 +1432,12 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
     :func:`decode_tma`, made once per weight and version of its tensors and kept on it."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    key = _weight_key(q)
+    key = (_weight_key(q), _DT_WIDE, _DT_SBOX)  # (the box switches: benchmarks/exp_dtma_variants.py)
     hit = q.__dict__.get("_ms_dt_descs")
     if hit is not None and hit[0] == key:
         return hit[1]
     rows = _DT_ROWS
-    lw, ls, _ = _dt_layouts()
+    lw, ls, _ = _dt_layouts(_DT_WIDE)
     descs = (TensorDescriptor.from_tensor(wv.words, [rows, 8 * _DT_WIDE], lw),
              TensorDescriptor.from_tensor(_step_scales(q, rows), [_DT_SBOX * rows // 64, 256], ls))
     q.__dict__["_ms_dt_descs"] = (key, descs)
@@ -1459,9 +1459,9 @@ def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
 def choose_decode_tma_programs(n: int, k: int, num_sms: int) -> int:
     """Programs for :func:`decode_tma` on an ``n x k`` weight. Units: 128-row tiles, cut into
     the fewest K parts (a power of two, at most 8, dividing the chunks) that give every SM
-    one; whole units per program where that spreads evenly over the SMs (two resident per
-    SM: as many units per program as that needs), else two programs per SM, each with an
-    equal stream-K share (measured: 176 tiles 44.6 against 51.5 us, 224 tiles 54.5 against
+    one; as many units per program as two resident per SM need (whole units where the
+    count divides) where that spreads evenly over the SMs, else two programs per SM, each
+    with an equal stream-K share (measured: 176 tiles 44.6 against 51.5 us, 224 tiles 54.5 against
     51.9 us; ``benchmarks/exp_balance.py``, ``exp_dtma_variants.py``)."""
     tiles, nct = cdiv(n, _DT_ROWS), k // (64 * _DT_CHUNK)
     parts = 1
@@ -1523,7 +1523,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     wv = _weight_views(q)
     rows = _DT_ROWS
     w_desc, s_desc = _dt_weight_descs(q, wv)
-    x_desc = TensorDescriptor.from_tensor(xp, [16, 64], _dt_layouts()[2])
+    x_desc = TensorDescriptor.from_tensor(xp, [16, 64], _dt_layouts(_DT_WIDE)[2])
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     gs = wv.global_scale if wv.global_scale is not None else out
     tiles = cdiv(n, rows)
