@@ -2,7 +2,7 @@
 
 Run a suite::
 
-    python -m microscale.bench [--suite default|quantize|linear|all] [--ops quantize,linear]
+    python -m microscale.bench [--suite default|quantize|linear|matrix|all] [--ops quantize,linear]
                                [--formats nvfp4,'mx*'] [--shapes 8192x8192,1x28672x8192]
                                [--out DIR] [--cpu] [--list]
 

@@ -97,10 +97,12 @@ class CaseSpec:
 
 @dataclass(frozen=True)
 class OpPlan:
-    """Formats and shapes of one op in a suite (``formats=None``: every registered format)."""
+    """Formats and shapes of one op in a suite (``formats=None``: every registered format);
+    ``more``: further (formats x shapes) products of the same op, after this one."""
 
     formats: Optional[tuple[str, ...]]
     shapes: tuple[tuple[int, ...], ...]
+    more: tuple["OpPlan", ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,9 @@ _QSHAPES_DEFAULT = ((8192, 8192), _W)
 _QSHAPES_ALL = ((128, 8192), (8192, 8192), _W)
 _LSHAPES_DEFAULT = ((1, *_W), (16, *_W), (4096, *_W))
 _LSHAPES_ALL = ((1, 8192, 8192), (16, 8192, 8192), (1, *_W), (16, *_W), (128, *_W), (4096, *_W))
+#: Issue 4's matrix: the peer's (N, K) shapes at every M from one token to a prefill
+_PEER_NK = ((8192, 8192), _W, (8192, 28672))
+_LSHAPES_MATRIX = tuple((m, n, k) for n, k in _PEER_NK for m in (1, 2, 4, 8, 16, 32, 64, 128, 512, 4096))
 _CPU_Q = ((4096, 4096),)
 _CPU_L = ((16, 4096, 4096),)
 
@@ -138,6 +143,11 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("linear", "weight-only linear on the main formats, M from 1 to 4096",
           cuda={"linear": OpPlan(DEFAULT_FORMATS, _LSHAPES_ALL)},
           cpu={"linear": OpPlan(DEFAULT_FORMATS, _CPU_L)}),
+    Suite("matrix", "weight-only linear, NVFP4 and MXFP4 at M 1-4096 on 8192x8192, 28672x8192 and "
+                    "8192x28672; MXFP8 and int8 at M=1 (issue 4's benchmark)",
+          cuda={"linear": OpPlan(("mxfp8_e4m3", "int8_fp16", "mxint8"), tuple((1, n, k) for n, k in _PEER_NK),
+                                 more=(OpPlan(("nvfp4", "mxfp4"), _LSHAPES_MATRIX),))},
+          cpu={"linear": OpPlan(("nvfp4", "mxfp4"), _CPU_L)}),
     Suite("all", "every op on every registered format and every shape",
           cuda={"quantize": OpPlan(None, _QSHAPES_ALL), "dequantize": OpPlan(None, _QSHAPES_ALL),
                 "linear": OpPlan(None, _LSHAPES_ALL)},
@@ -226,13 +236,14 @@ def select_cases(suite: str = "default", *, ops: Optional[Iterable[str] | str] =
     for op in OPS:
         if op not in plan or (op_list is not None and op not in op_list):
             continue
-        p = plan[op]
-        fmts = chosen if chosen is not None else list(p.formats if p.formats is not None else universe)
-        shp = list(p.shapes)
-        if shape_list is not None:
-            mine = [s for s in shape_list if len(s) == SHAPE_RANK[op]]
-            shp = mine or shp
-        specs += [CaseSpec(op, f, tuple(s)) for f in fmts for s in shp]
+        for p in (plan[op], *plan[op].more):
+            fmts = chosen if chosen is not None else list(p.formats if p.formats is not None else universe)
+            shp = list(p.shapes)
+            if shape_list is not None:
+                mine = [s for s in shape_list if len(s) == SHAPE_RANK[op]]
+                shp = mine or shp
+            new = [CaseSpec(op, f, tuple(s)) for f in fmts for s in shp]
+            specs += [c for c in new if c not in specs]  # filters can make the products overlap
     return specs
 
 

@@ -140,6 +140,22 @@ def test_selection_by_op_format_and_shape():
     assert cpu and all(s.shape == (4096, 4096) for s in cpu)
 
 
+def test_matrix_suite_is_issue_4s_benchmark():
+    specs = suites.select_cases("matrix", universe=UNIVERSE + ("mxint8",))
+    nk = {(8192, 8192), (28672, 8192), (8192, 28672)}
+    e2m1 = [s for s in specs if s.format in ("nvfp4", "mxfp4")]
+    assert {(s.format, s.shape) for s in e2m1} == {
+        (f, (m, n, k)) for f in ("nvfp4", "mxfp4") for n, k in nk
+        for m in (1, 2, 4, 8, 16, 32, 64, 128, 512, 4096)}
+    eight = [s for s in specs if s.format not in ("nvfp4", "mxfp4")]
+    assert {s.format for s in eight} == {"mxfp8_e4m3", "int8_fp16", "mxint8"}
+    assert {s.shape for s in eight} == {(1, n, k) for n, k in nk}
+    assert len(specs) == len(set(specs)) == 60 + 9
+    # a format filter applies to every product of the plan; the overlap is listed once
+    one = suites.select_cases("matrix", formats="nvfp4", shapes="1x64x64", universe=UNIVERSE)
+    assert [s.id for s in one] == ["linear/nvfp4/1x64x64"]
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"suite": "nope"}, "suite='nope'"),
     ({"ops": "matmul"}, "ops=\\['matmul'\\]"),
