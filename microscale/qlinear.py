@@ -74,7 +74,7 @@ __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_co
            "GemvConfig", "choose_gemv_config", "GEMV_MAX_M", "prefill", "prefill_supported", "PrefillConfig",
            "choose_prefill_config", "PREFILL_MIN_M", "prefill_ws",
            "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "decode_tma", "choose_decode_tma_programs",
-           "DECODE_TMA_MIN_M", "DECODE_TMA_EAGER_MIN_NK"]
+           "DECODE_TMA_MIN_M", "DECODE_TMA_MAX_M", "DECODE_TMA_EAGER_MIN_NK"]
 
 _OP = "linear"
 _SCALE_KIND = {"e8m0": 1, "ue4m3": 2, "fp16": 3, "bf16": 4, "fp32": 5}
@@ -464,8 +464,8 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
 
     On CUDA a QTensor weight takes, in this order: on Hopper, while a CUDA graph is being
     captured or in eager calls on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements,
-    the TMA-fed tensor-core decode kernel (:func:`decode_tma`) for ``DECODE_TMA_MIN_M..16``
-    tokens of bf16 activations and NVFP4 / MXFP4 weights whose K is a multiple of 256
+    the TMA-fed tensor-core decode kernel (:func:`decode_tma`) for ``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M``
+    (9-64) tokens of bf16 activations and NVFP4 / MXFP4 weights whose K is a multiple of 256
     (faster on the GPU, slower on the host; ``MICROSCALE_DECODE_TMA``: ``graph`` only while
     capturing, ``1`` always, ``0`` never);
     the tensor-core decode path (:func:`gemv_mma`) for ``GEMV_MMA_MIN_M..GEMV_MMA_MAX_M`` tokens of bf16 activations
@@ -485,7 +485,7 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     memory) must not be rewritten by such kernels right before the call; or set
     ``MICROSCALE_GEMV_PDL_CHAIN=0``.
 
-    Eager calls on the decode routes (up to 16 tokens, CUDA, contiguous x and bias) replay a
+    Eager calls on the decode routes (up to 16 tokens, 64 on ``decode_tma``; CUDA, contiguous x and bias) replay a
     plan from the third call with the same shapes, dtypes, alignment, weight tensors and
     stream: the launches recorded on the second call, with the new x, bias and a new output
     put in (host time per call on the H200 machine ~20-35 µs instead of 80-135). Plans live
@@ -544,7 +544,7 @@ def _route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple[torc
     and bias as given (what :class:`_Plan` replays)."""
     lead = x.shape[:-1]
     n = q.shape[0]
-    if DECODE_TMA_MIN_M * x.shape[-1] <= x.numel() <= 16 * x.shape[-1] and _decode_tma_wanted(x, q):
+    if DECODE_TMA_MIN_M * x.shape[-1] <= x.numel() <= DECODE_TMA_MAX_M * x.shape[-1] and _decode_tma_wanted(x, q):
         x2 = x.reshape(-1, x.shape[-1])
         if _decode_tma_reason(q, x2) is None:
             return decode_tma(x2, q, bias).reshape(*lead, n), True
@@ -595,7 +595,7 @@ def _plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple |
     else:
         return None
     wk = _weight_key(q)
-    routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, DECODE_TMA_EAGER_MIN_NK, GEMV_MMA_MIN_M,
+    routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, DECODE_TMA_MAX_M, DECODE_TMA_EAGER_MIN_NK, GEMV_MMA_MIN_M,
               GEMV_MAX_M)  # (switches tests set)
     return (x.shape, x.dtype, x.device, x.data_ptr() % 16, bk, wk, _kl.current_stream(), routes)
 
@@ -1359,8 +1359,8 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     return out
 
 
-#: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) with ``DECODE_TMA_MIN_M`` to 16 bf16
-#: tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA``, read at import):
+#: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) with ``DECODE_TMA_MIN_M`` to
+#: ``DECODE_TMA_MAX_M`` bf16 tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA``, read at import):
 #: ``auto`` (the default) while a CUDA graph is being captured, and in eager calls with call
 #: plans on for weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``graph`` only
 #: while capturing; ``1`` always; ``0`` never (:func:`gemv_mma` instead). H200, 16 tokens,
@@ -1376,7 +1376,7 @@ DECODE_TMA_EAGER_MIN_NK = 1 << 27
 
 
 def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
-    """Whether :func:`linear` sends ``x`` (``DECODE_TMA_MIN_M..16`` tokens) to
+    """Whether :func:`linear` sends ``x`` (``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M`` tokens) to
     :func:`decode_tma` by ``MICROSCALE_DECODE_TMA`` (the kernel's own limits aside)."""
     if _DECODE_TMA == "1":
         return True
@@ -1390,6 +1390,18 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
 #: chunk, ring chunks, resident programs per SM (80 registers x 12 warps)
 _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
+#: most tokens :func:`decode_tma` serves, as 16, 32 or 64 token columns (shared memory per
+#: program 78 / 102 / 100 KB with 3 / 3 / ``_DT_STAGES_64`` ring chunks: two programs per SM).
+#: H200, graphs (fifteenth session, ``benchmarks/exp_dtma_tokens.py``): 24-32 tokens 64-68 µs
+#: on 28672x8192 and 8192x28672 against 100-118 for the prefill kernel routed before, 48-64
+#: tokens 109-114 against 139-182 (64 columns spill ~200 bytes at 80 registers)
+DECODE_TMA_MAX_M = 64
+_DT_STAGES_64 = 2
+
+
+def _dt_tokens(m: int) -> int:
+    """Token columns of :func:`decode_tma`'s tile for ``m`` tokens: 16, 32 or 64."""
+    return 16 if m <= 16 else 32 if m <= 32 else 64
 #: K steps per TMA box of :func:`decode_tma`'s code words: 4, one ``[rows, 32]`` box (128-byte
 #: rows, 128-byte swizzle) per ring chunk, against 1 (``[rows, 8]``, 32-byte rows): a fourth of
 #: the copy operations, time within +-2 us (``benchmarks/exp_dtma_variants.py``); divides the chunk
@@ -1415,16 +1427,16 @@ def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _dt_layouts(wide: int) -> tuple:
+def _dt_layouts(wide: int, tok: int = 16) -> tuple:
     """Shared-memory layouts of :func:`decode_tma`'s TMA boxes: code words (``wide`` K steps a
     box) swizzled by their row width (conflict-free 8-byte reads of one K step's words by each
-    quad), scale bytes unswizzled (each warp reads its own rows), activations as the MMA
-    operand wants them."""
+    quad), scale bytes unswizzled (each warp reads its own rows), activations (``[tok, 64]``)
+    as the MMA operand wants them."""
     from triton.experimental.gluon import language as gl
 
     return (gl.NVMMASharedLayout(swizzle_byte_width=0 if wide == 1 else 32 * wide, element_bitwidth=32, rank=2),
             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2),
-            gl.NVMMASharedLayout.get_default_for([16, 64], gl.bfloat16))
+            gl.NVMMASharedLayout.get_default_for([tok, 64], gl.bfloat16))
 
 
 def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
@@ -1449,8 +1461,8 @@ def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
     why = _prefill_ws_reason(q, x)
     if why is not None:
         return why
-    if not 1 <= x.shape[0] <= 16:
-        return f"serves 1 to 16 tokens, got {x.shape[0]}"
+    if not 1 <= x.shape[0] <= DECODE_TMA_MAX_M:
+        return f"serves 1 to {DECODE_TMA_MAX_M} tokens, got {x.shape[0]}"
     if q.shape[1] % (64 * _DT_CHUNK):
         return f"needs K a multiple of {64 * _DT_CHUNK}, got {q.shape[1]}"
     return None
@@ -1487,7 +1499,7 @@ def _dt_parts(tiles: int, nct: int, programs: int) -> int:
 
 def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
                programs: int | None = None) -> torch.Tensor:
-    """``x2 [M <= 16, K] @ dequant(q)^T (+ bias)`` for an E2M1 weight (NVFP4, MXFP4) and bf16
+    """``x2 [M <= 64, K] @ dequant(q)^T (+ bias)`` for an E2M1 weight (NVFP4, MXFP4) and bf16
     activations on Hopper, with the warp-specialized Gluon kernel
     (:mod:`microscale.kernels._decode_tma`: a producer warp brings each K step's code words,
     block scales and activations by TMA into a shared-memory ring, eight consumer warps
@@ -1523,17 +1535,19 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     wv = _weight_views(q)
     rows = _DT_ROWS
     w_desc, s_desc = _dt_weight_descs(q, wv)
-    x_desc = TensorDescriptor.from_tensor(xp, [16, 64], _dt_layouts(_DT_WIDE)[2])
+    tok = _dt_tokens(m)
+    x_desc = TensorDescriptor.from_tensor(xp, [tok, 64], _dt_layouts(_DT_WIDE, tok)[2])
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     gs = wv.global_scale if wv.global_scale is not None else out
     tiles = cdiv(n, rows)
     nct = k // (64 * _DT_CHUNK)
     grid = min(tiles * nct, programs or choose_decode_tma_programs(n, k, _num_sms(x2.device)))
     maxp = _dt_parts(tiles, nct, grid)
-    ws, cnt = _workspace(x2.device, tiles * maxp * rows * 16 if maxp > 1 else 0, tiles * rows * 4 if maxp > 1 else 0)
+    ws, cnt = _workspace(x2.device, tiles * maxp * rows * tok if maxp > 1 else 0, tiles * rows * 4 if maxp > 1 else 0)
     launch(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
            out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=_DT_CHUNK, SK=sk,
-           STAGES=_DT_STAGES, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
+           STAGES=_DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
+           HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
            num_warps=rows // 16, maxnreg=80)
     return out
 

@@ -1,4 +1,4 @@
-"""Tensor-core decode for 9-16 tokens and E2M1 weights on Hopper, in Gluon (private).
+"""Tensor-core decode for 9-64 tokens and E2M1 weights on Hopper, in Gluon (private).
 
 Why: the Triton tensor-core decode kernel (:mod:`._gemv_mma`) stalls on its loads: each warp
 loads its own code words and activations with ~2 steps in flight (ncu: 0.53 issued warps
@@ -14,11 +14,12 @@ decode and issue ``mma.sync``:
   (``[ROWS, 8 CW]`` int32 boxes of the canonical layout, ``CW`` steps each), its block scales
   from a step-major copy made once per weight (:func:`microscale.qlinear._step_scales`:
   ``[ROWS, 4]`` bytes a step, one per 16 elements; ``SW`` steps a box) and per step the
-  activations (``[16, 64]``, rows past ``M`` zero-filled by TMA) into a slot of a ring of
-  ``STAGES`` chunks (``ready`` / ``empty`` mbarriers);
+  activations (``[TOK, 64]``, ``TOK`` 16, 32 or 64, rows past ``M`` zero-filled by TMA) into
+  a slot of a ring of ``STAGES`` chunks (``ready`` / ``empty`` mbarriers);
 * the ``ROWS / 16`` consumer warps take 16 rows each; every warp decodes its words with
   :func:`._prefill_gluon._decode` (the wgmma A register layout per warp is the ``mma.sync``
-  one) and multiplies them by the 16 tokens (``m16n8k16``, tokens on the N side);
+  one) and multiplies them by the ``TOK`` tokens (``m16n8k16``, tokens on the N side; the decode,
+  most of the work, is the same for every ``TOK``);
 * a tile shared by several programs is added up by its last part in K order (per-element
   counters as in the prefill's split tail), so results are deterministic.
 
@@ -106,9 +107,10 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
         warp_bases=wb3, block_bases=[], shape=[ROWS, 4, 2])
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
     r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_l))
-    c = gl.arange(0, 16, layout=gl.SliceLayout(0, mma_l))
-    TILE: gl.constexpr = ROWS * 16
-    elem = r[:, None] * 16 + c[None, :]
+    TOK: gl.constexpr = x_bufs.shape[1]  # token columns: 16, 32 or 64
+    c = gl.arange(0, TOK, layout=gl.SliceLayout(0, mma_l))
+    TILE: gl.constexpr = ROWS * TOK
+    elem = r[:, None] * TOK + c[None, :]
     P = gl.num_programs(0)
     T = n_tiles * NCT
     c0, c1 = _chunks(n_tiles, NCT)
@@ -116,7 +118,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
     for tile in range(c0 // NCT, (c1 - 1) // NCT + 1):  # the tiles this program's chunks touch
         k0 = gl.maximum(c0, tile * NCT)  # the tile's chunks [k0, k1) are this program's
         k1 = gl.minimum(c1, (tile + 1) * NCT)
-        acc = gl.zeros([ROWS, 16], gl.float32, mma_l)
+        acc = gl.zeros([ROWS, TOK], gl.float32, mma_l)
         for ch in range(k0, k1):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
@@ -159,22 +161,22 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
 def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp, ke,
                        post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
                        HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr):
-    """``out[M <= 16, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
+    """``out[M <= TOK, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K / 8]`` (block ``[ROWS, 8 CW]``, ``CW`` dividing ``C``);
     ``s_desc``: of the step-major scales (block ``[SW ROWS / 64, 256]`` bytes, ``SW`` steps
-    dividing ``C``); ``x_desc``: of
-    the K-permuted activations ``[M, K]`` (block ``[16, 64]``). ``NCT`` chunks of ``C`` steps
-    per row tile, shared out over the programs (module docstring). ``SK`` / ``ke`` / ``post``:
-    as :mod:`._prefill_gluon`. Partial sums of shared tiles in ``ws_ptr`` (``tiles x maxp x
-    ROWS x 16`` floats, ``maxp`` the most programs sharing a tile), int32 counters ``cnt_ptr``
-    (``ROWS x 4`` per tile; zero on entry, left zero)."""
+    dividing ``C``); ``x_desc``: of the K-permuted activations ``[M, K]`` (block ``[TOK, 64]``,
+    ``TOK`` 16, 32 or 64). ``NCT`` chunks of ``C`` steps per row tile, shared out over the
+    programs (module docstring). ``SK`` / ``ke`` / ``post``: as :mod:`._prefill_gluon`. Partial
+    sums of shared tiles in ``ws_ptr`` (``tiles x maxp x ROWS x TOK`` floats, ``maxp`` the most
+    programs sharing a tile), int32 counters ``cnt_ptr`` (``ROWS x 4`` per tile; zero on entry,
+    left zero)."""
     ROWS: gl.constexpr = w_desc.block_type.shape[0]
     CW: gl.constexpr = w_desc.block_type.shape[1] // 8  # K steps per code box: 1, or C (one box a chunk)
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * (C // CW), ROWS, 8 * CW], w_desc.layout)
     SW: gl.constexpr = s_desc.block_type.shape[0] // (ROWS // 64)  # K steps per scale box: 1 or C
     s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C, ROWS // 64, 256], s_desc.layout)
     s_boxes = s_bufs._reinterpret(gl.uint8, [STAGES * C // SW, SW * (ROWS // 64), 256], s_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * C, 16, BK], x_desc.layout)
+    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * C, x_desc.block_type.shape[0], BK], x_desc.layout)
     ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,

@@ -1,4 +1,4 @@
-"""The TMA-fed Gluon decode kernel (``qlinear.decode_tma``, 9-16 tokens) without a GPU.
+"""The TMA-fed Gluon decode kernel (``qlinear.decode_tma``, 9-64 tokens) without a GPU.
 
 Gluon kernels do not run under the Triton interpreter. What runs here: the step-major scale
 repack against direct indexing, the host's choices and refusals, and the compile for sm_90a
@@ -92,18 +92,19 @@ def test_reasons(monkeypatch):
         L.decode_tma(x, q)
     monkeypatch.setattr(L, "_prefill_ws_reason", lambda q, x: None)  # as if on a Hopper
     assert L._decode_tma_reason(q, x) is None
-    assert "1 to 16 tokens" in L._decode_tma_reason(q, torch.randn(17, 512).to(torch.bfloat16))
+    assert L._decode_tma_reason(q, torch.randn(64, 512).to(torch.bfloat16)) is None
+    assert "1 to 64 tokens" in L._decode_tma_reason(q, torch.randn(65, 512).to(torch.bfloat16))
     q = ms.quantize(torch.randn(64, 320), "nvfp4")
     assert "multiple of 256" in L._decode_tma_reason(q, torch.randn(16, 320).to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("fmt,n", [("nvfp4", 256), ("mxfp4", 1000)])
-def test_compiles_for_sm90_without_movement_or_spills(fmt, n, tmp_path, run_tool):
+@pytest.mark.parametrize("fmt,n,m", [("nvfp4", 256, 16), ("mxfp4", 1000, 16), ("nvfp4", 1000, 32)])
+def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_tool):
     """Compiled as ``decode_tma`` launches it: the code words reach the ``mma.sync`` operand
     with no layout conversion (``assert_trivial``: a failure would stop the compile), codes,
     scales and activations by TMA (no global loads in the K loop), activations by
     ``LDSM``, no spills; the arrivals of tiles shared by programs are atomics."""
-    r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", fmt, "--m", "16", "--n", str(n), "--k", "1024",
+    r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", fmt, "--m", str(m), "--n", str(n), "--k", "1024",
                  "--config", "{'programs': 5}", "--sass")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "0 bytes spill stores" in r.stdout and "Used 80 registers" in r.stdout, r.stdout[-2000:]
@@ -121,14 +122,16 @@ def _gpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
 def test_gpu_decode_tma(name):
-    """The kernel on an H200: 1-16 tokens, ragged rows, bias, whole tiles and tiles shared by
-    2-5 programs (stream-K shares), one program for all; each output element within bf16 rounding of float64
-    plus an fp32 accumulation bound, a second call bit-identical (parts added in a fixed
-    order, counters left at zero)."""
+    """The kernel on an H200: 1-64 tokens (16, 32 and 64 token columns), ragged rows, bias,
+    whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each
+    output element within bf16 rounding of float64 plus an fp32 accumulation bound, a second
+    call bit-identical (parts added in a fixed order, counters left at zero)."""
     dev = _gpu()
     g = torch.Generator(device=dev).manual_seed(12)
     cases = [(16, 1000, 2048, None), (9, 300, 1024, 3), (16, 4096, 8192, None), (1, 520, 4096, 5),
-             (13, 3000, 4096, 50), (16, 256, 256, 1), (16, 28672, 1024, 264), (11, 1000, 2048, 13)]
+             (13, 3000, 4096, 50), (16, 256, 256, 1), (16, 28672, 1024, 264), (11, 1000, 2048, 13),
+             (17, 1000, 2048, None), (32, 4096, 8192, None), (29, 3000, 4096, 50), (33, 520, 4096, 5),
+             (64, 1000, 2048, 13), (48, 28672, 1024, 264), (64, 256, 256, 1)]
     for (m, n, k, programs) in cases:
         q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
         wd = q.dequantize(torch.float64)
@@ -144,9 +147,9 @@ def test_gpu_decode_tma(name):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 def test_gpu_routing_and_graph(monkeypatch):
-    """``ms.linear`` routes 9-16 tokens (leading batch dims) here while a CUDA graph is
+    """``ms.linear`` routes 9-64 tokens (leading batch dims) here while a CUDA graph is
     captured (``graph``; the default ``auto`` also takes eager calls on large weights), also
-    eager calls with ``1``; 8 tokens elsewhere; the captured route replays; a bad program
+    eager calls with ``1``; 8 and 65 tokens elsewhere; the captured route replays; a bad program
     count is refused."""
     dev = _gpu()
     g = torch.Generator(device=dev).manual_seed(7)
@@ -164,11 +167,15 @@ def test_gpu_routing_and_graph(monkeypatch):
     torch.testing.assert_close(y, real(x.reshape(12, 1024), q).reshape(2, 6, 512), rtol=0, atol=0)
     ms.linear(x[:, :4], q)
     assert calls == [12]
+    x40 = torch.randn(40, 1024, device=dev, generator=g).to(torch.bfloat16)  # 64 token columns
+    torch.testing.assert_close(ms.linear(x40, q), real(x40, q), rtol=0, atol=0)
+    ms.linear(torch.randn(65, 1024, device=dev, generator=g).to(torch.bfloat16), q)
+    assert calls == [12, 40]
     monkeypatch.setattr(L, "_DECODE_TMA", "graph")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         yg = ms.linear(x, q)
-    assert calls == [12, 12]
+    assert calls == [12, 40, 12]
     x.copy_(torch.randn(2, 6, 1024, device=dev, generator=g).to(torch.bfloat16))
     graph.replay()
     torch.testing.assert_close(yg, real(x.reshape(12, 1024), q).reshape(2, 6, 512), rtol=0, atol=0)
