@@ -5,16 +5,18 @@
 # the GPU:   CASE=1x28672x8192 FMT=nvfp4 ROUNDS=2 bash benchmarks/ab_trees.sh
 # "." (this tree) is always timed too. Environment variables such as MICROSCALE_PLANS=0 apply
 # to every tree.
-set -u
+set -u -o pipefail
 if [ "${1:-}" = "--prep" ]; then
   shift
-  for sha in "$@"; do
-    rm -rf "trees/$sha" && mkdir -p "trees/$sha" && git archive "$sha" microscale | tar -x -C "trees/$sha"
-    echo "trees/$sha"
+  for rev in "$@"; do
+    sha=$(git rev-parse --short "$rev^{commit}") || exit 1
+    rm -rf "trees/$sha" && mkdir -p "trees/$sha" && git archive "$sha" microscale | tar -x -C "trees/$sha" || exit 1
+    echo "trees/$sha ($rev)"
   done
   exit 0
 fi
 . "$(dirname "$0")/gpu_steps.sh"
+OUT=$(cd "$OUT" && pwd)  # the steps below run from inside the trees
 CASE=${CASE:-1x28672x8192}
 FMT=${FMT:-nvfp4}
 ROOT=$PWD

@@ -463,9 +463,9 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     """``x @ dequant(qweight)^T + bias``.
 
     On CUDA a QTensor weight takes, in this order: on Hopper, while a CUDA graph is being
-    captured or in eager calls on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements,
-    the TMA-fed tensor-core decode kernel (:func:`decode_tma`) for ``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M``
-    (9-64) tokens of bf16 activations and NVFP4 / MXFP4 weights whose K is a multiple of 256
+    captured or in eager calls on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements
+    (any weight from 17 tokens), the TMA-fed tensor-core decode kernel (:func:`decode_tma`) for
+    ``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M`` (9-64) tokens of bf16 activations and NVFP4 / MXFP4 weights whose K is a multiple of 256
     (faster on the GPU, slower on the host; ``MICROSCALE_DECODE_TMA``: ``graph`` only while
     capturing, ``1`` always, ``0`` never);
     the tensor-core decode path (:func:`gemv_mma`) for ``GEMV_MMA_MIN_M..GEMV_MMA_MAX_M`` tokens of bf16 activations
@@ -1360,16 +1360,20 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
 
 
 #: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) with ``DECODE_TMA_MIN_M`` to
-#: ``DECODE_TMA_MAX_M`` bf16 tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA``, read at import):
-#: ``auto`` (the default) while a CUDA graph is being captured, and in eager calls with call
-#: plans on for weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``graph`` only
-#: while capturing; ``1`` always; ``0`` never (:func:`gemv_mma` instead). H200, 16 tokens,
+#: ``DECODE_TMA_MAX_M`` bf16 tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA``,
+#: read at import): ``auto`` (the default) while a CUDA graph is being captured, and in eager
+#: calls with call plans on for more than 16 tokens or weights of at least
+#: ``DECODE_TMA_EAGER_MIN_NK`` elements; ``graph`` only while capturing; ``1`` always; ``0``
+#: never (:func:`gemv_mma` instead up to 16 tokens, the prefill kernel above). H200, 16 tokens,
 #: graph replays: 50-51 µs on 28672x8192 against gemv_mma's 71-73; 8192x8192 at 8 tokens
 #: gemv_mma stays ahead (18.5 against 19.1-19.7 µs), hence 9 (twelfth session). Eager loops
 #: with plans (``benchmarks/eager_decode.py``, thirteenth session): 51.9 / 54.0 µs per call
 #: at 16 / 9 tokens on 28672x8192 against gemv_mma's 71.3 / 68.9, but 55.5 / 53.3 on
 #: 8192x8192 against 32.3 / 22.9 (its two launches and three TMA descriptors cost ~35-55 µs
-#: of host time there, more than the kernel), hence the size limit between the two
+#: of host time there, more than the kernel), hence the size limit between the two. From 17
+#: tokens the alternative is the prefill kernel, no faster on the GPU (8192x8192, 32 tokens,
+#: weights rotated past L2: 36.7-36.9 against 31.3-36.5 µs) and without plans (102-158 µs of host time
+#: per call against ~35 for a planned ``decode_tma`` call), so no size limit there
 _DECODE_TMA = os.environ.get("MICROSCALE_DECODE_TMA", "auto")
 DECODE_TMA_MIN_M = 9
 DECODE_TMA_EAGER_MIN_NK = 1 << 27
@@ -1384,7 +1388,8 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
         return False
     if torch.cuda.is_current_stream_capturing():
         return True
-    return _DECODE_TMA == "auto" and _PLANS and q.shape[0] * q.shape[-1] >= DECODE_TMA_EAGER_MIN_NK
+    return _DECODE_TMA == "auto" and _PLANS and (q.shape[0] * q.shape[-1] >= DECODE_TMA_EAGER_MIN_NK
+                                                  or x.numel() > 16 * x.shape[-1])
 
 
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
@@ -1402,6 +1407,8 @@ _DT_STAGES_64 = 2
 def _dt_tokens(m: int) -> int:
     """Token columns of :func:`decode_tma`'s tile for ``m`` tokens: 16, 32 or 64."""
     return 16 if m <= 16 else 32 if m <= 32 else 64
+
+
 #: K steps per TMA box of :func:`decode_tma`'s code words: 4, one ``[rows, 32]`` box (128-byte
 #: rows, 128-byte swizzle) per ring chunk, against 1 (``[rows, 8]``, 32-byte rows): a fourth of
 #: the copy operations, time within +-2 us (``benchmarks/exp_dtma_variants.py``); divides the chunk

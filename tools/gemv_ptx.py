@@ -140,6 +140,7 @@ def main() -> None:
             r = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", os.path.join(d, "k.cubin")],
                                capture_output=True, text=True)
         print("\n".join(ln for ln in (r.stdout + r.stderr).splitlines() if "ptxas" in ln or "spill" in ln))
+        print(f"shared memory: {kernels[gluon_main].metadata.shared} bytes per program")
     for name, c in kernels.items():
         with open(os.path.join(a.outdir, name + ".ptx"), "w") as f:
             f.write(c.asm["ptx"])

@@ -192,7 +192,8 @@ def select_cases(suite: str = "default", *, ops: Optional[Iterable[str] | str] =
                  formats: Optional[Iterable[str] | str] = None,
                  shapes: Optional[Iterable[str | Sequence[int]] | str] = None,
                  cpu: bool = False, universe: Optional[Sequence[str]] = None) -> list[CaseSpec]:
-    """The cases of ``suite`` after the filters, in (op, format, shape) order.
+    """The cases of ``suite`` after the filters: per op, the plan's (format, shape) products
+    in order, then those of its ``more`` plans (a case listed once).
 
     Args:
         suite: a name in :data:`SUITES`.

@@ -152,7 +152,8 @@ def test_linear_marks_records_then_replays(stub_driver, monkeypatch):
 @pytest.mark.parametrize("fmt,m,lead,tma", [("nvfp4", 1, (), "graph"), ("mxfp4", 2, (2,), "graph"),
                                             ("mxfp8_e4m3", 1, (), "graph"), ("int4_affine_g128", 3, (), "graph"),
                                             ("nvfp4", 8, (2,), "graph"), ("mxfp4", 16, (), "graph"),
-                                            ("nvfp4", 12, (3,), "1")])
+                                            ("nvfp4", 12, (3,), "1"), ("mxfp4", 40, (2,), "auto"),
+                                            ("nvfp4", 64, (), "auto")])
 def test_gpu_plans_replay_the_routes(fmt, m, lead, tma, monkeypatch):
     """Eager calls with fresh x and bias each time: every result (replays included) is
     bit-identical to the route run without plans; a plan is made; an in-place change of the
