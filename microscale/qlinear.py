@@ -465,9 +465,9 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     On CUDA a QTensor weight takes, in this order: on Hopper, while a CUDA graph is being
     captured or in eager calls on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements
     (any weight from 17 tokens), the TMA-fed tensor-core decode kernel (:func:`decode_tma`) for
-    ``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M`` (9-64) tokens of bf16 activations and NVFP4 / MXFP4 weights whose K is a multiple of 256
-    (faster on the GPU, slower on the host; ``MICROSCALE_DECODE_TMA``: ``graph`` only while
-    capturing, ``1`` always, ``0`` never);
+    ``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M`` (9-64) tokens of bf16 activations and NVFP4 / MXFP4
+    weights whose K is a multiple of 256 (faster on the GPU, slower on the host;
+    ``MICROSCALE_DECODE_TMA``: ``graph`` only while capturing, ``1`` always, ``0`` never);
     the tensor-core decode path (:func:`gemv_mma`) for ``GEMV_MMA_MIN_M..GEMV_MMA_MAX_M`` tokens of bf16 activations
     and E2M1 weights with UE4M3/E8M0 scales (NVFP4, MXFP4); the f16x2 GEMV for at most
     ``GEMV_MAX_M`` tokens (4/8-bit codes); the prefill kernel from ``PREFILL_MIN_M`` tokens
@@ -485,8 +485,8 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     memory) must not be rewritten by such kernels right before the call; or set
     ``MICROSCALE_GEMV_PDL_CHAIN=0``.
 
-    Eager calls on the decode routes (up to 16 tokens, 64 on ``decode_tma``; CUDA, contiguous x and bias) replay a
-    plan from the third call with the same shapes, dtypes, alignment, weight tensors and
+    Eager calls on the decode routes (up to 16 tokens, 64 on ``decode_tma``; CUDA, contiguous x
+    and bias) replay a plan from the third call with the same shapes, dtypes, alignment, weight tensors and
     stream: the launches recorded on the second call, with the new x, bias and a new output
     put in (host time per call on the H200 machine ~20-35 µs instead of 80-135). Plans live
     on the QTensor and follow in-place changes through torch's version counters; none is
@@ -1480,8 +1480,8 @@ def choose_decode_tma_programs(n: int, k: int, num_sms: int) -> int:
     the fewest K parts (a power of two, at most 8, dividing the chunks) that give every SM
     one; as many units per program as two resident per SM need (whole units where the
     count divides) where that spreads evenly over the SMs, else two programs per SM, each
-    with an equal stream-K share (measured: 176 tiles 44.6 against 51.5 us, 224 tiles 54.5 against
-    51.9 us; ``benchmarks/exp_balance.py``, ``exp_dtma_variants.py``)."""
+    with an equal stream-K share (H200, 16 tokens, ``benchmarks/exp_balance.py``: 176 tiles 44.6
+    µs with equal shares against 51.5 with one program per tile; 224 tiles 57.3 against 54.9)."""
     tiles, nct = cdiv(n, _DT_ROWS), k // (64 * _DT_CHUNK)
     parts = 1
     while parts < 8 and tiles * parts < num_sms and nct % (2 * parts) == 0:
