@@ -66,7 +66,16 @@ def test_requantize_is_identity(data, name):
         # the scale is recomputed from the dequantized amax: equal values, maybe another ulp
         assert torch.equal(q2.dequantize(), q.dequantize())
     else:
-        assert torch.equal(q2.data, q.data) and torch.equal(q2.scales.view(torch.uint8), q.scales.view(torch.uint8))
+        raw, raw2 = q.scales.view(torch.uint8).flatten(), q2.scales.view(torch.uint8).flatten()
+        # a block scale that underflows to 0 (NVFP4's ModelOpt cast has no lower clamp) leaves the
+        # block all zeros with saturated codes; requantized, those zeros take the zero-block
+        # encoding (scale 1.0, codes 0): the values are the same, the bits are not
+        under = f.scale.decode(raw) == 0
+        assert torch.equal(q2.dequantize(), q.dequantize())
+        assert torch.equal(raw2[~under], raw[~under])
+        per = q.data.numel() // raw.numel()  # code bytes per block
+        keep = (~under).repeat_interleave(per)
+        assert torch.equal(q2.data.flatten()[keep], q.data.flatten()[keep])
 
 
 @settings(max_examples=20, deadline=None)
