@@ -170,13 +170,18 @@ def test_two_level(convention, dynamic, dtype, nonfinite, gen):
 
 
 def test_two_level_block_scale_underflow(gen):
-    """Blocks whose scale rounds to E4M3 zero: ModelOpt divides by zero (0/0 NaN codes)."""
+    """Blocks whose scale rounds to E4M3 zero: ModelOpt divides by zero (0/0 NaN codes).
+    Also under a given global scale (blocks of 2^-23 with 0.05, which the property test of
+    requantization found: saturated codes over a zero scale)."""
     x = torch.randn(4, 64, generator=gen)
     x[1] *= 1e-7
     x[1, :16] = 0.0
     x[0, 0] = 1e3
+    tiny = torch.full((2, 64), 2.0 ** -23)
+    tiny[1, 16:32] *= -1
     for conv in ("modelopt", "torchao", "compressed-tensors"):
         assert_same(*run_both(x.to(DEV), "nvfp4", convention=conv))
+        assert_same(*run_both(tiny.to(DEV), "nvfp4", convention=conv, global_scale=0.05))
 
 
 # ---- rounding, overflow and non-finite policies ----------------------------------------
