@@ -1,10 +1,12 @@
-"""``decode_tma`` variants at 16 tokens (H200, CUDA graphs): the default, code words or scales
+"""``decode_tma`` variants at 16 tokens or ``TOKENS`` (H200, CUDA graphs): the default, code words or scales
 by one TMA box per K step instead of per ring chunk, two programs per SM with equal stream-K shares
 instead of :func:`choose_decode_tma_programs`; each checked against float64 (relative
 Frobenius error) before it is timed, next to cuBLAS bf16 ``F.linear`` and a device copy.
 (The fourteenth session's wgmma, step-major-code and drain-only variants: branch
 ``exp/dtma-s14``.)
-    python benchmarks/exp_dtma_variants.py [shape ...]   (shape NxK, default the issue's three)"""
+    [VARIANTS="default,2 per SM"] [TOKENS=16,32] python benchmarks/exp_dtma_variants.py [shape ...]
+    (shape NxK, default the issue's three)"""
+import os
 import sys
 
 import torch
@@ -17,6 +19,9 @@ from microscale import qlinear as L
 VARIANTS = {  # qlinear switches, and "programs" for decode_tma (an int, or "2/SM": equal stream-K shares)
     "default": {}, "code box 1 step": {"_DT_WIDE": 1}, "scale box 1 step": {"_DT_SBOX": 1},
     "2 per SM": {"programs": "2/SM"}}
+if os.environ.get("VARIANTS"):  # e.g. VARIANTS="default,2 per SM"
+    VARIANTS = {v: VARIANTS[v] for v in os.environ["VARIANTS"].split(",")}
+TOKENS = [int(t) for t in os.environ.get("TOKENS", "16").split(",")]
 dev = torch.device("cuda")
 g = torch.Generator(device=dev).manual_seed(7)
 shapes = [tuple(map(int, s.split("x"))) for s in sys.argv[1:]] or [(28672, 8192), (8192, 28672), (8192, 8192)]
@@ -31,7 +36,7 @@ for n, k in shapes:
     for fmt in ("nvfp4", "mxfp4"):
         q = ms.quantize(w, fmt)
         wd = q.dequantize().double()
-        for m in (16,):
+        for m in TOKENS:
             x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
             ref = x.double() @ wd.T
             cub = triton.testing.do_bench_cudagraph(lambda: F.linear(x, wb), rep=30, return_mode="median") * 1e3
