@@ -56,6 +56,8 @@ class Timing:
         note: why the method was chosen or changed (e.g. a failed graph capture).
         host_us: host time to launch one call (CUDA only): Python and launch overhead,
             which a graph hides and an eager caller pays when it exceeds the device time.
+        clocks: the GPU's SM clock and power state while timed, where sampled
+            (:class:`microscale.bench._clocks.ClockState` as a dict; the suite fills it).
     """
 
     median_ms: float
@@ -67,6 +69,7 @@ class Timing:
     calls_per_sample: int = 1
     note: str = ""
     host_us: Optional[float] = None
+    clocks: Optional[dict] = None
 
     def to_dict(self) -> dict:
         """JSON-able form."""

@@ -21,6 +21,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
+from ._clocks import ClockState
+
 __all__ = [
     "collect_env",
     "write_json",
@@ -186,7 +188,7 @@ def _peer_names(results: Iterable[dict], op: Optional[str] = None) -> list[str]:
 
 _CSV_COLS = ("op", "format", "shape", "status", "reason", "median_us", "p20_us", "p80_us", "method", "n_sets",
              "reps", "host_us", "bytes", "flops", "gbps", "tflops", "pct_copy", "pct_compute", "pct_roofline", "bound",
-             "check_metric", "check_value")
+             "check_metric", "check_value", "sm_mhz_min", "slowed_pct")
 
 
 def csv_rows(doc: dict) -> tuple[list[str], list[dict]]:
@@ -206,7 +208,8 @@ def csv_rows(doc: dict) -> tuple[list[str], list[dict]]:
                "gbps": _num(th.get("gbps")), "tflops": _num(th.get("tflops")), "pct_copy": _num(th.get("pct_copy")),
                "pct_compute": _num(th.get("pct_compute")), "pct_roofline": _num(th.get("pct_roofline")),
                "bound": th.get("bound") or "", "check_metric": ck.get("metric", ""),
-               "check_value": ck.get("value", "")}
+               "check_value": ck.get("value", ""), "sm_mhz_min": _num((t.get("clocks") or {}).get("sm_mhz_min")),
+               "slowed_pct": _num((t.get("clocks") or {}).get("slowed"), 100)}
         by = {p["name"]: p for p in r.get("peers") or []}
         for name in peers:
             p = by.get(name) or {}
@@ -411,7 +414,9 @@ def render_markdown(doc: dict, source: Optional[str] = None) -> str:
                   "Peer columns: peer time / microscale time (above 1: microscale is faster).",
                   "- timing column: method (events, graph or perf_counter), half the 20–80th percentile spread "
                   "relative to the median, rotated input sets, and the host time to launch one call (what an "
-                  "eager caller pays when it exceeds the device time; a CUDA graph hides it).", ""]
+                  "eager caller pays when it exceeds the device time; a CUDA graph hides it); where the GPU "
+                  "slowed its clock while the op was timed, the reason, the share of samples and the lowest "
+                  "SM clock (e.g. 'power cap 80%': the board's power limit held the clock down).", ""]
 
     results = doc["results"]
     for op in _OP_ORDER + tuple(sorted({r["op"] for r in results} - set(_OP_ORDER))):
@@ -467,6 +472,8 @@ def render_markdown(doc: dict, source: Optional[str] = None) -> str:
             cell = f"{t.get('method', '')}{spread}, {n_sets} input set{'s' if n_sets != 1 else ''}"
             if t.get("host_us") is not None:
                 cell += f", host {t['host_us']:.0f} µs/call"
+            if (t.get("clocks") or {}).get("slowed"):
+                cell += f", {ClockState.from_dict(t['clocks']).summary()}"
             row.append(cell)
             body.append(row)
         lines += _table(head, body) + [""]

@@ -19,13 +19,13 @@ import inspect
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Optional, Sequence, TextIO
 
 import torch
 import torch.nn.functional as F
 
-from . import _peers, _timing, models
+from . import _clocks, _peers, _timing, models
 from ._peers import Skip
 from .report import bf16_mbps, collect_env, fmt_time
 
@@ -643,14 +643,18 @@ def _n_sets(set_bytes: int, ctx: Context, opts: RunOptions) -> int:
                                   factor=opts.rotate_factor, max_total_bytes=opts.max_rotation_bytes)
 
 
-def _time(fn: Callable[..., Any], sets: list[tuple], ctx: Context, opts: RunOptions) -> _timing.Timing:
+def _time(fn: Callable[..., Any], sets: list[tuple], ctx: Context, opts: RunOptions,
+          monitor: Optional[_clocks.Monitor] = None) -> _timing.Timing:
     if ctx.cpu:
         return _timing.time_cpu(fn, sets, target_s=opts.cpu_target_s)
-    return _timing.time_cuda(fn, sets, warmup_ms=opts.warmup_ms, target_ms=opts.target_ms, graph=opts.graph)
+    t0 = time.time()
+    t = _timing.time_cuda(fn, sets, warmup_ms=opts.warmup_ms, target_ms=opts.target_ms, graph=opts.graph)
+    state = monitor.window(t0, time.time()) if monitor is not None else None
+    return replace(t, clocks=state.to_dict()) if state is not None else t
 
 
 def _run_peer(name: str, build: Callable[[], Peer], case: Case, sets: list[tuple], op_ms: float,
-              ctx: Context, opts: RunOptions) -> PeerResult:
+              ctx: Context, opts: RunOptions, monitor: Optional[_clocks.Monitor] = None) -> PeerResult:
     try:
         peer = build()
     except Skip as s:
@@ -670,7 +674,7 @@ def _run_peer(name: str, build: Callable[[], Peer], case: Case, sets: list[tuple
         del out
         if not chk.ok:
             return PeerResult(name, "failed", f"check failed: {chk.detail}", check=asdict(chk))
-        t = _time(peer.fn, psets, ctx, opts)
+        t = _time(peer.fn, psets, ctx, opts, monitor)
         gb = models.gbps(pbytes, t.median_ms)
         tf = models.tflops(case.flops, t.median_ms) if case.flops else None
         return PeerResult(name, "ok", t.note, timing=t.to_dict(), nbytes=pbytes, gbps=gb, tflops=tf,
@@ -686,9 +690,11 @@ def _run_peer(name: str, build: Callable[[], Peer], case: Case, sets: list[tuple
 
 
 def run_case(spec: CaseSpec, ctx: Context, ceilings: models.Ceilings, opts: RunOptions,
-             builders: Optional[dict[str, Callable[[CaseSpec, Context], Case]]] = None) -> CaseResult:
+             builders: Optional[dict[str, Callable[[CaseSpec, Context], Case]]] = None,
+             monitor: Optional[_clocks.Monitor] = None) -> CaseResult:
     """Build, check, time and compare one case. Never raises for the op's own failures:
-    they come back as status 'skipped', 'failed' or 'error' with a reason."""
+    they come back as status 'skipped', 'failed' or 'error' with a reason. ``monitor``:
+    where given and sampling, each timing records the GPU's clocks (``timing['clocks']``)."""
     builders = BUILDERS if builders is None else builders
     base = dict(op=spec.op, format=spec.format, shape=list(spec.shape))
     if spec.op not in builders:
@@ -715,13 +721,13 @@ def run_case(spec: CaseSpec, ctx: Context, ceilings: models.Ceilings, opts: RunO
             return res
         n = _n_sets(case.set_bytes, ctx, opts)
         sets += [case.make_inputs() for _ in range(n - 1)]
-        t = _time(case.fn, sets, ctx, opts)
+        t = _time(case.fn, sets, ctx, opts, monitor)
         res.timing = t.to_dict()
         res.throughput = asdict(models.throughput(case.nbytes, case.flops, t.median_ms, ceilings,
                                                   case.compute_kind))
         res.status, res.reason = "ok", t.note
         for name, build in case.peers:
-            pr = _run_peer(name, build, case, sets, t.median_ms, ctx, opts)
+            pr = _run_peer(name, build, case, sets, t.median_ms, ctx, opts, monitor)
             res.peers.append(pr)
     except Skip as s:
         res.status, res.reason = "skipped", str(s)
@@ -747,6 +753,8 @@ def _describe(r: CaseResult) -> str:
         parts.append(f"{th['tflops']:.4g} TFLOP/s")
     if th.get("pct_roofline") is not None:
         parts.append(f"{th['pct_roofline']:.0f}% of roofline")
+    if t.get("clocks"):
+        parts.append(_clocks.ClockState.from_dict(t["clocks"]).summary())
     for p in r.peers:
         parts.append(f"{p.name} {p.ratio:.2f}x" if p.status == "ok" else f"{p.name} {p.status}")
     return ", ".join(parts)
@@ -760,21 +768,23 @@ def run_cases(specs: Sequence[CaseSpec], ctx: Context, ceilings: models.Ceilings
     """Run ``specs`` in order, printing progress to ``log`` and passing each result to
     ``on_result`` as it comes (so a killed run leaves its partial results); cases that
     would start after ``opts.time_budget_s`` seconds are reported as skipped (the first
-    always runs)."""
+    always runs). On a CUDA device with ``nvidia-smi``, the GPU's clocks are sampled
+    throughout and each timing records them (:mod:`microscale.bench._clocks`)."""
     opts = opts or RunOptions()
     t0 = time.monotonic()
     out: list[CaseResult] = []
-    for i, spec in enumerate(specs, 1):
-        if i > 1 and opts.time_budget_s is not None and time.monotonic() - t0 > opts.time_budget_s:
-            r = CaseResult(spec.op, spec.format, list(spec.shape), "skipped",
-                           f"time budget of {opts.time_budget_s:g} s spent")
-        else:
-            _log(log, f"[{i:>3}/{len(specs)}] {spec.id} ...")
-            r = run_case(spec, ctx, ceilings, opts, builders)
-            _log(log, f"          {_describe(r)}")
-        out.append(r)
-        if on_result is not None:
-            on_result(r)
+    with _clocks.Monitor(ctx.device) as monitor:  # inert on CPU or without nvidia-smi
+        for i, spec in enumerate(specs, 1):
+            if i > 1 and opts.time_budget_s is not None and time.monotonic() - t0 > opts.time_budget_s:
+                r = CaseResult(spec.op, spec.format, list(spec.shape), "skipped",
+                               f"time budget of {opts.time_budget_s:g} s spent")
+            else:
+                _log(log, f"[{i:>3}/{len(specs)}] {spec.id} ...")
+                r = run_case(spec, ctx, ceilings, opts, builders, monitor)
+                _log(log, f"          {_describe(r)}")
+            out.append(r)
+            if on_result is not None:
+                on_result(r)
     return out
 
 
@@ -928,4 +938,6 @@ def methodology(opts: RunOptions, cpu: bool) -> dict:
             "or host-bound launches)", "rotation": f"input sets > {opts.rotate_factor:g} x L2 "
             f"(at most {opts.max_rotation_bytes >> 30} GiB)", "data": "fresh random normal, per-row 2^k scales",
             "check": "output vs microscale.reference (bit-exact) or float64 (matmul, rel Frobenius < 1e-2) "
-            "before timing", "time_budget_s": opts.time_budget_s, "peers": PEERS}
+            "before timing", "clocks": "SM clock, power and slowdown reasons sampled by nvidia-smi every 50 ms "
+            "while each timing runs (where nvidia-smi is present)", "time_budget_s": opts.time_budget_s,
+            "peers": PEERS}

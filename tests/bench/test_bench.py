@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from microscale.bench import _timing, models, report, suites
+from microscale.bench import _clocks, _timing, models, report, suites
 from microscale.bench import main as bench_main
 from microscale.bench.suites import Case, CaseSpec, Check, Context, Peer, RunOptions, Skip
 
@@ -593,3 +593,49 @@ def test_run_case_rotates_inputs_past_l2_on_a_device(fake_cuda):
     assert r.status == "ok", r.reason
     assert r.timing["n_sets"] == len(made) == 4  # 4 x 50 MiB > 3 x 60 MiB
     assert r.peers[0].status == "ok" and r.peers[0].timing["n_sets"] == 4 and r.peers[0].ratio > 1
+
+
+class _FakeMonitor:
+    """Stands in for microscale.bench._clocks.Monitor: every window was power-capped."""
+
+    def __init__(self):
+        self.windows = []
+
+    def window(self, t0, t1):
+        self.windows.append((t0, t1))
+        return _clocks.summarize([(1455.0, 1980.0, 700.0, 700.0, 0x4), (1980.0, 1980.0, 650.0, 700.0, 0)])
+
+
+def test_run_case_records_the_clocks_of_each_timing(fake_cuda):
+    def build(spec, ctx):
+        return Case(spec, lambda x: _busy(20), lambda: (torch.ones(4),), lambda i, y: Check(True, "mismatches", 0.0),
+                    nbytes=1 << 20, flops=0, compute_kind=None, set_bytes=1 << 20,
+                    peers=[("p", lambda: Peer("p", lambda x: _busy(40), lambda i, y: Check(True, "m", 0.0)))])
+    ctx = Context(torch.device("cuda"), torch.Generator())
+    mon = _FakeMonitor()
+    r = suites.run_case(CaseSpec("quantize", "f", (8, 8)), ctx, models.Ceilings(copy_gbps=4000.0),
+                        RunOptions(warmup_ms=0.2, target_ms=2.0, graph="never"), {"quantize": build}, mon)
+    assert r.status == "ok", r.reason
+    assert len(mon.windows) == 2 and all(t0 < t1 for t0, t1 in mon.windows)  # the op's timing, the peer's
+    assert r.timing["clocks"]["slowed"] == 0.5 and r.peers[0].timing["clocks"]["reasons"] == ("power cap",)
+    assert "power cap 50%, SM >= 1.46 GHz" in suites._describe(r)
+    # no monitor: no clocks
+    r = suites.run_case(CaseSpec("quantize", "f", (8, 8)), ctx, models.Ceilings(copy_gbps=4000.0),
+                        RunOptions(warmup_ms=0.2, target_ms=2.0, graph="never"), {"quantize": build})
+    assert r.timing["clocks"] is None
+
+
+def test_markdown_and_csv_say_when_the_clocks_were_held_down(tmp_path):
+    d = _doc()
+    lin = d["results"][1]
+    lin["timing"] = dict(lin["timing"], clocks={"samples": 6, "sm_mhz_min": 1455.0, "sm_mhz_median": 1500.0,
+                                                  "sm_mhz_top": 1980.0, "power_w_max": 700.0, "power_limit_w": 700.0,
+                                                  "slowed": 0.8, "reasons": ["power cap"]})
+    md = report.render_markdown(report.load_json(report.write_json(d, tmp_path / "r.json")))
+    row = next(ln for ln in md.splitlines() if "1×28672×8192" in ln and "nvfp4" in ln)
+    assert row.rstrip().endswith("power cap 80%, SM >= 1.46 GHz |"), row
+    q_row = next(ln for ln in md.splitlines() if "8192×8192" in ln and "mxfp4" in ln)
+    assert "SM" not in q_row  # no clocks recorded there
+    import csv
+    rows = list(csv.DictReader(open(report.write_csv(d, tmp_path / "r.csv"))))
+    assert rows[1]["slowed_pct"] == "80.0" and rows[1]["sm_mhz_min"] == "1455.0" and rows[0]["slowed_pct"] == ""
