@@ -12,6 +12,10 @@ was taken power-capped.
 nothing is set) and keeps the samples with their timestamps; :meth:`Monitor.window`
 summarizes those inside a time window as a :class:`ClockState`. Where there is no CUDA
 device or no ``nvidia-smi``, the monitor is inert and windows are None.
+
+The board averages its power over about a second, so the cap outlasts the load that
+reached it by up to ~0.5 s: a timing right after a capped one (a peer after the op) can show
+the cap at first. ``power.draw`` is that average too, so short timings read low.
 """
 from __future__ import annotations
 

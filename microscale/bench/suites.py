@@ -939,5 +939,6 @@ def methodology(opts: RunOptions, cpu: bool) -> dict:
             f"(at most {opts.max_rotation_bytes >> 30} GiB)", "data": "fresh random normal, per-row 2^k scales",
             "check": "output vs microscale.reference (bit-exact) or float64 (matmul, rel Frobenius < 1e-2) "
             "before timing", "clocks": "SM clock, power and slowdown reasons sampled by nvidia-smi every 50 ms "
-            "while each timing runs (where nvidia-smi is present)", "time_budget_s": opts.time_budget_s,
+            "while each timing runs (where nvidia-smi is present; the power cap outlasts the load that "
+            "reached it by up to ~0.5 s, so a timing right after a capped one can show it)", "time_budget_s": opts.time_budget_s,
             "peers": PEERS}
