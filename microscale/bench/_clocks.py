@@ -14,8 +14,10 @@ summarizes those inside a time window as a :class:`ClockState`. Where there is n
 device or no ``nvidia-smi``, the monitor is inert and windows are None.
 
 The board averages its power over about a second, so the cap outlasts the load that
-reached it by up to ~0.5 s: a timing right after a capped one (a peer after the op) can show
-the cap at first. ``power.draw`` is that average too, so short timings read low.
+reached it by up to ~0.5 s: a timing right after a capped one (a peer after the op) would
+start under it. The suite therefore waits before each timing until a fresh sample shows no
+slowdown (:meth:`Monitor.settle`, at most 2 s). ``power.draw`` is that average too, so
+short timings read low.
 """
 from __future__ import annotations
 
@@ -166,6 +168,22 @@ class Monitor:
             if self._thread is not None:
                 self._thread.join(timeout=5)
             self._proc = self._thread = None
+
+    def settle(self, max_s: float = 2.0) -> float:
+        """Wait until a sample taken from now on shows no slowdown reason (so a timing does
+        not start under a cap that an earlier one brought on), at most ``max_s`` seconds;
+        returns the seconds waited (0 when inert)."""
+        if not self.active:
+            return 0.0
+        mask = sum(SLOWDOWN_REASONS)
+        t0 = time.time()
+        while time.time() - t0 < max_s:
+            with self._lock:
+                last = self._samples[-1] if self._samples else None
+            if last is not None and last[0] >= t0 and not last[1][4] & mask:
+                break
+            time.sleep(0.01)
+        return time.time() - t0
 
     def window(self, t0: float, t1: float, wait_s: float = 0.5) -> Optional[ClockState]:
         """The state over the samples taken between :func:`time.time` readings ``t0`` and

@@ -416,9 +416,8 @@ def render_markdown(doc: dict, source: Optional[str] = None) -> str:
                   "relative to the median, rotated input sets, and the host time to launch one call (what an "
                   "eager caller pays when it exceeds the device time; a CUDA graph hides it); where the GPU "
                   "slowed its clock while the op was timed, the reason, the share of samples and the lowest "
-                  "SM clock (e.g. 'power cap 80%': the board's power limit held the clock down; the cap outlasts "
-                  "the load that reached it by up to ~0.5 s, so the peers timed right after a capped op can "
-                  "show it too).", ""]
+                  "SM clock (e.g. 'power cap 80%': the board's power limit held the clock down; each timing "
+                  "starts once the clock is free again).", ""]
 
     results = doc["results"]
     for op in _OP_ORDER + tuple(sorted({r["op"] for r in results} - set(_OP_ORDER))):

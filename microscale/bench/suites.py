@@ -647,6 +647,8 @@ def _time(fn: Callable[..., Any], sets: list[tuple], ctx: Context, opts: RunOpti
           monitor: Optional[_clocks.Monitor] = None) -> _timing.Timing:
     if ctx.cpu:
         return _timing.time_cpu(fn, sets, target_s=opts.cpu_target_s)
+    if monitor is not None:
+        monitor.settle()  # not under a power cap that the previous timing brought on
     t0 = time.time()
     t = _timing.time_cuda(fn, sets, warmup_ms=opts.warmup_ms, target_ms=opts.target_ms, graph=opts.graph)
     state = monitor.window(t0, time.time()) if monitor is not None else None
@@ -939,6 +941,6 @@ def methodology(opts: RunOptions, cpu: bool) -> dict:
             f"(at most {opts.max_rotation_bytes >> 30} GiB)", "data": "fresh random normal, per-row 2^k scales",
             "check": "output vs microscale.reference (bit-exact) or float64 (matmul, rel Frobenius < 1e-2) "
             "before timing", "clocks": "SM clock, power and slowdown reasons sampled by nvidia-smi every 50 ms "
-            "while each timing runs (where nvidia-smi is present; the power cap outlasts the load that "
-            "reached it by up to ~0.5 s, so a timing right after a capped one can show it)", "time_budget_s": opts.time_budget_s,
+            "while each timing runs (where nvidia-smi is present); each timing starts once a fresh sample "
+            "shows no slowdown (at most 2 s: the power cap outlasts the load that reached it)", "time_budget_s": opts.time_budget_s,
             "peers": PEERS}

@@ -599,7 +599,11 @@ class _FakeMonitor:
     """Stands in for microscale.bench._clocks.Monitor: every window was power-capped."""
 
     def __init__(self):
-        self.windows = []
+        self.windows, self.settled = [], 0
+
+    def settle(self):
+        self.settled += 1
+        return 0.0
 
     def window(self, t0, t1):
         self.windows.append((t0, t1))
@@ -617,6 +621,7 @@ def test_run_case_records_the_clocks_of_each_timing(fake_cuda):
                         RunOptions(warmup_ms=0.2, target_ms=2.0, graph="never"), {"quantize": build}, mon)
     assert r.status == "ok", r.reason
     assert len(mon.windows) == 2 and all(t0 < t1 for t0, t1 in mon.windows)  # the op's timing, the peer's
+    assert mon.settled == 2  # each started once the clock was free
     assert r.timing["clocks"]["slowed"] == 0.5 and r.peers[0].timing["clocks"]["reasons"] == ("power cap",)
     assert "power cap 50%, SM >= 1.46 GHz" in suites._describe(r)
     # no monitor: no clocks

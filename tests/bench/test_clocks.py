@@ -42,25 +42,33 @@ def test_monitor_is_inert_without_a_gpu_or_nvidia_smi(monkeypatch):
 
 
 FAKE_SMI = """#!{python}
-import sys, time
+import os, sys, time
 from datetime import datetime
 assert "--id=GPU-fake" in sys.argv and any(a.startswith("--query-gpu=timestamp,clocks.sm") for a in sys.argv)
 print("Warning: a line that is not a sample", flush=True)
+capped_until = time.time() + float(os.environ.get("FAKE_CAPPED_S", "0"))  # capped throughout, then alternating
 i = 0
 while True:
     stamp = datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
-    print(f"{{stamp}}, {{1400 if i % 2 else 1980}}, 1980, 650.5, 700.00, {{'0x4' if i % 2 else '0x0'}}", flush=True)
+    slow = time.time() < capped_until or i % 2
+    print(f"{{stamp}}, {{1400 if slow else 1980}}, 1980, 650.5, 700.00, {{'0x4' if slow else '0x0'}}", flush=True)
     i += 1
     time.sleep(0.02)
 """
 
 
-def test_monitor_samples_a_stand_in_nvidia_smi(tmp_path, monkeypatch):
+@pytest.fixture
+def stand_in_smi(tmp_path, monkeypatch):
+    """A stand-in ``nvidia-smi`` first on PATH, for device ``GPU-fake``."""
     exe = tmp_path / "nvidia-smi"
     exe.write_text(FAKE_SMI.format(python=sys.executable))
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setattr(_clocks, "_smi_id", lambda device: "GPU-fake")
+    return monkeypatch
+
+
+def test_monitor_samples_a_stand_in_nvidia_smi(stand_in_smi):
     with _clocks.Monitor(torch.device("cuda"), interval_ms=20) as m:
         assert m.active
         time.sleep(0.3)  # the stand-in's start-up
@@ -74,3 +82,15 @@ def test_monitor_samples_a_stand_in_nvidia_smi(tmp_path, monkeypatch):
     assert m.window(t0, time.time()) is None  # inert again
     with pytest.raises(TypeError):
         _clocks.ClockState.from_dict({"samples": 1})
+
+
+def test_settle_waits_for_the_clock_to_be_free(stand_in_smi):
+    stand_in_smi.setenv("FAKE_CAPPED_S", "0.8")
+    with _clocks.Monitor(torch.device("cuda"), interval_ms=20) as m:
+        assert m.settle(max_s=0.1) == pytest.approx(0.1, abs=0.05)  # still capped (or starting): gives up
+        t0 = time.time()
+        waited = m.settle()
+        assert 0.2 < waited < 1.99, waited  # the stand-in's start-up plus what is left of its cap
+        seen = [s for t, s in m._samples if t0 <= t <= t0 + waited]
+        assert seen and not seen[-1][4] & 0x4 and all(s[4] & 0x4 for s in seen[:-1])  # it stopped at the first free one
+    assert _clocks.Monitor("cpu").settle() == 0.0
