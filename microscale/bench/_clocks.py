@@ -129,8 +129,8 @@ class Monitor:
 
     @property
     def active(self) -> bool:
-        """Whether samples are being taken."""
-        return self._proc is not None
+        """Whether samples are being taken (nvidia-smi started and still running)."""
+        return self._proc is not None and self._proc.poll() is None
 
     def __enter__(self) -> "Monitor":
         exe = shutil.which("nvidia-smi")
@@ -172,12 +172,12 @@ class Monitor:
     def settle(self, max_s: float = 2.0) -> float:
         """Wait until a sample taken from now on shows no slowdown reason (so a timing does
         not start under a cap that an earlier one brought on), at most ``max_s`` seconds;
-        returns the seconds waited (0 when inert)."""
+        returns the seconds waited (0 when inert; nothing more once nvidia-smi has exited)."""
         if not self.active:
             return 0.0
         mask = sum(SLOWDOWN_REASONS)
         t0 = time.time()
-        while time.time() - t0 < max_s:
+        while time.time() - t0 < max_s and self.active:
             with self._lock:
                 last = self._samples[-1] if self._samples else None
             if last is not None and last[0] >= t0 and not last[1][4] & mask:
@@ -189,10 +189,10 @@ class Monitor:
         """The state over the samples taken between :func:`time.time` readings ``t0`` and
         ``t1``, waiting up to ``wait_s`` for one taken after ``t1`` to arrive (None when
         inert or no sample fell inside)."""
-        if not self.active:
+        if self._proc is None:
             return None
         deadline = time.time() + wait_s
-        while time.time() < deadline:
+        while time.time() < deadline and self.active:
             with self._lock:
                 if self._samples and self._samples[-1][0] >= t1:
                     break

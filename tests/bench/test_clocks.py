@@ -94,3 +94,17 @@ def test_settle_waits_for_the_clock_to_be_free(stand_in_smi):
         seen = [s for t, s in m._samples if t0 <= t <= t0 + waited]
         assert seen and not seen[-1][4] & 0x4 and all(s[4] & 0x4 for s in seen[:-1])  # it stopped at the first free one
     assert _clocks.Monitor("cpu").settle() == 0.0
+
+
+def test_a_failing_nvidia_smi_costs_no_waiting(tmp_path, monkeypatch):
+    exe = tmp_path / "nvidia-smi"
+    exe.write_text(f"#!{sys.executable}\nimport sys\nprint('No devices were found')\nsys.exit(6)\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setattr(_clocks, "_smi_id", lambda device: "GPU-gone")
+    with _clocks.Monitor(torch.device("cuda")) as m:
+        m._proc.wait(timeout=10)
+        assert not m.active
+        t0 = time.time()
+        assert m.settle() == pytest.approx(0.0, abs=0.05) and m.window(t0 - 1, time.time()) is None
+        assert time.time() - t0 < 0.2
