@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import microscale as ms
+from exp_clocks import graph_of  # a sibling script: benchmarks/ is on sys.path when run
 
 dev = torch.device("cuda")
 COPIES = int(os.environ.get("COPIES", "8"))
@@ -42,17 +43,8 @@ def cold(fn) -> float:
 
 
 def graph(fns, calls: int = 20, reps: int = 10) -> float:
-    """µs per call: a CUDA graph of ``calls`` calls rotating over ``fns``, replayed."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fns[i % len(fns)]()
+    """µs per call: a CUDA graph of ``calls`` calls rotating over ``fns``, replayed ``reps`` times."""
+    g, calls = graph_of(fns, calls)
     g.replay()
     ts = []
     for _ in range(reps):

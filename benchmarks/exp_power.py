@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import microscale as ms
 from microscale import qlinear as L
+from exp_clocks import graph_of, replay_series  # a sibling script: benchmarks/ is on sys.path when run
 
 dev = torch.device("cuda")
 SECONDS = float(os.environ.get("SECONDS_WINDOW", "1.2"))
@@ -29,32 +30,9 @@ if os.environ.get("VARIANTS"):  # e.g. VARIANTS="default;stages 6"
 ROUNDS = int(os.environ.get("ROUNDS", "1"))
 
 
-def sustained(fns, calls=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    g.replay()
-    torch.cuda.synchronize()
-    time.sleep(1.5)
-    t0, ev = time.time(), []
-    while time.time() - t0 < SECONDS:
-        batch = []
-        for _ in range(50):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            batch.append((a, b))
-        ev += batch
-        batch[-1][1].synchronize()
-    us = [a.elapsed_time(b) * 1e3 / calls for a, b in ev]
+def sustained(fns: list) -> tuple[float, float]:
+    """Burst (first 5% of replays) and steady (last half) µs per call of ``fns`` in rotation."""
+    _, us = replay_series(*graph_of(fns), SECONDS, 1.5)
     return statistics.median(us[:max(1, len(us) // 20)]), statistics.median(us[len(us) // 2:])
 
 
