@@ -4,8 +4,9 @@ bf16 stays at ~600 W and 1.98 GHz: ``benchmarks/exp_clocks.py``), so configurati
 compared on their steady time, not a burst. Per configuration: checked against float64, a
 CUDA graph of 20 calls alternating over two weight copies, 1.5 s idle, then replays for
 ``SECONDS_WINDOW`` (1.2) s: the burst (first 5% of replays) and steady (last half) time
-per call.
-    [VARIANTS="default;stages 6"] [ROUNDS=1] python benchmarks/exp_power.py [NxK]   (default 28672x8192)"""
+per call. Weight copies rotate past L2 (at least two, and at least 200 MB of them).
+    [VARIANTS="default;stages 6"] [ROUNDS=1] [FMTS=nvfp4,mxfp4] [IDLE=1.5] \
+        python benchmarks/exp_power.py [NxK]   (default 28672x8192)"""
 import dataclasses
 import os
 import statistics
@@ -24,26 +25,38 @@ SECONDS = float(os.environ.get("SECONDS_WINDOW", "1.2"))
 n, k = (tuple(map(int, sys.argv[1].split("x"))) if len(sys.argv) > 1 else (28672, 8192))
 VARIANTS = {"default": {}, "rows 8": {"block_n": 8}, "rows 16": {"block_n": 16}, "rows 8, 4 warps":
             {"block_n": 8, "num_warps": 4}, "kw 128": {"block_kw": 128}, "no prefetch": {"prefetch": False},
-            "stages 3": {"num_stages": 3}, "stages 6": {"num_stages": 6}}
+            "stages 3": {"num_stages": 3}, "stages 6": {"num_stages": 6}, "prefetch": {"prefetch": True},
+            "rows 2": {"block_n": 2}, "kw 512": {"block_kw": 512}, "split 2": {"split_k": 2},
+            "warps 4": {"num_warps": 4}, "warps 1": {"num_warps": 1},
+            "rows 8, prefetch": {"block_n": 8, "prefetch": True}, "rows 2, prefetch": {"block_n": 2, "prefetch": True},
+            "kw 128, prefetch": {"block_kw": 128, "prefetch": True}}
 if os.environ.get("VARIANTS"):  # e.g. VARIANTS="default;stages 6"
     VARIANTS = {v: VARIANTS[v] for v in os.environ["VARIANTS"].split(";")}
 ROUNDS = int(os.environ.get("ROUNDS", "1"))
+FMTS = os.environ.get("FMTS", "nvfp4,mxfp4").split(",")
+IDLE = float(os.environ.get("IDLE", "1.5"))
+
+
+def copies(q0, nbytes: int) -> list:
+    """``q0`` and clones of it: at least two, and at least 200 MB (past the 60 MB L2)."""
+    extra = max(1, -(-200_000_000 // nbytes) - 1)
+    return [q0] + [dataclasses.replace(q0, data=q0.data.clone(), scales=q0.scales.clone()) for _ in range(extra)]
 
 
 def sustained(fns: list) -> tuple[float, float]:
     """Burst (first 5% of replays) and steady (last half) µs per call of ``fns`` in rotation."""
-    _, us = replay_series(*graph_of(fns), SECONDS, 1.5)
+    _, us = replay_series(*graph_of(fns), SECONDS, IDLE)
     return statistics.median(us[:max(1, len(us) // 20)]), statistics.median(us[len(us) // 2:])
 
 
 w = torch.randn(n, k, device=dev)
 x = torch.randn(1, k, device=dev).to(torch.bfloat16)
 rows = []
-for fmt in ("nvfp4", "mxfp4"):
+for fmt in FMTS:
     q0 = ms.quantize(w, fmt)
-    qs = [q0, dataclasses.replace(q0, data=q0.data.clone(), scales=q0.scales.clone())]
+    qs = copies(q0, q0.nbytes)
     ref = x.double() @ q0.dequantize().double().T
-    base = L.choose_gemv_config(n, k, dev, 1, 4)
+    base = L.choose_gemv_config(n, k, dev, 1, q0.fmt.element.bits)
     for rnd, (name, over) in [(r, v) for r in range(ROUNDS) for v in VARIANTS.items()]:  # alternated
         try:
             cfg = dataclasses.replace(base, **over)
@@ -56,8 +69,8 @@ for fmt in ("nvfp4", "mxfp4"):
         rows.append((fmt, name if ROUNDS == 1 else f"{name} #{rnd + 1}", err, burst, steady))
         print(*rows[-1], time.strftime("%H:%M:%S"), flush=True)
     qs = q0 = None
-wb = [w.to(torch.bfloat16), (w * 1.01).to(torch.bfloat16)]
+wb = [(w * (1 + i / 64)).to(torch.bfloat16) for i in range(max(2, -(-200_000_000 // (2 * n * k))))]
 rows.append(("bf16", "cuBLAS", 0.0, *sustained([lambda v=v: F.linear(x, v) for v in wb])))
-print(f"\n{n}x{k}, 1 token\n{'fmt':6s} {'variant':20s} {'rel err':>9s} {'burst us':>8s} {'steady us':>9s}")
+print(f"\n{n}x{k}, 1 token\n{'fmt':11s} {'variant':20s} {'rel err':>9s} {'burst us':>8s} {'steady us':>9s}")
 for f, v, e, b, s in rows:
-    print(f"{f:6s} {v:20s} {e:9.2e} {b:8.1f} {s:9.1f}")
+    print(f"{f:11s} {v:20s} {e:9.2e} {b:8.1f} {s:9.1f}")
