@@ -56,7 +56,7 @@ def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict, mma: bool = 
                 cfg = replace(L.choose_gemv_mma_config(n, k, torch.device("cpu"), m), **overrides)
                 L._gemv_mma_launch(x, q, None, cfg)
             else:
-                cfg = replace(L.choose_gemv_config(n, k, torch.device("cpu"), m), **overrides)
+                cfg = replace(L.choose_gemv_config(n, k, torch.device("cpu"), m, q.fmt.element.bits), **overrides)
                 L.gemv(x, q, None, cfg, use_asm=True)
     finally:
         L.launch, L._pdl_capable, L._num_sms = saved
