@@ -30,8 +30,9 @@ VARIANTS = {"default": {}, "rows 8": {"block_n": 8}, "rows 16": {"block_n": 16},
             "warps 4": {"num_warps": 4}, "warps 1": {"num_warps": 1},
             "rows 8, prefetch": {"block_n": 8, "prefetch": True}, "rows 2, prefetch": {"block_n": 2, "prefetch": True},
             "kw 128, prefetch": {"block_kw": 128, "prefetch": True}}
-if os.environ.get("VARIANTS"):  # e.g. VARIANTS="default;stages 6"
-    VARIANTS = {v: VARIANTS[v] for v in os.environ["VARIANTS"].split(";")}
+if os.environ.get("VARIANTS"):  # e.g. VARIANTS="default;stages 6;block_n=2 prefetch=1" (named or GemvConfig fields)
+    VARIANTS = {v: VARIANTS[v] if v in VARIANTS else {f: int(x) for f, x in (t.split("=") for t in v.split())}
+                for v in os.environ["VARIANTS"].split(";")}
 ROUNDS = int(os.environ.get("ROUNDS", "1"))
 FMTS = os.environ.get("FMTS", "nvfp4,mxfp4").split(",")
 IDLE = float(os.environ.get("IDLE", "1.5"))

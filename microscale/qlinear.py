@@ -797,15 +797,22 @@ def gemv_supported(q: QTensor, x: torch.Tensor, max_m: int = GEMV_MAX_M) -> bool
             and tuple(q.padded_shape) == tuple(q.shape))
 
 
+#: one-token GEMV programs per SM below which :func:`choose_gemv_config` halves the rows per program
+_GEMV_PROGRAMS_PER_SM = 32
+
+
 @functools.lru_cache(maxsize=1024)  # a pure function of its arguments, asked on every call
 def choose_gemv_config(n: int, k: int, device: torch.device, m: int = 1, bits: int = 4) -> GemvConfig:
-    """Few rows and long K strips per program, the next step's loads issued early for
-    4-bit weights, and a programmatic dependent launch on Hopper (best of the H200 sweeps,
+    """Few rows and long K strips per program, the next step's loads issued early, and a
+    programmatic dependent launch on Hopper (best of the H200 sweeps,
     benchmarks/NOTES_linear.md); K split only when rows give fewer than about 4 programs
-    per SM."""
+    per SM. One token: 4 rows per program on weights of at least ``32 * SMs * 4`` rows,
+    else 2 (twice the programs in flight: on 8192-row weights 8-bit codes 21.5 -> 19.1 us,
+    NVFP4 14.0 -> 13.2 us at K 8192; on 28672 rows 2 rows are ~1% slower)."""
     pdl = _pdl_capable(device)
     if m == 1:
-        d = GemvConfig(block_n=4, block_kw=256, num_warps=2, num_stages=4, pdl=pdl, prefetch=bits == 4)
+        rows = 4 if n >= 4 * _GEMV_PROGRAMS_PER_SM * _num_sms(device) else 2
+        d = GemvConfig(block_n=rows, block_kw=256, num_warps=2, num_stages=4, pdl=pdl, prefetch=True)
     elif m == 2:
         d = GemvConfig(block_n=4, block_kw=256, num_warps=2, num_stages=4, pdl=pdl)
     else:
