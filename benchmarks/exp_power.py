@@ -1,11 +1,11 @@
-"""One-token GEMV configurations under sustained load (H200). The fp4 GEMV reaches the board's
+"""GEMV configurations (one token, or TOKENS) under sustained load (H200). The fp4 GEMV reaches the board's
 power cap within ~0.3 s of back-to-back calls (~700 W, SM clock down to 1.3-1.7 GHz; cuBLAS
 bf16 stays at ~600 W and 1.98 GHz: ``benchmarks/exp_clocks.py``), so configurations are
 compared on their steady time, not a burst. Per configuration: checked against float64, a
 CUDA graph of 20 calls alternating over two weight copies, 1.5 s idle, then replays for
 ``SECONDS_WINDOW`` (1.2) s: the burst (first 5% of replays) and steady (last half) time
 per call. Weight copies rotate past L2 (at least two, and at least 200 MB of them).
-    [VARIANTS="default;stages 6"] [ROUNDS=1] [FMTS=nvfp4,mxfp4] [IDLE=1.5] \
+    [VARIANTS="default;stages 6"] [ROUNDS=1] [FMTS=nvfp4,mxfp4] [IDLE=1.5] [TOKENS=1] \
         python benchmarks/exp_power.py [NxK]   (default 28672x8192)"""
 import dataclasses
 import os
@@ -36,6 +36,7 @@ if os.environ.get("VARIANTS"):  # e.g. VARIANTS="default;stages 6;block_n=2 pref
 ROUNDS = int(os.environ.get("ROUNDS", "1"))
 FMTS = os.environ.get("FMTS", "nvfp4,mxfp4").split(",")
 IDLE = float(os.environ.get("IDLE", "1.5"))
+TOKENS = int(os.environ.get("TOKENS", "1"))
 
 
 def copies(q0, nbytes: int) -> list:
@@ -51,13 +52,13 @@ def sustained(fns: list) -> tuple[float, float]:
 
 
 w = torch.randn(n, k, device=dev)
-x = torch.randn(1, k, device=dev).to(torch.bfloat16)
+x = torch.randn(TOKENS, k, device=dev).to(torch.bfloat16)
 rows = []
 for fmt in FMTS:
     q0 = ms.quantize(w, fmt)
     qs = copies(q0, q0.nbytes)
     ref = x.double() @ q0.dequantize().double().T
-    base = L.choose_gemv_config(n, k, dev, 1, q0.fmt.element.bits)
+    base = L.choose_gemv_config(n, k, dev, TOKENS, q0.fmt.element.bits)
     for rnd, (name, over) in [(r, v) for r in range(ROUNDS) for v in VARIANTS.items()]:  # alternated
         try:
             cfg = dataclasses.replace(base, **over)
@@ -72,6 +73,6 @@ for fmt in FMTS:
     qs = q0 = None
 wb = [(w * (1 + i / 64)).to(torch.bfloat16) for i in range(max(2, -(-200_000_000 // (2 * n * k))))]
 rows.append(("bf16", "cuBLAS", 0.0, *sustained([lambda v=v: F.linear(x, v) for v in wb])))
-print(f"\n{n}x{k}, 1 token\n{'fmt':11s} {'variant':20s} {'rel err':>9s} {'burst us':>8s} {'steady us':>9s}")
+print(f"\n{n}x{k}, {TOKENS} token(s)\n{'fmt':11s} {'variant':20s} {'rel err':>9s} {'burst us':>8s} {'steady us':>9s}")
 for f, v, e, b, s in rows:
     print(f"{f:11s} {v:20s} {e:9.2e} {b:8.1f} {s:9.1f}")
