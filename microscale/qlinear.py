@@ -808,10 +808,14 @@ def choose_gemv_config(n: int, k: int, device: torch.device, m: int = 1, bits: i
     benchmarks/NOTES_linear.md); K split only when rows give fewer than about 4 programs
     per SM. One token: 4 rows per program on weights of at least ``32 * SMs * 4`` rows,
     else 2 (twice the programs in flight: on 8192-row weights 8-bit codes 21.5 -> 19.1 us,
-    NVFP4 14.0 -> 13.2 us at K 8192; on 28672 rows 2 rows are ~1% slower)."""
+    NVFP4 14.0 -> 13.2 us at K 8192; on 28672 rows 2 rows are ~1% slower). Two tokens of
+    4-bit weights likewise (8192x28672 NVFP4 55.3 -> 45.6 us); 8-bit ones keep 4 rows and no
+    early loads there (MXFP8 21.2 us against 22.8 with them on 8192x8192)."""
     pdl = _pdl_capable(device)
+    rows = 4 if n >= 4 * _GEMV_PROGRAMS_PER_SM * _num_sms(device) else 2
     if m == 1:
-        rows = 4 if n >= 4 * _GEMV_PROGRAMS_PER_SM * _num_sms(device) else 2
+        d = GemvConfig(block_n=rows, block_kw=256, num_warps=2, num_stages=4, pdl=pdl, prefetch=True)
+    elif m == 2 and bits == 4:
         d = GemvConfig(block_n=rows, block_kw=256, num_warps=2, num_stages=4, pdl=pdl, prefetch=True)
     elif m == 2:
         d = GemvConfig(block_n=4, block_kw=256, num_warps=2, num_stages=4, pdl=pdl)

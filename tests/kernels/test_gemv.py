@@ -50,22 +50,31 @@ def test_gemv_matches_float64(name, m, split, tokens, asm, gen):
 
 @pytest.mark.parametrize("asm", ASM)
 @pytest.mark.parametrize("name", SUPPORTED)
-def test_gemv_default_config_matches_float64(name, asm, gen):
-    """The configuration ``gemv`` picks by itself for one token (2 rows per program on a
-    short weight, 4 on a tall one; the next step's loads issued early for every element
-    width), against float64 (a tall weight for two 8-bit kinds: their early loads are new)."""
-    from microscale.qlinear import _GEMV_PROGRAMS_PER_SM, _num_sms, choose_gemv_config
+def test_gemv_default_config_matches_float64(name, asm, gen, monkeypatch):
+    """The configuration ``gemv`` picks by itself for one and two tokens (2 rows per program
+    on a short weight, 4 on a tall one; the next step's loads issued early, for two tokens
+    only with 4-bit codes), against float64. The height that counts as tall is lowered to 32
+    rows so that the interpreter runs both on small weights."""
+    from microscale import qlinear as L
 
-    tall = 4 * _GEMV_PROGRAMS_PER_SM * _num_sms(torch.device(DEV))
-    for n, rows in ((40, 2), (tall, 4)) if name in ("mxfp8_e4m3", "int8_affine_g32") else ((40, 2),):
-        k = 256
-        c = choose_gemv_config(n, k, torch.device(DEV), 1, registry[name].element.bits)
-        assert (c.block_n, c.prefetch) == (rows, True)
-        q = ms.quantize(torch.randn(n, k, generator=gen), name)
-        x = (torch.randn(1, k, generator=gen) * 3).to(torch.bfloat16)
-        ref = x.double() @ q.dequantize(torch.float64).T
-        out = gemv(x.to(DEV), q.to(DEV), None, use_asm=asm)
-        assert out.shape == (1, n) and rel(out, ref) < 1e-2, (n, rows)
+    monkeypatch.setattr(L, "_GEMV_PROGRAMS_PER_SM", 1)
+    monkeypatch.setattr(L, "_num_sms", lambda device: 8)
+    L.choose_gemv_config.cache_clear()  # (cached under the real threshold elsewhere)
+    try:
+        bits = registry[name].element.bits
+        for n, rows in ((24, 2), (40, 4)):
+            k = 256
+            for m in (1, 2):
+                c = L.choose_gemv_config(n, k, torch.device(DEV), m, bits)
+                want = (rows, True) if m == 1 or bits == 4 else (4, False)
+                assert (c.block_n, c.prefetch) == want, (m, c)
+                q = ms.quantize(torch.randn(n, k, generator=gen), name)
+                x = (torch.randn(m, k, generator=gen) * 3).to(torch.bfloat16)
+                ref = x.double() @ q.dequantize(torch.float64).T
+                out = gemv(x.to(DEV), q.to(DEV), None, use_asm=asm)
+                assert out.shape == (m, n) and rel(out, ref) < 1e-2, (n, m, rows)
+    finally:
+        L.choose_gemv_config.cache_clear()
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp8_e4m3", "int8_fp16", "mxfp8_e5m2", "int8_affine_g32"])
