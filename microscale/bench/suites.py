@@ -936,8 +936,9 @@ def methodology(opts: RunOptions, cpu: bool) -> dict:
                 "rotation": "none (1 input set)", "check": "output vs microscale.reference before timing",
                 "peers": PEERS}
     return {"timer": "CUDA events, median per call", "warmup_ms": opts.warmup_ms,
-            "target_ms_per_case": opts.target_ms, "graph": f"{opts.graph} (CUDA graph for calls < 10 us "
-            "or host-bound launches)", "rotation": f"input sets > {opts.rotate_factor:g} x L2 "
+            "target_ms_per_case": opts.target_ms, "graph": f"{opts.graph} (CUDA graph for calls < 10 us, "
+            "host-bound launches, or per-call event times scattering over 20% of the median)",
+            "rotation": f"input sets > {opts.rotate_factor:g} x L2 "
             f"(at most {opts.max_rotation_bytes >> 30} GiB)", "data": "fresh random normal, per-row 2^k scales",
             "check": "output vs microscale.reference (bit-exact) or float64 (matmul, rel Frobenius < 1e-2) "
             "before timing", "clocks": "SM clock, power and slowdown reasons sampled by nvidia-smi every 50 ms "

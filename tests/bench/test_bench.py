@@ -570,6 +570,24 @@ def test_time_cuda_picks_graphs_for_short_calls_and_events_otherwise(fake_cuda):
     assert t.method == "events" and t.reps >= 10 and t.median_ms >= 0.2
 
 
+def test_time_cuda_retimes_scattered_event_samples_as_a_graph(fake_cuda, monkeypatch):
+    """A call that is not host-bound by its batch estimate but whose per-call event samples
+    scatter (the launch path showing through) is timed again as a graph replay; tight event
+    samples stand."""
+    monkeypatch.setattr(_timing, "_timed_batch", lambda fn, sets, idx, k: (0.2, 0.01))  # 200 us, host 10 us
+    scattered = [0.2, 0.45, 0.6, 0.3, 0.7] * 4
+    monkeypatch.setattr(_timing, "_time_events", lambda fn, sets, reps: scattered[:reps])
+    monkeypatch.setattr(_timing, "_time_graph", lambda fn, sets, unroll, reps: [0.21] * reps)
+    t = _timing.time_cuda(lambda: None, [()], warmup_ms=0.1, target_ms=4.0)
+    assert t.method == "graph" and t.median_ms == 0.21 and "events spread" in t.note
+    monkeypatch.setattr(_timing, "_time_events", lambda fn, sets, reps: [0.2, 0.201, 0.199] * 7)
+    t = _timing.time_cuda(lambda: None, [()], warmup_ms=0.1, target_ms=4.0)
+    assert t.method == "events" and t.median_ms == 0.2 and t.note == ""
+    monkeypatch.setattr(_timing, "_time_events", lambda fn, sets, reps: scattered[:reps])
+    t = _timing.time_cuda(lambda: None, [()], warmup_ms=0.1, target_ms=4.0, graph="never")
+    assert t.method == "events" and t.median_ms == 0.45  # 'never' is never overruled
+
+
 def test_time_cuda_falls_back_to_events_when_capture_fails(fake_cuda):
     t = _timing.time_cuda(_host_sync, [()], warmup_ms=0.1, target_ms=1.0, graph="always")
     assert t.method == "events" and "graph capture failed" in t.note
