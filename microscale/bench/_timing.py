@@ -264,7 +264,8 @@ def time_cuda(fn: Fn, sets: Sequence[InputSet], *, warmup_ms: float = 25.0, targ
     if graph == "auto" and not use_graph and spread > EVENTS_SPREAD_MAX:
         # per-call events that scatter this much time the launch path too (a call whose
         # host time nears its device time: 2026-12-02, cuBLAS 34 us at 15.9 us of host time
-        # timed 42-74 us by events, 33.6 us in a graph): a graph replay times the device
+        # timed 42-74 us by events; the same shape 33.6 us in a graph, three cases later): a graph
+        # replay times the device
         try:
             return graph_timing(f"events spread +-{50 * spread:.0f}%, so a graph")
         except Exception as exc:  # noqa: BLE001 - keep the events result, and say so
