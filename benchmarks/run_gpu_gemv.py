@@ -114,9 +114,9 @@ def main() -> None:
                                   (True, False, True), (True, False, "direct")):
                 cfg = L.GemvConfig(block_n=4, block_kw=128, pdl=True, prefetch=True) if pdl else None
                 if sel == "direct":  # scales by tl.load (the default loads them in PTX, scale_direct)
-                    cfg = replace(L.choose_gemv_config(n, k, dev, m), scale_direct=False)
+                    cfg = replace(L.choose_gemv_config(n, k, dev, m, q.fmt.element.bits), scale_direct=False)
                 elif sel:  # the shift decode and byte-loaded scales (the defaults are f4_select / scale_pairs)
-                    cfg = replace(L.choose_gemv_config(n, k, dev, m), f4_select=False, scale_pairs=False)
+                    cfg = replace(L.choose_gemv_config(n, k, dev, m, q.fmt.element.bits), f4_select=False, scale_pairs=False)
                 out = L.gemv(x, q, bias, cfg, use_asm=asm)
                 e = ((out.double() - ref).norm() / ref.norm()).item()
                 good = bool(torch.isfinite(out).all()) and e < 1e-2 and out.dtype == x.dtype
@@ -149,7 +149,7 @@ def main() -> None:
         if m not in cub:
             cub[m] = bench([lambda wt=wt: F.linear(x, wt) for wt in wb])
         qbytes = ql[0].nbytes
-        d0 = L.choose_gemv_config(n, k, dev, m)
+        d0 = L.choose_gemv_config(n, k, dev, m, ql[0].fmt.element.bits)
         # the default's select decode / paired scales turned off (label without x / y)
         sel = [replace(d0, f4_select=False, scale_pairs=False)] if fname in ("nvfp4", "mxfp4") else []
         sel += [replace(d0, scale_pairs=False), replace(d0, f4_select=False)] if fname == "nvfp4" else []
