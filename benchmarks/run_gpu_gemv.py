@@ -116,7 +116,8 @@ def main() -> None:
                 if sel == "direct":  # scales by tl.load (the default loads them in PTX, scale_direct)
                     cfg = replace(L.choose_gemv_config(n, k, dev, m, q.fmt.element.bits), scale_direct=False)
                 elif sel:  # the shift decode and byte-loaded scales (the defaults are f4_select / scale_pairs)
-                    cfg = replace(L.choose_gemv_config(n, k, dev, m, q.fmt.element.bits), f4_select=False, scale_pairs=False)
+                    cfg = replace(L.choose_gemv_config(n, k, dev, m, q.fmt.element.bits), f4_select=False,
+                                  scale_pairs=False)
                 out = L.gemv(x, q, bias, cfg, use_asm=asm)
                 e = ((out.double() - ref).norm() / ref.norm()).item()
                 good = bool(torch.isfinite(out).all()) and e < 1e-2 and out.dtype == x.dtype
