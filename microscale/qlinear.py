@@ -813,9 +813,7 @@ def choose_gemv_config(n: int, k: int, device: torch.device, m: int = 1, bits: i
     early loads there (MXFP8 21.2 us against 22.8 with them on 8192x8192)."""
     pdl = _pdl_capable(device)
     rows = 4 if n >= 4 * _GEMV_PROGRAMS_PER_SM * _num_sms(device) else 2
-    if m == 1:
-        d = GemvConfig(block_n=rows, block_kw=256, num_warps=2, num_stages=4, pdl=pdl, prefetch=True)
-    elif m == 2 and bits == 4:
+    if m == 1 or (m == 2 and bits == 4):
         d = GemvConfig(block_n=rows, block_kw=256, num_warps=2, num_stages=4, pdl=pdl, prefetch=True)
     elif m == 2:
         d = GemvConfig(block_n=4, block_kw=256, num_warps=2, num_stages=4, pdl=pdl)
