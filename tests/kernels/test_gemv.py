@@ -53,7 +53,8 @@ def test_gemv_matches_float64(name, m, split, tokens, asm, gen):
 def test_gemv_default_config_matches_float64(name, asm, gen, monkeypatch):
     """The configuration ``gemv`` picks by itself for one and two tokens (2 rows per program
     on a short weight, 4 on a tall one; the next step's loads issued early, for two tokens
-    only with 4-bit codes), against float64. The height that counts as tall is lowered to 32
+    only with 4-bit codes; one warp per program for 8-bit codes at one token on a short
+    weight, with 512-word steps on long rows), against float64. The height that counts as tall is lowered to 32
     rows so that the interpreter runs both on small weights."""
     from microscale import qlinear as L
 
@@ -68,11 +69,14 @@ def test_gemv_default_config_matches_float64(name, asm, gen, monkeypatch):
                 c = L.choose_gemv_config(n, k, torch.device(DEV), m, bits)
                 want = (rows, True) if m == 1 or bits == 4 else (4, False)
                 assert (c.block_n, c.prefetch) == want, (m, c)
+                assert c.num_warps == (1 if (m, bits, rows) == (1, 8, 2) else 2), (m, c)
                 q = ms.quantize(torch.randn(n, k, generator=gen), name)
                 x = (torch.randn(m, k, generator=gen) * 3).to(torch.bfloat16)
                 ref = x.double() @ q.dequantize(torch.float64).T
                 out = gemv(x.to(DEV), q.to(DEV), None, use_asm=asm)
                 assert out.shape == (m, n) and rel(out, ref) < 1e-2, (n, m, rows)
+        steps = [L.choose_gemv_config(24, 32 * kw // bits, torch.device(DEV), 1, bits).block_kw for kw in (2048, 4096)]
+        assert steps == ([256, 512] if bits == 8 else [256, 256]), steps
     finally:
         L.choose_gemv_config.cache_clear()
 
