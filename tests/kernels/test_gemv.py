@@ -54,8 +54,8 @@ def test_gemv_default_config_matches_float64(name, asm, gen, monkeypatch):
     """The configuration ``gemv`` picks by itself for one and two tokens (2 rows per program
     on a short weight, 4 on a tall one; the next step's loads issued early, for two tokens
     only with 4-bit codes; one warp per program for 8-bit codes at one token on a short
-    weight, with 512-word steps on long rows), against float64. The height that counts as tall is lowered to 32
-    rows so that the interpreter runs both on small weights."""
+    weight, with 512-word steps on long rows), against float64. The height that counts as
+    tall is lowered to 32 rows so that the interpreter runs both on small weights."""
     from microscale import qlinear as L
 
     monkeypatch.setattr(L, "_GEMV_PROGRAMS_PER_SM", 1)
