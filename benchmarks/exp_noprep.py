@@ -2,9 +2,10 @@
 kernel alone (the prep's launch skipped after a first call filled its scratch; with its
 programmatic launch, so it waits for the previous GEMV instead of the prep, and without),
 and the prep alone. Graphs of 20 calls over weight copies past L2, burst and steady µs per
-call as in ``exp_power.py``.
+call as in ``exp_power.py``. First (``HANDOFF=0``: not) the latency of one link of a launch chain
+of empty kernels.
 
-    [FMTS=mxfp8_e4m3,nvfp4] [IDLE=0.8] [SECONDS_WINDOW=0.6] python benchmarks/exp_noprep.py [NxK ...]"""
+    [HANDOFF=1] [FMTS=mxfp8_e4m3,nvfp4] [IDLE=0.8] [SECONDS_WINDOW=0.6] python benchmarks/exp_noprep.py [NxK ...]"""
 import dataclasses
 import os
 import statistics
@@ -13,6 +14,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 import microscale as ms
 from microscale import qlinear as L
@@ -65,7 +67,33 @@ def read_ceiling(q, r: int, warps: int, stages: int) -> tuple[float, float]:
     return timed(fns, None)
 
 
-rows = []
+@triton.jit
+def _hop_kernel(out_ptr, PDL: tl.constexpr):
+    """An empty link of a launch chain: (programmatic launch: trigger the next, wait for the
+    previous) then one store."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    tl.store(out_ptr + tl.program_id(0), 1)
+
+
+def handoffs() -> list:
+    """µs per link of chains of empty kernels (8 programs of 4 warps, like the prep; 4096 of
+    2 warps, like the GEMV), with and without programmatic launches: the launch-chain latency
+    that the prep adds to each call, without its loads and stores."""
+    out = torch.zeros(4096, dtype=torch.int32, device=dev)
+    res = []
+    for progs, warps in ((8, 4), (4096, 2)):
+        for pdl in (True, False):
+            fn = [lambda p=pdl, g=progs, w=warps: _hop_kernel[(g,)](out, PDL=p, num_warps=w,
+                                                                     **({"launch_pdl": True} if p else {}))]
+            b, s = timed(fn, None)
+            res.append(("-", "-", f"empty x{progs}, {'pdl' if pdl else 'no pdl'}", 0.0, b, s))
+            print(*res[-1], flush=True)
+    return res
+
+
+rows = handoffs() if os.environ.get("HANDOFF", "1") == "1" else []
 for shape in sys.argv[1:] or ["8192x8192"]:
     n, k = map(int, shape.split("x"))
     w = torch.randn(n, k, device=dev)
