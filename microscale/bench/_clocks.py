@@ -38,7 +38,11 @@ __all__ = ["ClockState", "Monitor", "parse_sample", "summarize", "SLOWDOWN_REASO
 #: application-clock bits are left out): NVML's ``nvmlClocksThrottleReason*`` values
 SLOWDOWN_REASONS = {0x4: "power cap", 0x8: "HW slowdown", 0x20: "SW thermal", 0x40: "HW thermal",
                     0x80: "power brake"}
+_SLOWDOWN_MASK = sum(SLOWDOWN_REASONS)
 _FIELDS = "timestamp,clocks.sm,clocks.max.sm,power.draw,power.limit,clocks_throttle_reasons.active"
+#: default sampling interval of :class:`Monitor` (ms) and longest wait of :meth:`Monitor.settle` (s)
+SAMPLE_MS = 50
+SETTLE_MAX_S = 2.0
 
 
 def parse_sample(line: str) -> Optional[tuple[float, tuple[float, float, float, float, int]]]:
@@ -93,8 +97,7 @@ def summarize(samples: list[tuple[float, float, float, float, int]]) -> Optional
     """The :class:`ClockState` of samples (:func:`parse_sample`'s second items; None for none)."""
     if not samples:
         return None
-    mask = sum(SLOWDOWN_REASONS)
-    slow = [s for s in samples if s[4] & mask]
+    slow = [s for s in samples if s[4] & _SLOWDOWN_MASK]
     bits = 0
     for s in slow:
         bits |= s[4]
@@ -119,7 +122,7 @@ class Monitor:
     background while in a ``with`` block (inert without CUDA or ``nvidia-smi``). Samples
     carry nvidia-smi's own timestamps, so output buffering does not shift them."""
 
-    def __init__(self, device: torch.device | str, interval_ms: int = 50):
+    def __init__(self, device: torch.device | str, interval_ms: int = SAMPLE_MS):
         self.device = torch.device(device)
         self.interval_ms = interval_ms
         self._samples: list[tuple[float, tuple]] = []  # (time.time() of the sample, parsed sample)
@@ -169,18 +172,17 @@ class Monitor:
                 self._thread.join(timeout=5)
             self._proc = self._thread = None
 
-    def settle(self, max_s: float = 2.0) -> float:
+    def settle(self, max_s: float = SETTLE_MAX_S) -> float:
         """Wait until a sample taken from now on shows no slowdown reason (so a timing does
         not start under a cap that an earlier one brought on), at most ``max_s`` seconds;
         returns the seconds waited (0 when inert; nothing more once nvidia-smi has exited)."""
         if not self.active:
             return 0.0
-        mask = sum(SLOWDOWN_REASONS)
         t0 = time.time()
         while time.time() - t0 < max_s and self.active:
             with self._lock:
                 last = self._samples[-1] if self._samples else None
-            if last is not None and last[0] >= t0 and not last[1][4] & mask:
+            if last is not None and last[0] >= t0 and not last[1][4] & _SLOWDOWN_MASK:
                 break
             time.sleep(0.01)
         return time.time() - t0

@@ -937,11 +937,13 @@ def methodology(opts: RunOptions, cpu: bool) -> dict:
                 "peers": PEERS}
     return {"timer": "CUDA events, median per call", "warmup_ms": opts.warmup_ms,
             "target_ms_per_case": opts.target_ms, "graph": f"{opts.graph} (CUDA graph for calls < 10 us, "
-            "host-bound launches, or per-call event times scattering over 20% of the median)",
+            "host-bound launches, or per-call event times scattering over "
+            f"{_timing.EVENTS_SPREAD_MAX:.0%} of the median)",
             "rotation": f"input sets > {opts.rotate_factor:g} x L2 "
             f"(at most {opts.max_rotation_bytes >> 30} GiB)", "data": "fresh random normal, per-row 2^k scales",
             "check": "output vs microscale.reference (bit-exact) or float64 (matmul, rel Frobenius < 1e-2) "
-            "before timing", "clocks": "SM clock, power and slowdown reasons sampled by nvidia-smi every 50 ms "
-            "while each timing runs (where nvidia-smi is present); each timing starts once a fresh sample "
-            "shows no slowdown (at most 2 s: the power cap outlasts the load that reached it)",
+            "before timing", "clocks": "SM clock, power and slowdown reasons sampled by nvidia-smi every "
+            f"{_clocks.SAMPLE_MS} ms while each timing runs (where nvidia-smi is present); each timing starts "
+            f"once a fresh sample shows no slowdown (at most {_clocks.SETTLE_MAX_S:g} s: the power cap outlasts the load that "
+            "reached it)",
             "time_budget_s": opts.time_budget_s, "peers": PEERS}
