@@ -944,6 +944,6 @@ def methodology(opts: RunOptions, cpu: bool) -> dict:
             "check": "output vs microscale.reference (bit-exact) or float64 (matmul, rel Frobenius < 1e-2) "
             "before timing", "clocks": "SM clock, power and slowdown reasons sampled by nvidia-smi every "
             f"{_clocks.SAMPLE_MS} ms while each timing runs (where nvidia-smi is present); each timing starts "
-            f"once a fresh sample shows no slowdown (at most {_clocks.SETTLE_MAX_S:g} s: the power cap outlasts the load that "
-            "reached it)",
+            f"once a fresh sample shows no slowdown (at most {_clocks.SETTLE_MAX_S:g} s: the power cap "
+            "outlasts the load that reached it)",
             "time_budget_s": opts.time_budget_s, "peers": PEERS}
