@@ -44,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, recorded in the JSON)")
     p.add_argument("--target-ms", type=float, default=None,
                    help="time the timed repetitions of one op fill (default: 300 on CUDA, 1000 on the CPU)")
-    p.add_argument("--graph", choices=("auto", "always", "never"), default="auto",
-                   help="CUDA graphs: auto = for calls under 10 us or host-bound launches (default)")
+    p.add_argument("--graph", choices=("auto", "always", "never"), default=None,
+                   help="CUDA graphs: auto = for calls under 10 us or host-bound launches (default; "
+                        "'always' for the matrix suite)")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="report the cases left after S seconds as skipped (default: the suite's, 450 for "
                         "'default', none for the others; 0: no budget)")
@@ -98,7 +99,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(s.id)
         return 0
     budget = suites.SUITES[a.suite].budget_s if a.time_budget is None else (a.time_budget or None)
-    opts = suites.RunOptions(graph=a.graph, time_budget_s=budget)
+    opts = suites.RunOptions(graph=a.graph or suites.SUITES[a.suite].graph or "auto", time_budget_s=budget)
     if a.target_ms is not None:
         opts.target_ms, opts.cpu_target_s = a.target_ms, a.target_ms / 1e3
     partial = Path(a.out) / "results.json"

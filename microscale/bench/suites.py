@@ -108,13 +108,15 @@ class OpPlan:
 @dataclass(frozen=True)
 class Suite:
     """A named suite: per op an :class:`OpPlan`, one table for CUDA and one for ``--cpu``;
-    ``budget_s`` is the default time budget (cases left after it are reported skipped)."""
+    ``budget_s`` is the default time budget (cases left after it are reported skipped);
+    ``graph``: the default CUDA-graph mode of its timings (None: 'auto')."""
 
     name: str
     description: str
     cuda: dict[str, OpPlan]
     cpu: dict[str, OpPlan]
     budget_s: Optional[float] = None
+    graph: Optional[str] = None
 
 
 _W = (28672, 8192)  # a 70B-class MLP projection weight [N, K]
@@ -149,7 +151,12 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
           cuda={"linear": OpPlan(("mxfp8_e4m3", "int8_fp16", "mxint8"), tuple((1, n, k) for n, k in _PEER_NK),
                                  more=tuple(OpPlan(("nvfp4", "mxfp4"), tuple((m, n, k) for n, k in _PEER_NK))
                                             for m in _MATRIX_M))},
-          cpu={"linear": OpPlan(("nvfp4", "mxfp4"), _CPU_L)}),
+          cpu={"linear": OpPlan(("nvfp4", "mxfp4"), _CPU_L)},
+          # every row, ours and the peers', as graph replays of back-to-back calls (a decode
+          # loop's conditions); 'auto' chose by host time, so one-token rows flipped between
+          # methods run to run (2026-12-02: int8_fp16 1x28672x8192 62.5 us by events, 58.1-60.0
+          # in graphs) while the cuBLAS rows, with less host time, stayed on events
+          graph="always"),
     Suite("all", "every op on every registered format and every shape",
           cuda={"quantize": OpPlan(None, _QSHAPES_ALL), "dequantize": OpPlan(None, _QSHAPES_ALL),
                 "linear": OpPlan(None, _LSHAPES_ALL)},
@@ -929,6 +936,16 @@ def run_benchmark(suite: str = "default", *, ops: Optional[Iterable[str] | str] 
     return doc
 
 
+#: how each ``RunOptions.graph`` mode times a CUDA call, for the methodology record
+_GRAPH_MODES = {
+    "auto": "auto (CUDA graph for calls < 10 us, host-bound launches, or per-call event times scattering "
+            f"over {_timing.EVENTS_SPREAD_MAX:.0%} of the median)",
+    "always": "always (every call, ours and the peers', as CUDA graph replays of back-to-back calls; events "
+              "where a capture fails)",
+    "never": "never (a CUDA event pair per call)",
+}
+
+
 def methodology(opts: RunOptions, cpu: bool) -> dict:
     """The timing method of a run, as recorded in its JSON and RESULTS.md."""
     if cpu:
@@ -936,9 +953,7 @@ def methodology(opts: RunOptions, cpu: bool) -> dict:
                 "rotation": "none (1 input set)", "check": "output vs microscale.reference before timing",
                 "peers": PEERS}
     return {"timer": "CUDA events, median per call", "warmup_ms": opts.warmup_ms,
-            "target_ms_per_case": opts.target_ms, "graph": f"{opts.graph} (CUDA graph for calls < 10 us, "
-            "host-bound launches, or per-call event times scattering over "
-            f"{_timing.EVENTS_SPREAD_MAX:.0%} of the median)",
+            "target_ms_per_case": opts.target_ms, "graph": _GRAPH_MODES[opts.graph],
             "rotation": f"input sets > {opts.rotate_factor:g} x L2 "
             f"(at most {opts.max_rotation_bytes >> 30} GiB)", "data": "fresh random normal, per-row 2^k scales",
             "check": "output vs microscale.reference (bit-exact) or float64 (matmul, rel Frobenius < 1e-2) "

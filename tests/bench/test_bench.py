@@ -469,6 +469,31 @@ def test_cli_list(capsys):
         bench_main(["--list", "--ops", "matmul"])
 
 
+@pytest.mark.parametrize("argv,want", [(["--suite", "matrix"], "always"), (["--suite", "matrix", "--graph", "never"], "never"),
+                                       (["--suite", "linear"], "auto"), (["--graph", "always"], "always")])
+def test_cli_graph_mode_defaults_per_suite(argv, want, monkeypatch, tmp_path):
+    """The matrix suite times every row (ours and the peers') as graph replays unless
+    ``--graph`` says otherwise; the other suites default to 'auto'."""
+    seen = {}
+
+    def fake_run(suite, **kw):
+        seen["graph"] = kw["opts"].graph
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(suites, "run_benchmark", fake_run)
+    assert bench_main(argv + ["--out", str(tmp_path)]) == 2
+    assert seen["graph"] == want
+
+
+def test_methodology_names_the_graph_mode():
+    """The recorded method says what each graph mode does (the 'auto' rule's threshold read
+    from ``_timing``), not the 'auto' rule for every mode."""
+    auto = suites.methodology(RunOptions(graph="auto"), False)["graph"]
+    always = suites.methodology(RunOptions(graph="always"), False)["graph"]
+    assert auto.startswith("auto") and f"{_timing.EVENTS_SPREAD_MAX:.0%}" in auto
+    assert always.startswith("always") and "< 10 us" not in always
+
+
 def test_cli_cpu_end_to_end(tmp_path):
     ms = pytest.importorskip("microscale")
     rc = bench_main(["--cpu", "--ops", "quantize", "--formats", "mxfp4", "--shapes", "64x256",
