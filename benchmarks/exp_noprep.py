@@ -5,7 +5,8 @@ and the prep alone. Graphs of 20 calls over weight copies past L2, burst and ste
 call as in ``exp_power.py``. First (``HANDOFF=0``: not) the latency of one link of a launch chain
 of empty kernels.
 
-    [HANDOFF=1] [FMTS=mxfp8_e4m3,nvfp4] [IDLE=0.8] [SECONDS_WINDOW=0.6] python benchmarks/exp_noprep.py [NxK ...]"""
+    [HANDOFF=1] [PARTS=0: the call and the prep only] [READS=0: no read ceilings]
+    [FMTS=mxfp8_e4m3,nvfp4] [IDLE=0.8] [SECONDS_WINDOW=0.6] python benchmarks/exp_noprep.py [NxK ...]"""
 import dataclasses
 import os
 import statistics
@@ -105,14 +106,17 @@ for shape in sys.argv[1:] or ["8192x8192"]:
         base = L.choose_gemv_config(n, k, dev, 1, q0.fmt.element.bits)
         ref = x.double() @ q0.dequantize().double().T
         err = ((L.gemv(x, q0, None, base).double() - ref).norm() / ref.norm()).item()
-        for name, cfg, skip in [("call", base, None), ("gemv only", base, kern._prep_x_kernel),
-                                ("gemv only, no pdl", dataclasses.replace(base, pdl=False), kern._prep_x_kernel),
-                                ("call, no pdl", dataclasses.replace(base, pdl=False), None),
-                                ("prep only", base, kern._gemv_kernel)]:
+        variants = [("call", base, None), ("gemv only", base, kern._prep_x_kernel),
+                    ("gemv only, no pdl", dataclasses.replace(base, pdl=False), kern._prep_x_kernel),
+                    ("call, no pdl", dataclasses.replace(base, pdl=False), None),
+                    ("prep only", base, kern._gemv_kernel)]
+        if os.environ.get("PARTS", "1") == "0":  # the call and the prep alone
+            variants = [variants[0], variants[-1]]
+        for name, cfg, skip in variants:
             b, s = timed([lambda q=q, c=cfg: L.gemv(x, q, None, c) for q in qs], skip)
             rows.append((shape, fmt, name, err, b, s))
             print(*rows[-1], flush=True)
-        if fmt in ("mxfp8_e4m3", "nvfp4"):
+        if fmt in ("mxfp8_e4m3", "nvfp4") and os.environ.get("READS", "1") == "1":
             for r, wp, st in [(2, 2, 4), (4, 2, 4), (8, 4, 4), (2, 2, 8)]:
                 b, s = read_ceiling(qs, r, wp, st)
                 rows.append((shape, fmt, f"read codes r{r} w{wp} s{st}", 0.0, b, s))

@@ -276,6 +276,17 @@ def test_ceilings_on_the_cpu_and_their_failures(monkeypatch):
     assert c.copy_gbps is None and d["copy"] == {"status": "error", "reason": "RuntimeError: copy engine on fire"}
 
 
+@pytest.mark.parametrize("mode,want", [("always", "auto"), ("auto", "auto"), ("never", "never")])
+def test_ceilings_are_not_timed_as_graphs(mode, want, monkeypatch):
+    """A ceiling under ``graph='always'`` is timed as under 'auto' (a captured copy is a
+    memcpy node the copy engines may serve, far below an SM copy); other modes pass through."""
+    seen = []
+    monkeypatch.setattr(suites, "_time", lambda fn, sets, ctx, opts, monitor=None: seen.append(opts.graph) or
+                        _timing.Timing(1.0, 1.0, 1.0, 1, "events", 1, 1, "", 0.0))
+    suites.measure_ceilings(_ctx(), RunOptions(graph=mode, cpu_target_s=0.01), log=None)
+    assert seen and set(seen) == {want}
+
+
 def test_bit_checks():
     a = torch.tensor([1.0, float("nan"), 3.0])
     assert suites.check_bits(a, a.clone()).ok
