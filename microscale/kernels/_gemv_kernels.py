@@ -184,8 +184,8 @@ def _prep_x_kernel(x_ptr, xp_ptr, xs_ptr, stride_x, K: tl.constexpr, XE: tl.cons
     ``2^(XE - 1 - E)`` (``E``: exponent of the chunk's amax), stored as planes of f16
     pairs: for 4-bit codes plane ``j`` holds ``(x[8w+j], x[8w+j+4])`` of word ``w``, for
     8-bit codes plane ``j`` holds ``(x[4w+2j], x[4w+2j+1])``. Writes the chunk's float32
-    undo factor ``2^(E + 1 - XE)`` to ``xs[m, c]``. One contiguous load; the permutation
-    is a register reshape. ``WAIT_PDL``: launched as a programmatic dependent of the
+    undo factor ``2^(E + 1 - XE)`` to ``xs[m, c]``. One contiguous load; each pair is
+    packed by the thread that loaded it. ``WAIT_PDL``: launched as a programmatic dependent of the
     previous kernel (which may still run): x is read only after it completes. ``STORE_ASM``
     (GPU, whole chunks): the pairs are stored by PTX from the registers that loaded them."""
     m = tl.program_id(0)
