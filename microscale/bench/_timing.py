@@ -250,8 +250,9 @@ def time_cuda(fn: Fn, sets: Sequence[InputSet], *, warmup_ms: float = 25.0, targ
 
     if use_graph:
         try:
-            return graph_timing("host-bound launches" if host_bound and est_ms * 1e3 >= graph_threshold_us else (
-                f"call under {graph_threshold_us:g} us" if graph == "auto" else "graph='always'"))
+            return graph_timing("graph='always'" if graph == "always" else "host-bound launches"
+                                if host_bound and est_ms * 1e3 >= graph_threshold_us else
+                                f"call under {graph_threshold_us:g} us")
         except Exception as exc:  # capture can fail (host syncs, unsupported ops): fall back
             torch.cuda.synchronize()
             note = f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); events used"

@@ -480,7 +480,8 @@ def test_cli_list(capsys):
         bench_main(["--list", "--ops", "matmul"])
 
 
-@pytest.mark.parametrize("argv,want", [(["--suite", "matrix"], "always"), (["--suite", "matrix", "--graph", "never"], "never"),
+@pytest.mark.parametrize("argv,want", [(["--suite", "matrix"], "always"),
+                                       (["--suite", "matrix", "--graph", "never"], "never"),
                                        (["--suite", "linear"], "auto"), (["--graph", "always"], "always")])
 def test_cli_graph_mode_defaults_per_suite(argv, want, monkeypatch, tmp_path):
     """The matrix suite times every row (ours and the peers') as graph replays unless
