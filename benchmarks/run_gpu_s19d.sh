@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Nineteenth session, last call: the GEMV GPU tests that cover the prep's PTX stores, one A/B of
+# the one-token call and the prep alone (this tree against trees/a808797, the prep before; carry
+# "trees"), then issue 4's matrix (every row as graph replays; ceilings by events).
+set -u
+. "$(dirname "$0")/gpu_steps.sh"
+ROOT=$PWD
+step tests 60 python -m pytest -q -x tests/kernels/test_gemv.py -k "back_to_back or chained or prep_x"
+for t in . trees/a808797; do
+  name=ab_$(basename "$(cd "$t" && pwd)")
+  (cd benchmarks && PYTHONPATH="$ROOT/$t" HANDOFF=0 PARTS=0 READS=0 SECONDS_WINDOW=0.4 IDLE=0.5 FMTS=mxfp8_e4m3,nvfp4,mxint8 \
+    step "$name" 70 python exp_noprep.py 8192x8192 28672x8192)
+done
+step matrix 345 python -m microscale.bench --suite matrix --out "$OUT/matrix" --time-budget 300
+tail -3 "$OUT/tests.log"
+for f in "$OUT"/ab_*.log; do echo "== $f"; grep -E "^(8192|28672)x" "$f" | tail -12 | awk '{print $1, $2, $3, $4, $6, $7}'; done
+tail -3 "$OUT/matrix.log"
+cat "$OUT/summary.txt"
