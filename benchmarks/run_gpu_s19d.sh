@@ -8,8 +8,8 @@ ROOT=$PWD
 step tests 60 python -m pytest -q -x tests/kernels/test_gemv.py -k "back_to_back or chained or prep_x"
 for t in . trees/a808797; do
   name=ab_$(basename "$(cd "$t" && pwd)")
-  (cd benchmarks && PYTHONPATH="$ROOT/$t" HANDOFF=0 PARTS=0 READS=0 SECONDS_WINDOW=0.4 IDLE=0.5 FMTS=mxfp8_e4m3,nvfp4,mxint8 \
-    step "$name" 70 python exp_noprep.py 8192x8192 28672x8192)
+  (cd benchmarks && PYTHONPATH="$ROOT/$t" HANDOFF=0 PARTS=0 READS=0 SECONDS_WINDOW=0.4 IDLE=0.5 FMTS=mxfp8_e4m3,nvfp4 \
+    step "$name" 80 python exp_noprep.py 8192x8192 28672x8192)
 done
 step matrix 345 python -m microscale.bench --suite matrix --out "$OUT/matrix" --time-budget 300
 tail -3 "$OUT/tests.log"
