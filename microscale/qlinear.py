@@ -887,8 +887,7 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
     pdl = asm and c.pdl
     chain_pdl = pdl and _PDL_CHAIN
     launch(kern._prep_x_kernel, (m, nch), x2, xp, xs, x2.stride(0), K=k, XE=xe, KIND=kind, CW=c.block_kw,
-           USE_PDL=pdl, WAIT_PDL=chain_pdl, STORE_ASM=asm, num_warps=4,
-           **({"launch_pdl": True} if chain_pdl else {}))
+           USE_PDL=pdl, WAIT_PDL=chain_pdl, num_warps=4, **({"launch_pdl": True} if chain_pdl else {}))
     gs = q.global_scale if q.global_scale is not None else xs
     b = bias if bias is not None else xs
     zp = wv.zero_points if f.zero_point else scales

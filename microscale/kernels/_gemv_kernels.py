@@ -178,16 +178,14 @@ FINISH2_E4M3_ASM = tl.constexpr("{ .reg .b16 lo, hi; .reg .b32 sc, sa, sb, v; .r
 
 @triton.jit
 def _prep_x_kernel(x_ptr, xp_ptr, xs_ptr, stride_x, K: tl.constexpr, XE: tl.constexpr, KIND: tl.constexpr,
-                   CW: tl.constexpr, USE_PDL: tl.constexpr = False, WAIT_PDL: tl.constexpr = False,
-                   STORE_ASM: tl.constexpr = False):
+                   CW: tl.constexpr, USE_PDL: tl.constexpr = False, WAIT_PDL: tl.constexpr = False):
     """Chunk ``c`` (``CW`` words' elements) of row ``m`` of x -> f16 scaled by
     ``2^(XE - 1 - E)`` (``E``: exponent of the chunk's amax), stored as planes of f16
     pairs: for 4-bit codes plane ``j`` holds ``(x[8w+j], x[8w+j+4])`` of word ``w``, for
     8-bit codes plane ``j`` holds ``(x[4w+2j], x[4w+2j+1])``. Writes the chunk's float32
-    undo factor ``2^(E + 1 - XE)`` to ``xs[m, c]``. One contiguous load; each pair is
-    packed by the thread that loaded it. ``WAIT_PDL``: launched as a programmatic dependent of the
-    previous kernel (which may still run): x is read only after it completes. ``STORE_ASM``
-    (GPU, whole chunks): the pairs are stored by PTX from the registers that loaded them."""
+    undo factor ``2^(E + 1 - XE)`` to ``xs[m, c]``. One contiguous load; the permutation
+    is a register reshape. ``WAIT_PDL``: launched as a programmatic dependent of the
+    previous kernel (which may still run): x is read only after it completes."""
     m = tl.program_id(0)
     c = tl.program_id(1)
     if USE_PDL:  # let the GEMV's programs launch now; they wait for this grid before reading x
@@ -210,20 +208,14 @@ def _prep_x_kernel(x_ptr, xp_ptr, xs_ptr, stride_x, K: tl.constexpr, XE: tl.cons
     up = ((127 + XE - 1 - e) << 23).to(tl.float32, bitcast=True)
     tl.store(xs_ptr + m * ((KW + CW - 1) // CW) + c, ((127 + e + 1 - XE) << 23).to(tl.float32, bitcast=True))
     v = (v * up).to(tl.float16)
-    # each pair (f16 halves h = 0, 1) packed in the thread that loaded it, as one int32
-    if EPW == 8:  # element 8w + 4h + j: pair w of plane j
-        lo, hi = tl.split(tl.permute(tl.reshape(v, [CW, 2, 4]), (0, 2, 1)))
-    else:  # element 4w + 2j + h
-        lo, hi = tl.split(tl.reshape(v, [CW, 2, 2]))
-    pair = (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+    if EPW == 8:  # element 8w + j + 4h: (w, h, j) -> (j, w, h)
+        t = tl.permute(tl.reshape(v, [CW, 2, 4]), (2, 0, 1))
+    else:  # element 4w + 2j + h: (w, j, h) -> (j, w, h)
+        t = tl.permute(tl.reshape(v, [CW, 2, 2]), (1, 0, 2))
     w = c * CW + tl.arange(0, CW)
-    dst = xp_ptr.to(tl.pointer_type(tl.int32)) + m * (K // 2) + tl.arange(0, XR)[None, :] * KW + w[:, None]
-    if STORE_ASM:  # a PTX store is no layout anchor: no shared-memory shuffle into tl.store's layout
-        tl.static_assert(KW % CW == 0, "STORE_ASM needs whole chunks")
-        tl.inline_asm_elementwise("st.global.b32 [$1], $2;\nmov.b32 $0, 0;", "=r,l,r",
-                                  [dst.to(tl.int64, bitcast=True), pair], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.store(dst, pair, mask=(w < KW)[:, None])
+    dst = (xp_ptr + m * K + tl.arange(0, XR)[:, None, None] * (2 * KW) + w[None, :, None] * 2
+           + tl.arange(0, 2)[None, None, :])
+    tl.store(dst, t, mask=(w < KW)[None, :, None])
 
 
 @triton.jit

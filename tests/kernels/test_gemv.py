@@ -288,18 +288,6 @@ def test_pdl_weight_loads_go_out_before_the_wait(run_tool, tmp_path):
     assert "griddepcontrol.wait" not in prep and "launch_dependents" in prep
 
 
-@pytest.mark.parametrize("fmt,stores", [("mxfp8_e4m3", 2 * 2 + 1), ("nvfp4", 2 * 4 + 1)])
-def test_prep_stores_pairs_from_the_registers_that_loaded_them(fmt, stores, run_tool, tmp_path):
-    """On the GPU the activation prep packs each f16 pair in the thread that loaded it and
-    stores it by PTX (one ``st.global.b32`` per plane and word, two words per thread here,
-    and the chunk's undo factor): shared memory only for
-    the chunk's amax (one store and one load per warp's partial, two barriers), no
-    layout shuffle (``ldmatrix``, 16-byte shared stores) before the global stores."""
-    prep = _gemv_ptx(run_tool, tmp_path, {}, "{'pdl': True}", fmt)["_prep_x_kernel"]
-    assert prep.count("st.global.b32") == stores
-    assert "ldmatrix" not in prep and "st.shared.v4" not in prep and prep.count("bar.sync") <= 2
-
-
 @pytest.mark.skipif(DEV == "cpu", reason="programmatic launches: GPU only")
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp8_e4m3"])
 def test_back_to_back_calls_read_their_own_x(name, gen):
