@@ -893,7 +893,8 @@ def run_benchmark(suite: str = "default", *, ops: Optional[Iterable[str] | str] 
     """Select, measure ceilings, run the cases; returns the JSON-able result document
     (``schema``, ``mode``, ``suite``, ``selection``, ``env``, ``seed``, ``wall_s``,
     ``ceilings``, ``ceilings_detail``, ``methodology``, ``results``). ``checkpoint`` is
-    called with the document so far after the ceilings and after every case."""
+    called with the document so far after the ceilings and after every case. Without
+    ``opts``, the suite's own graph mode (:attr:`Suite.graph`) applies."""
     specs = select_cases(suite, ops=ops, formats=formats, shapes=shapes, cpu=cpu)
     _peers.quiet_compiler()
     if not cpu and not torch.cuda.is_available():
@@ -903,7 +904,7 @@ def run_benchmark(suite: str = "default", *, ops: Optional[Iterable[str] | str] 
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     ctx = Context(device, gen)
-    opts = opts or RunOptions()
+    opts = opts or RunOptions(graph=SUITES[suite].graph or "auto")
     _log(log, f"microscale.bench: suite={suite} mode={'cpu' if cpu else 'cuda'} cases={len(specs)} seed={seed}")
     started = time.time()
     ceilings, cdetail = measure_ceilings(ctx, opts, log)

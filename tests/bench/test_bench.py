@@ -497,6 +497,17 @@ def test_cli_graph_mode_defaults_per_suite(argv, want, monkeypatch, tmp_path):
     assert seen["graph"] == want
 
 
+@pytest.mark.parametrize("suite,want", [("matrix", "always"), ("linear", "auto")])
+def test_run_benchmark_takes_the_suites_graph_mode(suite, want, monkeypatch):
+    """Called without options, :func:`suites.run_benchmark` uses the suite's graph mode."""
+    seen = []
+    monkeypatch.setattr(suites, "measure_ceilings", lambda ctx, opts, log: seen.append(opts.graph) or
+                        (models.Ceilings(), {}))
+    monkeypatch.setattr(suites, "run_cases", lambda *a, **k: [])
+    suites.run_benchmark(suite, cpu=True, log=None)
+    assert seen == [want]
+
+
 def test_methodology_names_the_graph_mode():
     """The recorded method says what each graph mode does (the 'auto' rule's threshold read
     from ``_timing``), not the 'auto' rule for every mode."""
