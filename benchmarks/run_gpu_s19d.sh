@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Nineteenth session, last call: the GEMV GPU tests that cover the prep's PTX stores, one A/B of
-# the one-token call and the prep alone (this tree against trees/a808797, the prep before; carry
-# "trees"), then issue 4's matrix (every row as graph replays; ceilings by events).
+# Nineteenth session, last call, run on commit 6a99258 (whose prep stored its pairs by PTX; on
+# main since 7984ebd the prep is a808797's again, so the A/B below compares equal preps): the GEMV
+# GPU tests, one A/B of the one-token call and the prep alone (this tree against trees/a808797;
+# carry "trees"), then issue 4's matrix (every row as graph replays; ceilings by events).
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
 ROOT=$PWD

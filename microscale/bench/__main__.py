@@ -99,7 +99,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(s.id)
         return 0
     budget = suites.SUITES[a.suite].budget_s if a.time_budget is None else (a.time_budget or None)
-    opts = suites.RunOptions(graph=a.graph or suites.SUITES[a.suite].graph or "auto", time_budget_s=budget)
+    opts = suites.RunOptions(graph=suites.suite_graph(a.suite, a.graph), time_budget_s=budget)
     if a.target_ms is not None:
         opts.target_ms, opts.cpu_target_s = a.target_ms, a.target_ms / 1e3
     partial = Path(a.out) / "results.json"

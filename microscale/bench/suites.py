@@ -904,7 +904,7 @@ def run_benchmark(suite: str = "default", *, ops: Optional[Iterable[str] | str] 
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     ctx = Context(device, gen)
-    opts = opts or RunOptions(graph=SUITES[suite].graph or "auto")
+    opts = opts or RunOptions(graph=suite_graph(suite))
     _log(log, f"microscale.bench: suite={suite} mode={'cpu' if cpu else 'cuda'} cases={len(specs)} seed={seed}")
     started = time.time()
     ceilings, cdetail = measure_ceilings(ctx, opts, log)
@@ -937,6 +937,12 @@ def run_benchmark(suite: str = "default", *, ops: Optional[Iterable[str] | str] 
     doc["complete"] = True
     doc["wall_s"] = round(time.time() - started, 1)
     return doc
+
+
+def suite_graph(suite: str, override: Optional[str] = None) -> str:
+    """The CUDA-graph mode a run of ``suite`` uses: ``override`` when given, else the
+    suite's own (:attr:`Suite.graph`), else 'auto'."""
+    return override or SUITES[suite].graph or "auto"
 
 
 #: how each ``RunOptions.graph`` mode times a CUDA call, for the methodology record
