@@ -73,7 +73,8 @@ __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_co
            "gemv_mma", "gemv_mma_supported", "GemvMmaConfig", "choose_gemv_mma_config", "with_gemv_mma_split",
            "GemvConfig", "choose_gemv_config", "GEMV_MAX_M", "prefill", "prefill_supported", "PrefillConfig",
            "choose_prefill_config", "PREFILL_MIN_M", "prefill_ws",
-           "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "decode_tma", "choose_decode_tma_programs",
+           "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "PREFILL_WS_SMALL_MIN_M",
+           "PREFILL_WS_SMALL_MAX_NK", "decode_tma", "choose_decode_tma_programs",
            "DECODE_TMA_MIN_M", "DECODE_TMA_MAX_M", "DECODE_TMA_EAGER_MIN_NK"]
 
 _OP = "linear"
@@ -474,7 +475,10 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     (4/8-bit codes); the split-K tensor-core kernel otherwise (any format). On the CPU the
     float64 reference. NVFP4 / MXFP4 weights with bf16 activations take, from
     ``PREFILL_WS_MIN_M`` tokens on Hopper, the warp-specialized kernel (:func:`prefill_ws`)
-    instead of the prefill kernel (``MICROSCALE_PREFILL_WS=0``: the prefill kernel).
+    instead of the prefill kernel (``MICROSCALE_PREFILL_WS=0``: the prefill kernel), and so do
+    ``PREFILL_WS_SMALL_MIN_M..DECODE_TMA_MAX_M`` (33-64) tokens on weights of at most
+    ``PREFILL_WS_SMALL_MAX_NK`` elements while a CUDA graph is being captured, ahead of
+    :func:`decode_tma`.
 
     On Hopper the f16x2 GEMV runs as a programmatic dependent launch chain: once a weight
     has been used and its tensors are unchanged (torch's version counters), the GEMV may
@@ -544,6 +548,10 @@ def _route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple[torc
     and bias as given (what :class:`_Plan` replays)."""
     lead = x.shape[:-1]
     n = q.shape[0]
+    if _prefill_ws_small_wanted(x, q):
+        x2 = x.reshape(-1, x.shape[-1])
+        if _prefill_ws_reason(q, x2) is None:
+            return prefill_ws(x2, q, bias).reshape(*lead, n), False
     if DECODE_TMA_MIN_M * x.shape[-1] <= x.numel() <= DECODE_TMA_MAX_M * x.shape[-1] and _decode_tma_wanted(x, q):
         x2 = x.reshape(-1, x.shape[-1])
         if _decode_tma_reason(q, x2) is None:
@@ -1263,6 +1271,26 @@ def _prefill_ws_reason(q: QTensor, x: torch.Tensor) -> str | None:
 #: 0.54-0.73x)
 _PREFILL_WS = os.environ.get("MICROSCALE_PREFILL_WS", "1") == "1"
 PREFILL_WS_MIN_M = 128
+#: :func:`linear` also routes ``PREFILL_WS_SMALL_MIN_M..DECODE_TMA_MAX_M`` (33-64) tokens on E2M1 weights
+#: of at most ``PREFILL_WS_SMALL_MAX_NK`` elements to :func:`prefill_ws` (64-token tiles, K split over
+#: the SMs) instead of :func:`decode_tma`, while a CUDA graph is being captured (eager, the
+#: planned :func:`decode_tma` call costs the host less). H200, graphs, weights past L2
+#: (twentieth session, ``benchmarks/exp_ws_knobs.py``): NVFP4 8192x8192 at 48 / 64 tokens
+#: 39.7 / 40.1 µs against 44.7 / 45.0 µs; on 8192x28672 and 28672x8192 :func:`decode_tma` stays
+#: ahead (112-116 µs against 116-123 µs); at 32 tokens too (8192x8192: 27.0 against 40.2 µs)
+PREFILL_WS_SMALL_MIN_M = 33
+PREFILL_WS_SMALL_MAX_NK = 1 << 26
+
+
+def _prefill_ws_small_wanted(x: torch.Tensor, q: QTensor) -> bool:
+    """Whether :func:`linear` sends ``x`` to :func:`prefill_ws` below ``PREFILL_WS_MIN_M`` tokens
+    (see ``PREFILL_WS_SMALL_MAX_NK``; the kernel's own limits aside; ``MICROSCALE_DECODE_TMA=1``
+    keeps these calls on :func:`decode_tma`)."""
+    k = x.shape[-1]
+    return (_PREFILL_WS and _DECODE_TMA != "1" and x.is_cuda and PREFILL_WS_SMALL_MIN_M * k <= x.numel() <= DECODE_TMA_MAX_M * k
+            and q.shape[0] * q.shape[-1] <= PREFILL_WS_SMALL_MAX_NK and torch.cuda.is_current_stream_capturing())
+
+
 #: :func:`prefill_ws` default: the tiles past the last full wave split in K
 #: (``MICROSCALE_PREFILL_WS_SPLIT_TAIL=0``, read at import: whole tiles only)
 PREFILL_WS_SPLIT_TAIL = os.environ.get("MICROSCALE_PREFILL_WS_SPLIT_TAIL", "1") == "1"

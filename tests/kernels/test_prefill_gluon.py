@@ -126,6 +126,61 @@ def test_gpu_routing_switch(monkeypatch):
     torch.testing.assert_close(y, L.prefill_ws(x.reshape(320, 512), q).reshape(2, 160, 256), rtol=0, atol=0)
 
 
+def test_small_weight_routing(monkeypatch):
+    """33-64 tokens on weights of at most ``PREFILL_WS_SMALL_MAX_NK`` elements go to ``prefill_ws``
+    only while a CUDA graph is being captured, on CUDA, with ``_PREFILL_WS`` on and decode_tma
+    not forced."""
+    from types import SimpleNamespace as NS
+
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+
+    def x(m, cuda=True):
+        return NS(is_cuda=cuda, shape=(m, 8192), numel=lambda: m * 8192)
+
+    small, big = NS(shape=(8192, 8192)), NS(shape=(8192, 8193))
+    assert [L._prefill_ws_small_wanted(x(m), small) for m in (32, 33, 48, 64, 65)] == [False, True, True, True, False]
+    assert not L._prefill_ws_small_wanted(x(48), big) and not L._prefill_ws_small_wanted(x(48, False), small)
+    assert small.shape[0] * small.shape[1] == L.PREFILL_WS_SMALL_MAX_NK
+    monkeypatch.setattr(L, "_PREFILL_WS", False)
+    assert not L._prefill_ws_small_wanted(x(48), small)
+    monkeypatch.setattr(L, "_PREFILL_WS", True)
+    monkeypatch.setattr(L, "_DECODE_TMA", "1")  # decode_tma forced
+    assert not L._prefill_ws_small_wanted(x(48), small)
+    monkeypatch.setattr(L, "_DECODE_TMA", "auto")
+    assert L._prefill_ws_small_wanted(x(48), small)
+    capturing[0] = False
+    assert not L._prefill_ws_small_wanted(x(48), small)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+def test_gpu_small_weight_route_in_a_graph(monkeypatch):
+    """48 tokens on a small NVFP4 weight, captured in a CUDA graph: ``ms.linear`` takes
+    ``prefill_ws`` (the same bits), and a replay on new activations is correct against float64."""
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        pytest.skip("sm_90 (wgmma)")
+    monkeypatch.setattr(L, "_PREFILL_WS", True)
+    g = torch.Generator(device=dev).manual_seed(7)
+    q = ms.quantize(torch.randn(384, 1024, device=dev, generator=g), "nvfp4")
+    x = torch.randn(48, 1024, device=dev, generator=g).to(torch.bfloat16)
+    ms.linear(x, q)  # compiled outside the capture
+    torch.cuda.synchronize()
+    real, calls = L.prefill_ws, []
+    monkeypatch.setattr(L, "prefill_ws", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ms.linear(x, q)
+    assert calls == [48]
+    monkeypatch.setattr(L, "prefill_ws", real)
+    x.copy_(torch.randn(48, 1024, device=dev, generator=g).to(torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, L.prefill_ws(x, q), rtol=0, atol=0)
+    ref = x.double() @ q.dequantize().double().T
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("programs", [None, 3])

@@ -1,0 +1,104 @@
+"""``prefill_ws`` knobs at many tokens against cuBLAS bf16, timed like the matrix suite (H200).
+
+Per shape and format: every variant (``group_t`` token tiles sweeping the row tiles together,
+``stages`` activation ring slots, ``block_t``) checked against float64 once, then ROUNDS
+alternated rounds in which cuBLAS and each variant are timed as CUDA-graph replays over
+~300 ms windows (``microscale.bench._timing.time_cuda``, graph='always'), each after the
+board has left any power cap (``Monitor.settle``), as the suite does. Prints each variant's
+time and its ratio to the same round's cuBLAS time, and a median-ratio table last.
+
+    [M=4096] [FMTS=nvfp4,mxfp4] [ROUNDS=2] [VARIANTS="linear;g4 s4;g2 s4;g8 s4"] \\
+        python benchmarks/exp_ws_knobs.py 8192x8192 8192x28672
+
+A variant is ``linear`` (``ms.linear`` as routed; the timings replay CUDA graphs, so the routes
+taken while capturing), ``dtma`` (``decode_tma``) or ``g<group_t> s<stages> [t<block_t>]``
+(``prefill_ws`` with those arguments); the default set sweeps group_t 1-16 at the routed
+stages. ``M`` may list several token counts (``M=64,128``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import microscale as ms
+from microscale import qlinear as L
+from microscale.bench import _clocks, _timing
+
+dev = torch.device("cuda")
+MS = [int(m) for m in os.environ.get("M", "4096").split(",")]
+FMTS = os.environ.get("FMTS", "nvfp4,mxfp4").split(",")
+ROUNDS = int(os.environ.get("ROUNDS", "2"))
+VARIANTS = os.environ.get("VARIANTS", "linear;g4 s4;g1 s4;g2 s4;g8 s4;g16 s4;g4 s3").split(";")
+SHAPES = [tuple(map(int, a.split("x"))) for a in sys.argv[1:]] or [(8192, 8192), (8192, 28672)]
+
+
+def op(v: str, x: torch.Tensor, q) -> torch.Tensor:
+    """Variant ``v`` on ``x`` and ``q``: ``linear``, ``dtma``, or ``prefill_ws`` with ``"g4 s3 t256"``'s arguments."""
+    if v == "linear":
+        return ms.linear(x, q)
+    if v == "dtma":
+        return L.decode_tma(x, q)
+    names = {"g": "group_t", "s": "stages", "t": "block_t"}
+    return L.prefill_ws(x, q, **{names[t[0]]: int(t[1:]) for t in v.split()})
+
+
+def timed(fn, sets: list, mon: _clocks.Monitor) -> float:
+    """Median µs per call of ``fn(*s)`` rotating over ``sets``, a graph of back-to-back calls
+    over ~300 ms, started uncapped."""
+    mon.settle()
+    return _timing.time_cuda(fn, sets, graph="always").median_ms * 1e3
+
+
+def copies(t, nbytes: int, clone) -> list:
+    """``[(t,), (clone(t),), ...]``: enough copies for 200 MB (weights rotate past the L2, as in the suite)."""
+    return [(t,)] + [(clone(t),) for _ in range(-(-200_000_000 // nbytes) - 1)]
+
+
+def main() -> None:
+    rows = []  # (shape, fmt, variant, round, us, ratio)
+    g = torch.Generator(device=dev).manual_seed(0)
+    with _clocks.Monitor(dev) as mon:
+        for M, (n, k) in [(m, s) for m in MS for s in SHAPES]:
+            w = torch.randn(n, k, device=dev, generator=g)
+            x = torch.randn(M, k, device=dev, generator=g).to(torch.bfloat16)
+            wbs = copies(w.to(torch.bfloat16), 2 * n * k, torch.clone)
+            for fmt in FMTS:
+                q = ms.quantize(w, fmt)
+                qs = copies(q, q.nbytes, lambda q: dataclasses.replace(q, data=q.data.clone(),
+                                                                       scales=q.scales.clone()))
+                ref = x[:64].double() @ q.dequantize().double().T
+                ok = []
+                for v in VARIANTS:
+                    try:
+                        out = op(v, x, q)
+                        err = ((out[:64].double() - ref).norm() / ref.norm()).item()
+                    except Exception as e:  # noqa: BLE001 - an experiment: report and go on
+                        print(f"{n}x{k} {fmt} {v}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                        continue
+                    print(f"{n}x{k} {fmt} {v}: rel err {err:.2e}", flush=True)
+                    if err < 1e-2:
+                        ok.append(v)
+                for r in range(ROUNDS):
+                    base = timed(lambda wb: F.linear(x, wb), wbs, mon)
+                    rows.append((f"{M}x{n}x{k}", "bf16", "cuBLAS", r, base, 1.0))
+                    print(*rows[-1], flush=True)
+                    for v in ok:
+                        us = timed(lambda q, v=v: op(v, x, q), qs, mon)
+                        rows.append((f"{M}x{n}x{k}", fmt, v, r, us, base / us))
+                        print(*rows[-1], flush=True)
+    print(f"\nMedian over {ROUNDS} round(s) of each variant's ratio to its round's cuBLAS")
+    print(f"{'shape':17s} {'fmt':6s} {'variant':10s} {'us':>9s} {'vs cuBLAS':>9s}")
+    keys = list(dict.fromkeys((s, f, v) for s, f, v, *_ in rows))
+    for s, f, v in keys:
+        sel = [(us, ra) for s2, f2, v2, _, us, ra in rows if (s2, f2, v2) == (s, f, v)]
+        print(f"{s:17s} {f:6s} {v:10s} {statistics.median(u for u, _ in sel):9.1f} "
+              f"{statistics.median(r for _, r in sel):9.3f}")
+
+
+if __name__ == "__main__":
+    main()
