@@ -185,7 +185,8 @@ def test_gpu_small_weight_route_in_a_graph(monkeypatch):
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("programs", [None, 3])
 @pytest.mark.parametrize("split_tail", [True, False])
-def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
+@pytest.mark.parametrize("prefetch", [2, 4])
+def test_gpu_prefill_ws(name, programs, split_tail, prefetch, monkeypatch):
     """The kernel on an H200: ragged tokens and rows, bias, odd and even K step counts, each
     output element within bf16 rounding of float64 plus an fp32 accumulation bound.
     ``programs=3``: the persistent grid of 3 programs, each looping over many tiles (its
@@ -193,7 +194,8 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
     past the last full wave split in K (with 132 programs every tile here is split, in 4 to 8
     parts; with 3 programs the single tail tile of the first two cases, in 3), checked to
     have taken the split path (its workspace requested), the same output on a second call
-    (the parts are added in a fixed order; the counters were left at zero)."""
+    (the parts are added in a fixed order; the counters were left at zero). ``prefetch``: code
+    words 2 or 4 K steps ahead (step counts 8 to 32, 17, and parts of a few steps)."""
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) != (9, 0):
         pytest.skip("sm_90 (wgmma)")
@@ -211,8 +213,8 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
         wd = q.dequantize(torch.float64)
         x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
         bias = torch.randn(n, device=dev, generator=g)
-        out = L.prefill_ws(x, q, bias, block_t=bt, split_tail=split_tail)
-        assert torch.equal(out, L.prefill_ws(x, q, bias, block_t=bt, split_tail=split_tail))
+        out = L.prefill_ws(x, q, bias, block_t=bt, split_tail=split_tail, prefetch=prefetch)
+        assert torch.equal(out, L.prefill_ws(x, q, bias, block_t=bt, split_tail=split_tail, prefetch=prefetch))
         ref = x.double() @ wd.T + bias.double()
         cond = x.double().abs() @ wd.abs().T + bias.double().abs()
         assert out.dtype == torch.bfloat16 and out.shape == (m, n)
@@ -233,6 +235,8 @@ def test_gpu_bad_tile_arguments():
         L.prefill_ws(x, q, block_t=96)
     with pytest.raises(ValueError, match="stages <="):
         L.prefill_ws(x, q, block_t=256, stages=6)
+    with pytest.raises(ValueError, match="prefetch in"):
+        L.prefill_ws(x, q, block_t=64, prefetch=3)
 
 
 def test_reasons():
