@@ -112,6 +112,29 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, tmp_path, run_tool
     assert ("UTMASTG" in sass) == (n % 8 == 0) and "STG.E.U16" in sass and "ATOMG" in sass
 
 
+def test_prefetch_4_compiles_without_spills(tmp_path, run_tool):
+    """64-token tiles with code words 4 K steps ahead: four register sets, no spills, 16 wgmmas
+    and 16 code loads in the innermost loop (4 steps; 2-step prefetch: 8 of each), at about
+    twice the instructions of the 2-step loop (no register moves added)."""
+    counts = {}
+    for pf in (2, 4):
+        d = tmp_path / f"pf{pf}"
+        r = run_tool("gemv_ptx.py", str(d), "--ws", "--fmt", "nvfp4", "--m", "64", "--n", "256", "--k", "1024",
+                     "--config", f"{{'block_t': 64, 'prefetch': {pf}}}", "--sass")
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "0 bytes spill stores" in r.stdout and "C7512" not in r.stdout, r.stdout[-2000:]
+        inner = min((e for e in _loops(r.stdout) if e["hist"].get("HGMMA") == 4 * pf), key=lambda e: e["count"])
+        counts[pf] = inner["hist"].get("LDG"), inner["count"]
+    assert counts[2][0] == 8 and counts[4][0] == 16 and counts[4][1] < 2.2 * counts[2][1], counts
+
+
+def _loops(stdout: str) -> list:
+    """The loop histograms ``gemv_ptx.py`` prints last (``[{'start', 'end', 'count', 'hist'}, ...]``)."""
+    import ast
+    line = stdout.strip().splitlines()[-1]
+    return ast.literal_eval(line[line.index("["):])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 def test_gpu_routing_switch(monkeypatch):
     """``ms.linear`` routes NVFP4 from ``PREFILL_WS_MIN_M`` tokens (leading batch dims) to ``prefill_ws``."""
