@@ -11,7 +11,7 @@ time and its ratio to the same round's cuBLAS time, and a median-ratio table las
         python benchmarks/exp_ws_knobs.py 8192x8192 8192x28672
 
 A variant is ``linear`` (``ms.linear`` as routed; the timings replay CUDA graphs, so the routes
-taken while capturing), ``dtma`` (``decode_tma``) or ``g<group_t> s<stages> [t<block_t>] [p<prefetch>]``
+taken while capturing), ``dtma`` (``decode_tma``) or ``g<group_t> s<stages> [t<block_t>]``
 (``prefill_ws`` with those arguments); the default set sweeps group_t 1-16 at the routed
 stages. ``M`` may list several token counts (``M=64,128``).
 """
@@ -38,12 +38,12 @@ SHAPES = [tuple(map(int, a.split("x"))) for a in sys.argv[1:]] or [(8192, 8192),
 
 
 def op(v: str, x: torch.Tensor, q) -> torch.Tensor:
-    """Variant ``v`` on ``x`` and ``q``: ``linear``, ``dtma``, or ``prefill_ws`` with ``"g4 s3 t256 p2"``'s arguments."""
+    """Variant ``v`` on ``x`` and ``q``: ``linear``, ``dtma``, or ``prefill_ws`` with ``"g4 s3 t256"``'s arguments."""
     if v == "linear":
         return ms.linear(x, q)
     if v == "dtma":
         return L.decode_tma(x, q)
-    names = {"g": "group_t", "s": "stages", "t": "block_t", "p": "prefetch"}
+    names = {"g": "group_t", "s": "stages", "t": "block_t"}
     return L.prefill_ws(x, q, **{names[t[0]]: int(t[1:]) for t in v.split()})
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Twentieth session, fourth device call (~6 min): prefill_ws with code words 4 K steps ahead
+# Twentieth session, fourth device call (~6 min; needs branch exp/ws-prefetch4): prefill_ws with code words 4 K steps ahead
 # (`prefetch`): GPU tests, then against the routed call at 32-128 tokens.
 set -u
 . "$(dirname "$0")/gpu_steps.sh"

@@ -1300,8 +1300,6 @@ PREFILL_WS_SPLIT_TAIL = os.environ.get("MICROSCALE_PREFILL_WS_SPLIT_TAIL", "1") 
 _WS_TILE_RATE = {256: 1.0, 128: 0.61, 64: 0.35}
 #: activation ring slots per ``block_t`` (the most that leave room for two output tiles, capped)
 _WS_STAGES = {256: 4, 128: 6, 64: 8}
-#: K steps of code words in flight per consumer warpgroup, per ``block_t``
-_WS_PREFETCH = {256: 2, 128: 2, 64: 2}
 
 
 def _tail_parts(tiles: int, programs: int) -> int:
@@ -1337,7 +1335,7 @@ def _launch_direct(fn, grid, *args, **kwargs) -> None:
 
 def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, block_t: int | None = None,
                stages: int | None = None, group_t: int = 4, persistent: bool = True,
-               split_tail: bool | None = None, prefetch: int | None = None) -> torch.Tensor:
+               split_tail: bool | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens of bf16 activations and an E2M1
     weight (NVFP4, MXFP4) on Hopper, with the warp-specialized Gluon kernel
     (:mod:`microscale.kernels._prefill_gluon`: TMA ring for the activations, two consumer
@@ -1349,9 +1347,8 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     tile); ``split_tail`` (persistent only; default ``PREFILL_WS_SPLIT_TAIL``): the ``R``
     tiles past the last full wave (all tiles when fewer than the SMs) are split in K into
     ``SMs // R`` parts (2 to 8) on as many programs, the parts' fp32 sums added up in K
-    order by each tile's last part (a workspace per device and stream); ``prefetch``: K steps
-    of code words each consumer warpgroup has in flight (2 or 4; default ``_WS_PREFETCH`` by
-    ``block_t``). Raises ValueError saying why when it cannot serve the call."""
+    order by each tile's last part (a workspace per device and stream). Raises ValueError
+    saying why when it cannot serve the call."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -1371,9 +1368,6 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     if block_t not in (64, 128, 256) or stages < 2 or group_t < 1 or (stages + 2) * block_t * 128 > 200 * 1024:
         raise ValueError(f"{_OP}: prefill_ws needs block_t in (64, 128, 256), 2 <= stages <= "
                          f"{200 * 8 // block_t - 2} for block_t={block_t}, group_t >= 1")
-    prefetch = _WS_PREFETCH.get(block_t, 2) if prefetch is None else prefetch
-    if prefetch not in (2, 4):
-        raise ValueError(f"{_OP}: prefill_ws needs prefetch in (2, 4), got {prefetch}")
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     m, k = x2.shape
     n = q.shape[0]
@@ -1404,7 +1398,7 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
                    bias if bias is not None else out, out, out_desc, ws, cnt, n, m, k, wv.words.stride(0),
                    wv.scales_u8.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
                    SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
-                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, PF=prefetch, num_warps=4)
+                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, num_warps=4)
     return out
 
 

@@ -166,22 +166,16 @@ def _codes(w_ptr, s_ptr, w_off, s_off, step, TPS: gl.constexpr):
 
 
 @gluon.jit
-def _tile_codes(w_ptr, s_ptr, off_n, k_lo, nk, r_w, w_col, s_col, N, stride_wn, stride_sn, TPS: gl.constexpr,
-                PF: gl.constexpr):
+def _tile_codes(w_ptr, s_ptr, off_n, k_lo, nk, r_w, w_col, s_col, N, stride_wn, stride_sn, TPS: gl.constexpr):
     """Offsets of this warpgroup's code words and scales in the row tile at ``off_n`` from K
     step ``k_lo`` on (rows clamped: reads of a ragged last tile stay in bounds, its stores are
-    masked) and the codes and scales of the first ``PF`` of its ``nk`` steps (tuples; steps
-    past the last load the last again)."""
+    masked) and the codes and scales of the first two of its ``nk`` steps."""
     rows = gl.minimum(off_n + r_w, N - 1)
     w_off = rows[:, None, None].to(gl.int64) * stride_wn + (w_col + k_lo * (BK // 8))
     s_off = rows[:, None].to(gl.int64) * stride_sn + (s_col + k_lo * (4 // TPS))
-    ws = ()
-    ss = ()
-    for b in gl.static_range(PF):
-        words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, 0 if b == 0 else gl.minimum(b, nk - 1), TPS)
-        ws = ws + (words,)
-        ss = ss + (sraw,)
-    return w_off, s_off, ws, ss
+    words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, 0, TPS)
+    words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(1, nk - 1), TPS)
+    return w_off, s_off, words, sraw, words_n, sraw_n
 
 
 @gluon.jit
@@ -220,18 +214,6 @@ def _mma_step(a, x_bufs, ready, empty, acc, it):
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     mbarrier.arrive(empty.index(s), count=1)  # slot free (one arrive per warpgroup)
     return acc
-
-
-@gluon.jit
-def _ws_step(ws, ss, i, nk, w_ptr, s_ptr, w_off, s_off, x_bufs, ready, empty, acc, it, ke, SK: gl.constexpr,
-             TPS: gl.constexpr, b: gl.constexpr, s_l: gl.constexpr, a_l: gl.constexpr):
-    """K step ``i + b``: decode code set ``b``, load step ``i + b + PF``'s codes into it (the
-    registers just decoded, so no register moves wait on a load), MMA. Returns the sets and acc."""
-    PF: gl.constexpr = len(ws)
-    a = _decode(ws[b], ss[b], ke, SK, s_l, a_l)
-    words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(i + b + PF, nk - 1), TPS)
-    acc = _mma_step(a, x_bufs, ready, empty, acc, it)
-    return ws[:b] + (words,) + ws[b + 1:], ss[:b] + (sraw,) + ss[b + 1:], acc
 
 
 #: tail-split arrival of one (row, thread quad member): ``atom.add`` of the steps ``$2`` this
@@ -301,11 +283,11 @@ def _epilogue(acc, ok, e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, N, M,
 def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr, n_t,
               n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
               GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
-              HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr, PF: gl.constexpr):
+              HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr):
     """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T`` per tile, for each
     of this program's segments (:func:`_plan`). Per K step it decodes its code words
     (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``2 t + a``) and block scales in
-    registers into the wgmma A layout, loads those of ``PF`` steps ahead, waits for the step's
+    registers into the wgmma A layout, loads those of two steps ahead, waits for the step's
     activation slot, issues the MMAs, retires them and releases the slot to the producer. The
     next segment's first code words are loaded before this one's epilogue; a split tail
     tile's partial goes through :func:`_split_sum`."""
@@ -327,25 +309,25 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
     j = 0
     tile, k_lo, k_hi = _segment(0, dp, s_lo, s_hi, S, n_steps)
     off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
-    w_off, s_off, ws, ss = _tile_codes(w_ptr, s_ptr, off_n, k_lo, k_hi - k_lo, r_w, w_col, s_col, N, stride_wn,
-                                       stride_sn, TPS, PF)
+    w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, off_n, k_lo, k_hi - k_lo, r_w, w_col,
+                                                             s_col, N, stride_wn, stride_sn, TPS)
     it = 0
     while j < n_seg:
         nk = k_hi - k_lo
         acc = gl.zeros([WG_ROWS, BT], gl.float32, acc_l)
-        # PF steps per iteration, so that each step's codes load into the registers its
-        # predecessor PF steps back has just decoded (no register moves that wait for a load
-        # issued one step earlier): loads land PF steps ahead (2: ~1 us at 256 tokens)
-        for i in range(0, nk, PF):
-            for b in gl.static_range(PF):
-                if b == 0:
-                    ws, ss, acc = _ws_step(ws, ss, i, nk, w_ptr, s_ptr, w_off, s_off, x_bufs, ready, empty, acc, it,
-                                           ke, SK, TPS, b, s_l, a_l)
-                    it += 1
-                elif i + b < nk:
-                    ws, ss, acc = _ws_step(ws, ss, i, nk, w_ptr, s_ptr, w_off, s_off, x_bufs, ready, empty, acc, it,
-                                           ke, SK, TPS, b, s_l, a_l)
-                    it += 1
+        # two steps per iteration, so that each step's codes load into the registers its
+        # predecessor two steps back has just decoded (no register moves that wait for a load
+        # issued one step earlier): loads land two steps ahead (~1 us at 256 tokens)
+        for i in range(0, nk, 2):
+            a = _decode(words, sraw, ke, SK, s_l, a_l)
+            words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(i + 2, nk - 1), TPS)
+            acc = _mma_step(a, x_bufs, ready, empty, acc, it)
+            it += 1
+            if i + 1 < nk:
+                a = _decode(words_n, sraw_n, ke, SK, s_l, a_l)
+                words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(i + 3, nk - 1), TPS)
+                acc = _mma_step(a, x_bufs, ready, empty, acc, it)
+                it += 1
         # the next segment's first two steps of codes and scales, in flight during the epilogue
         # (past the last segment: this one's again, never used)
         e_t = off_t
@@ -354,8 +336,8 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
         if j < n_seg:
             tile, k_lo, k_hi = _segment(j, dp, s_lo, s_hi, S, n_steps)
             off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
-        w_off, s_off, ws, ss = _tile_codes(w_ptr, s_ptr, off_n, k_lo, k_hi - k_lo, r_w, w_col, s_col, N, stride_wn,
-                                           stride_sn, TPS, PF)
+        w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, off_n, k_lo, k_hi - k_lo, r_w, w_col,
+                                                                 s_col, N, stride_wn, stride_sn, TPS)
         partial = nk < n_steps  # always whole tiles without SPLIT_TAIL
         if partial:
             tot, last = _split_sum(acc, ws_ptr, cnt_ptr, nk, n_t * n_n, n_steps, WG, acc_l)
@@ -385,7 +367,7 @@ def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
 def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, ws_ptr, cnt_ptr, N, M, K,
                        stride_wn, stride_sn, stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr,
                        GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
-                       HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr, PF: gl.constexpr = 2):
+                       HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
     ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K / 8]``; ``s_ptr``: uint8 block scales
@@ -399,8 +381,7 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, 
     (``P x 2 WG_ROWS x BT``) and int32 counters ``cnt_ptr`` (``2 WG_ROWS x 4`` per tail tile,
     zero on entry, left zero). ``TMA_OUT``: each consumer writes a whole tile's
     ``[BT, WG_ROWS]`` output through shared memory with one TMA store (``out_desc``, block
-    ``[BT, WG_ROWS]``; N a multiple of 8), else with masked 2-byte stores. ``PF``: K steps of
-    code words each consumer keeps in flight in registers (one set per step)."""
+    ``[BT, WG_ROWS]``; N a multiple of 8), else with masked 2-byte stores."""
     n_t = gl.cdiv(M, BT)
     n_n = gl.cdiv(N, 2 * WG_ROWS)
     n_steps = K // BK
@@ -413,10 +394,10 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, 
     gl.warp_specialize([
         (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, PF)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL)),
         (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, PF)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL)),
         (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T, SPLIT_TAIL)),
     ], [4, 1], [232, 40])
 
