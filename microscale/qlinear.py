@@ -1275,9 +1275,10 @@ PREFILL_WS_MIN_M = 128
 #: of at most ``PREFILL_WS_SMALL_MAX_NK`` elements to :func:`prefill_ws` (64-token tiles, K split over
 #: the SMs) instead of :func:`decode_tma`, while a CUDA graph is being captured (eager, the
 #: planned :func:`decode_tma` call costs the host less). H200, graphs, weights past L2
-#: (twentieth session, ``benchmarks/exp_ws_knobs.py``): NVFP4 8192x8192 at 48 / 64 tokens
-#: 39.7 / 40.1 µs against 44.7 / 45.0 µs; on 8192x28672 and 28672x8192 :func:`decode_tma` stays
-#: ahead (112-116 µs against 116-123 µs); at 32 tokens too (8192x8192: 27.0 against 40.2 µs)
+#: (twentieth session, ``benchmarks/exp_ws_knobs.py``): NVFP4 at 48 tokens 4096x4096 19.5 against
+#: 32.1 µs, 14336x4096 34.0 / 41.8, 8192x8192 39.7 / 44.7; above the limit :func:`decode_tma` stays
+#: ahead (8192x14336 63.6 against 68.7 µs, 28672x8192 and 8192x28672 at 64 tokens 115-116 against
+#: 117-123 µs), and at 32 tokens everywhere measured (8192x8192: 26.8 against 42.2 µs)
 PREFILL_WS_SMALL_MIN_M = 33
 PREFILL_WS_SMALL_MAX_NK = 1 << 26
 
@@ -1287,7 +1288,8 @@ def _prefill_ws_small_wanted(x: torch.Tensor, q: QTensor) -> bool:
     (see ``PREFILL_WS_SMALL_MAX_NK``; the kernel's own limits aside; ``MICROSCALE_DECODE_TMA=1``
     keeps these calls on :func:`decode_tma`)."""
     k = x.shape[-1]
-    return (_PREFILL_WS and _DECODE_TMA != "1" and x.is_cuda and PREFILL_WS_SMALL_MIN_M * k <= x.numel() <= DECODE_TMA_MAX_M * k
+    return (_PREFILL_WS and _DECODE_TMA != "1" and x.is_cuda
+            and PREFILL_WS_SMALL_MIN_M * k <= x.numel() <= DECODE_TMA_MAX_M * k
             and q.shape[0] * q.shape[-1] <= PREFILL_WS_SMALL_MAX_NK and torch.cuda.is_current_stream_capturing())
 
 

@@ -164,7 +164,7 @@ def test_gpu_small_weight_route_in_a_graph(monkeypatch):
     g = torch.Generator(device=dev).manual_seed(7)
     q = ms.quantize(torch.randn(384, 1024, device=dev, generator=g), "nvfp4")
     x = torch.randn(48, 1024, device=dev, generator=g).to(torch.bfloat16)
-    ms.linear(x, q)  # compiled outside the capture
+    ms.linear(x, q)  # eager: decode_tma, so prefill_ws compiles inside the capture below
     torch.cuda.synchronize()
     real, calls = L.prefill_ws, []
     monkeypatch.setattr(L, "prefill_ws", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
