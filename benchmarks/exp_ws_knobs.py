@@ -11,7 +11,8 @@ time and its ratio to the same round's cuBLAS time, and a median-ratio table las
         python benchmarks/exp_ws_knobs.py 8192x8192 8192x28672
 
 A variant is ``linear`` (``ms.linear`` as routed; the timings replay CUDA graphs, so the routes
-taken while capturing), ``dtma`` (``decode_tma``) or ``g<group_t> s<stages> [t<block_t>]``
+taken while capturing), ``dtma`` (``decode_tma``), ``xperm`` (``prefill_ws``'s K-permutation kernel
+alone; its rel. err is void) or ``g<group_t> s<stages> [t<block_t>] [nosplit]``
 (``prefill_ws`` with those arguments); the default set sweeps group_t 1-16 at the routed
 stages. ``M`` may list several token counts (``M=64,128``).
 """
@@ -43,8 +44,15 @@ def op(v: str, x: torch.Tensor, q) -> torch.Tensor:
         return ms.linear(x, q)
     if v == "dtma":
         return L.decode_tma(x, q)
+    if v == "xperm":  # prefill_ws's K-permutation kernel alone
+        from microscale.kernels import _prefill_gluon as pg
+        xp = torch.empty_like(x)
+        L.launch(pg._xperm_kernel, (L.cdiv(x.shape[0], 32), x.shape[1] // 64), x, xp, x.shape[0], x.stride(0),
+                 K=x.shape[1], BLOCK_R=32, num_warps=4)
+        return xp
     names = {"g": "group_t", "s": "stages", "t": "block_t"}
-    return L.prefill_ws(x, q, **{names[t[0]]: int(t[1:]) for t in v.split()})
+    kw = {names[t[0]]: int(t[1:]) for t in v.split() if t != "nosplit"}
+    return L.prefill_ws(x, q, split_tail=False if "nosplit" in v.split() else None, **kw)
 
 
 def timed(fn, sets: list, mon: _clocks.Monitor) -> float:
@@ -81,7 +89,7 @@ def main() -> None:
                         print(f"{n}x{k} {fmt} {v}: {type(e).__name__}: {str(e)[:200]}", flush=True)
                         continue
                     print(f"{n}x{k} {fmt} {v}: rel err {err:.2e}", flush=True)
-                    if err < 1e-2:
+                    if err < 1e-2 or v == "xperm":
                         ok.append(v)
                 for r in range(ROUNDS):
                     base = timed(lambda wb: F.linear(x, wb), wbs, mon)
