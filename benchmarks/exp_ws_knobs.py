@@ -12,7 +12,7 @@ time and its ratio to the same round's cuBLAS time, and a median-ratio table las
 
 A variant is ``linear`` (``ms.linear`` as routed; the timings replay CUDA graphs, so the routes
 taken while capturing), ``dtma`` (``decode_tma``), ``xperm`` (``prefill_ws``'s K-permutation kernel
-alone; its rel. err is void) or ``g<group_t> s<stages> [t<block_t>] [nosplit]``
+alone, not checked) or ``g<group_t> s<stages> [t<block_t>] [nosplit]``
 (``prefill_ws`` with those arguments); the default set sweeps group_t 1-16 at the routed
 stages. ``M`` may list several token counts (``M=64,128``).
 """
@@ -82,6 +82,9 @@ def main() -> None:
                 ref = x[:64].double() @ q.dequantize().double().T
                 ok = []
                 for v in VARIANTS:
+                    if v == "xperm":  # no output to check
+                        ok.append(v)
+                        continue
                     try:
                         out = op(v, x, q)
                         err = ((out[:64].double() - ref).norm() / ref.norm()).item()
@@ -89,7 +92,7 @@ def main() -> None:
                         print(f"{n}x{k} {fmt} {v}: {type(e).__name__}: {str(e)[:200]}", flush=True)
                         continue
                     print(f"{n}x{k} {fmt} {v}: rel err {err:.2e}", flush=True)
-                    if err < 1e-2 or v == "xperm":
+                    if err < 1e-2:
                         ok.append(v)
                 for r in range(ROUNDS):
                     base = timed(lambda wb: F.linear(x, wb), wbs, mon)
