@@ -6,7 +6,6 @@
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
 ROOT=$PWD
-SKIP="${SKIP:-}"
 step b2b 150 python -m pytest -q -x tests/kernels/test_gemv.py -k "back_to_back or chained"
 (cd benchmarks && M=4096 FMTS=nvfp4 ROUNDS=2 step ws4096 300 python exp_ws_knobs.py 8192x8192 8192x28672)
 (cd benchmarks && M=32,64,128 FMTS=nvfp4 ROUNDS=2 VARIANTS="linear;g4 s8 t64;g1 s8 t64;g4 s6 t128" \
