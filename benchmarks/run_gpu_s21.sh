@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Prepared in the twentieth session on branch exp/ws-2cta, run in the twenty-first (`h200_2026-12-03/s21/a/`; ~2 min): prefill_ws with
-# 64-token tiles at two programs per SM (consumer registers 112 / 104, producer 24, launch maxnreg
-# 80): GPU tests, then against the routed call (one program per SM) at 48-64 tokens.
+# Runs only on branch exp/ws-2cta (the "x2" variant, prefill_ws(per_sm=2), is not on main); kept
+# here as the record of the twenty-first session's run (`h200_2026-12-03/s21/a/`, ~2 min): prefill_ws
+# with 64-token tiles at two programs per SM (consumer registers 112 / 104, producer 24, launch
+# maxnreg 80): GPU tests, then against the routed call (one program per SM) at 48-64 tokens.
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
 step tests 240 python -m pytest -q tests/kernels/test_prefill_gluon.py -k "gpu_prefill_ws"
