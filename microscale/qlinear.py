@@ -211,13 +211,21 @@ def _weight_has_specials(q: QTensor) -> bool:
     return _scan_once(q.data, "_microscale_specials", lambda t: _has_specials(t.view(torch.uint8), q.fmt), True)
 
 
+def _capturing(t: torch.Tensor | None) -> bool:
+    """Whether a CUDA graph is being captured on the current stream of ``t``'s device. While
+    one is, the per-weight caches below are not filled: what a captured call computes (a
+    packed weight, step-major scales) is only written when that graph replays, so a cached
+    copy would be read uninitialized by eager calls and by other graphs."""
+    return t is not None and t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def _scan_once(t: torch.Tensor, attr: str, scan, capturing):
     """``scan(t)`` once per tensor and version (a host sync on CUDA), the answer kept on
     ``t`` as attribute ``attr``; ``capturing`` while a CUDA graph is captured unscanned."""
     seen = getattr(t, attr, None)
     if seen is not None and seen[0] == t._version:
         return seen[1]
-    if t.is_cuda and torch.cuda.is_current_stream_capturing():
+    if _capturing(t):
         return capturing
     ans = scan(t)
     setattr(t, attr, (t._version, ans))
@@ -267,7 +275,8 @@ def _cached_prepare(q: QTensor | PackedLinearWeight) -> PackedLinearWeight:
     if hit is not None and hit[0] == key:
         return hit[1]
     pw = prepare(q)
-    q.__dict__["_ms_linear_packed"] = (key, pw)
+    if not _capturing(q.data):
+        q.__dict__["_ms_linear_packed"] = (key, pw)
     return pw
 
 
@@ -497,6 +506,12 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     used while a CUDA graph is being captured, under launch hooks or while tracing
     (``MICROSCALE_PLANS=0``: never).
 
+    While a CUDA graph is being captured, the weight's tables that a call needs and that are
+    not yet kept on it (:func:`decode_tma`'s step-major copy of the block scales, the packed
+    weight of the split-K kernel) are made by the graph at every replay and not kept. An eager
+    call of 9-64 tokens that takes another kernel therefore makes the :func:`decode_tma` tables
+    (one byte per 16 weight elements) ahead, for graphs captured later.
+
     Args:
         x: bfloat16 or float16 ``[..., K]``.
         qweight: a QTensor ``[N, K]`` (prepared once and cached on it) or the result of
@@ -552,10 +567,15 @@ def _route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple[torc
         x2 = x.reshape(-1, x.shape[-1])
         if _prefill_ws_reason(q, x2) is None:
             return prefill_ws(x2, q, bias).reshape(*lead, n), False
-    if DECODE_TMA_MIN_M * x.shape[-1] <= x.numel() <= DECODE_TMA_MAX_M * x.shape[-1] and _decode_tma_wanted(x, q):
+    if DECODE_TMA_MIN_M * x.shape[-1] <= x.numel() <= DECODE_TMA_MAX_M * x.shape[-1]:
         x2 = x.reshape(-1, x.shape[-1])
-        if _decode_tma_reason(q, x2) is None:
-            return decode_tma(x2, q, bias).reshape(*lead, n), True
+        if _decode_tma_wanted(x, q):
+            if _decode_tma_reason(q, x2) is None:
+                return decode_tma(x2, q, bias).reshape(*lead, n), True
+        elif _decode_tma_ahead(x2, q):
+            # an eager call that a CUDA graph captured later would send to decode_tma: its
+            # weight tables now, not inside the graph (where they would be rebuilt at every replay)
+            _dt_weight_descs(q, _weight_views(q))
     if x.numel() >= GEMV_MMA_MIN_M * x.shape[-1]:
         c = _gemv_mma_config(q, x)
         if c is not None and _gemv_mma_reason(q, x, c) is None:
@@ -706,7 +726,8 @@ def _weight_views_hit(q: QTensor) -> tuple[_WeightViews, bool]:
                       sc.view(torch.uint8) if sc.element_size() == 1 else None,
                       None if q.zero_points is None else q.zero_points.contiguous(),
                       None if q.global_scale is None else q.global_scale.reshape(1).to(torch.float32).contiguous())
-    q.__dict__["_ms_weight_views"] = (key, wv)
+    if not _capturing(q.data):
+        q.__dict__["_ms_weight_views"] = (key, wv)
     return wv, False
 
 
@@ -1424,6 +1445,15 @@ DECODE_TMA_MIN_M = 9
 DECODE_TMA_EAGER_MIN_NK = 1 << 27
 
 
+def _decode_tma_ahead(x2: torch.Tensor, q: QTensor) -> bool:
+    """Whether an eager call that :func:`linear` does not send to :func:`decode_tma` should
+    make the weight's :func:`decode_tma` tables (step-major scales and TMA descriptors) for a
+    CUDA graph captured later: the route is on (``MICROSCALE_DECODE_TMA`` not ``0``) and the
+    kernel could serve the call."""
+    return (_DECODE_TMA != "0" and x2.is_cuda and not torch.cuda.is_current_stream_capturing()
+            and _decode_tma_reason(q, x2) is None)
+
+
 def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
     """Whether :func:`linear` sends ``x`` (``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M`` tokens) to
     :func:`decode_tma` by ``MICROSCALE_DECODE_TMA`` (the kernel's own limits aside)."""
@@ -1493,7 +1523,10 @@ def _dt_layouts(wide: int, tok: int = 16) -> tuple:
 
 def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
     """TMA descriptors of ``q``'s code words and step-major scales (:func:`_step_scales`) for
-    :func:`decode_tma`, made once per weight and version of its tensors and kept on it."""
+    :func:`decode_tma`, made once per weight and version of its tensors and kept on it (not
+    while a CUDA graph is being captured: the graph then makes its own step-major scales at
+    every replay; :func:`linear`'s eager calls of 9-64 tokens make them ahead, see
+    :func:`_route`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     key = (_weight_key(q), _DT_WIDE, _DT_SBOX)  # (the box switches: benchmarks/exp_dtma_variants.py)
@@ -1504,7 +1537,8 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
     lw, ls, _ = _dt_layouts(_DT_WIDE)
     descs = (TensorDescriptor.from_tensor(wv.words, [rows, 8 * _DT_WIDE], lw),
              TensorDescriptor.from_tensor(_step_scales(q, rows), [_DT_SBOX * rows // 64, 256], ls))
-    q.__dict__["_ms_dt_descs"] = (key, descs)
+    if not _capturing(q.data):
+        q.__dict__["_ms_dt_descs"] = (key, descs)
     return descs
 
 

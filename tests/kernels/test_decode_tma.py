@@ -43,6 +43,28 @@ def test_step_scales_layout(name, n, gen):
     assert L._dt_weight_descs(q, L._weight_views(q)) is not descs
 
 
+def test_weight_caches_not_filled_while_capturing(monkeypatch, gen):
+    """While a CUDA graph is captured, a weight's tables (views, decode_tma descriptors and
+    step-major scales, the packed weight) are made for the call but not kept: their contents
+    would only be written when that graph replays (here a capture is stood in for)."""
+    q = ms.quantize(torch.randn(256, 512, generator=gen), "nvfp4")
+    monkeypatch.setattr(L, "_capturing", lambda t: True)
+    wv, hit = L._weight_views_hit(q)
+    assert not hit and L._weight_views_hit(q)[0] is not wv
+    d = L._dt_weight_descs(q, wv)
+    assert torch.equal(d[1].base, L._step_scales(q, L._DT_ROWS))
+    assert L._dt_weight_descs(q, wv) is not d and "_ms_dt_descs" not in q.__dict__
+    pw = L._cached_prepare(q)
+    assert L._cached_prepare(q) is not pw and "_ms_linear_packed" not in q.__dict__
+    monkeypatch.setattr(L, "_capturing", lambda t: False)
+    wv = L._weight_views(q)
+    assert L._weight_views_hit(q) == (wv, True)
+    d = L._dt_weight_descs(q, wv)
+    assert L._dt_weight_descs(q, wv) is d
+    pw = L._cached_prepare(q)
+    assert L._cached_prepare(q) is pw
+
+
 @pytest.mark.parametrize("tiles, nct, programs", [(224, 32, 264), (64, 32, 264), (224, 32, 224), (3, 32, 5),
                                                 (1, 4, 3), (7, 9, 13), (264, 32, 264), (5, 1, 5)])
 def test_stream_k_shares(tiles, nct, programs):
@@ -190,6 +212,43 @@ def test_gpu_routing_and_graph(monkeypatch):
     torch.testing.assert_close(yg, real(x.reshape(12, 1024), q).reshape(2, 6, 512), rtol=0, atol=0)
     with pytest.raises(ValueError, match="programs"):
         real(x[0], q, programs=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+def test_gpu_graphs_make_their_own_tables(monkeypatch):
+    """A weight first used inside a CUDA graph capture: each graph makes the weight's
+    step-major scales itself, so a second graph replayed alone (the first never replayed)
+    and eager calls after the captures are right. An eager call of 9-64 tokens that takes
+    another kernel makes the tables ahead, so a graph captured later finds them."""
+    dev = _gpu()
+    g = torch.Generator(device=dev).manual_seed(11)
+    monkeypatch.setattr(L, "_DECODE_TMA", "graph")
+    real = L.decode_tma
+    q = ms.quantize(torch.randn(512, 1024, device=dev, generator=g), "nvfp4")
+    x12 = torch.randn(12, 1024, device=dev, generator=g).to(torch.bfloat16)
+    x10 = torch.randn(10, 1024, device=dev, generator=g).to(torch.bfloat16)
+    g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g1):
+        ms.linear(x12, q)
+    assert "_ms_dt_descs" not in q.__dict__
+    with torch.cuda.graph(g2):
+        y10 = ms.linear(x10, q)
+    g2.replay()  # g1 never replayed
+    want = x10.double() @ ms.dequantize(q).double().T
+    assert ((y10.double() - want).norm() / want.norm()).item() < 1e-2
+    monkeypatch.setattr(L, "_DECODE_TMA", "1")
+    want = x12.double() @ ms.dequantize(q).double().T
+    assert ((ms.linear(x12, q).double() - want).norm() / want.norm()).item() < 1e-2
+    q2 = ms.quantize(torch.randn(512, 1024, device=dev, generator=g), "mxfp4")
+    monkeypatch.setattr(L, "_DECODE_TMA", "graph")
+    ms.linear(x12, q2)  # eager: gemv_mma, and the decode_tma tables for later captures
+    assert "_ms_dt_descs" in q2.__dict__
+    d = q2.__dict__["_ms_dt_descs"]
+    with torch.cuda.graph(g1):
+        y12 = ms.linear(x12, q2)
+    assert q2.__dict__["_ms_dt_descs"] is d
+    g1.replay()
+    torch.testing.assert_close(y12, real(x12, q2), rtol=0, atol=0)
 
 
 def test_routing_switch(monkeypatch):
