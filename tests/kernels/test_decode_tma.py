@@ -58,7 +58,8 @@ def test_weight_caches_not_filled_while_capturing(monkeypatch, gen):
     assert L._cached_prepare(q) is not pw and "_ms_linear_packed" not in q.__dict__
     monkeypatch.setattr(L, "_capturing", lambda t: False)
     wv = L._weight_views(q)
-    assert L._weight_views_hit(q) == (wv, True)
+    again, hit = L._weight_views_hit(q)
+    assert again is wv and hit
     d = L._dt_weight_descs(q, wv)
     assert L._dt_weight_descs(q, wv) is d
     pw = L._cached_prepare(q)
