@@ -6,8 +6,9 @@
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
 step tests 300 python -m pytest -q -x tests/kernels/test_decode_tma.py tests/kernels/test_plans.py
-if [ -d trees/old/microscale ]; then
-  PYTHONPATH="$PWD/trees/old" step old 120 python -m pytest -q tests/kernels/test_decode_tma.py -k graphs_make_their_own
+if [ -d trees/old/microscale ]; then  # from inside the old tree: python -m puts the working directory first
+  T="$PWD/tests/kernels/test_decode_tma.py"
+  (cd trees/old && PYTHONPATH="$PWD" step old 120 python -m pytest -q "$T" -k graphs_make_their_own -p no:cacheprovider)
 fi
 M=16,9 FMTS=nvfp4,mxfp4 ROUNDS=2 VARIANTS="linear;dtma" step t16 300 python benchmarks/exp_ws_knobs.py 8192x8192 4096x4096
 tail -3 "$OUT/tests.log"; [ -f "$OUT/old.log" ] && grep -E "passed|failed|assert" "$OUT/old.log" | tail -4
