@@ -506,11 +506,12 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     used while a CUDA graph is being captured, under launch hooks or while tracing
     (``MICROSCALE_PLANS=0``: never).
 
-    While a CUDA graph is being captured, the weight's tables that a call needs and that are
-    not yet kept on it (:func:`decode_tma`'s step-major copy of the block scales, the packed
-    weight of the split-K kernel) are made by the graph at every replay and not kept. An eager
-    call of 9-64 tokens that takes another kernel therefore makes the :func:`decode_tma` tables
-    (one byte per 16 weight elements) ahead, for graphs captured later.
+    While a CUDA graph is being captured, per-weight tables not yet kept on the weight are made
+    for the call and not kept: :func:`decode_tma`'s step-major copy of the block scales is then
+    rebuilt by the graph at every replay, so an eager call of 9-64 tokens that takes another
+    kernel makes it ahead (one byte per 16 weight elements). The split-K kernel's packed weight
+    is not kept either; for formats with NaN/Inf codes making it needs a host sync, which a
+    capture refuses, so use such a weight eagerly (or :func:`prepare` it) before capturing.
 
     Args:
         x: bfloat16 or float16 ``[..., K]``.
@@ -1449,9 +1450,9 @@ def _decode_tma_ahead(x2: torch.Tensor, q: QTensor) -> bool:
     """Whether an eager call that :func:`linear` does not send to :func:`decode_tma` should
     make the weight's :func:`decode_tma` tables (step-major scales and TMA descriptors) for a
     CUDA graph captured later: the route is on (``MICROSCALE_DECODE_TMA`` not ``0``) and the
-    kernel could serve the call."""
-    return (_DECODE_TMA != "0" and x2.is_cuda and not torch.cuda.is_current_stream_capturing()
-            and _decode_tma_reason(q, x2) is None)
+    kernel could serve the call. (Captured calls never get here: :func:`_decode_tma_wanted`
+    takes them.)"""
+    return _DECODE_TMA != "0" and x2.is_cuda and _decode_tma_reason(q, x2) is None
 
 
 def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
