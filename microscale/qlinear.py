@@ -201,14 +201,21 @@ def _has_specials(codes_u8: torch.Tensor, fmt: Format) -> bool:
     return bool((mag >= lo).any())
 
 
-def _weight_has_specials(q: QTensor) -> bool:
+def _weight_has_specials(q: QTensor, codes_u8: torch.Tensor | None = None) -> bool:
     """Whether q's codes hold a NaN/Inf encoding, scanned once per codes tensor and
     version (one host sync; the answer rides on the tensor as an attribute); assumed
-    while a CUDA graph is being captured and unscanned."""
+    while a CUDA graph is being captured and unscanned (the kernels' NaN/Inf-aware decode
+    is right for any codes). ``codes_u8``: q's codes already unpacked to one per byte."""
     el = q.fmt.element
     if el.kind != "float" or not (el.nan_codes or el.inf_code is not None):
         return False
-    return _scan_once(q.data, "_microscale_specials", lambda t: _has_specials(t.view(torch.uint8), q.fmt), True)
+
+    def scan(t: torch.Tensor) -> bool:
+        u8 = codes_u8 if codes_u8 is not None else unpack_codes(t.contiguous().view(torch.uint8), el.bits,
+                                                                int(q.shape[-1]))
+        return _has_specials(u8, q.fmt)
+
+    return _scan_once(q.data, "_microscale_specials", scan, True)
 
 
 def _capturing(t: torch.Tensor | None) -> bool:
@@ -248,7 +255,7 @@ def prepare(q: QTensor) -> PackedLinearWeight:
     bits = fmt.element.bits
     cb = 4 if bits <= 4 else 8
     codes_u8 = unpack_codes(q.data.contiguous(), bits, k)
-    specials = _has_specials(codes_u8, fmt)
+    specials = _weight_has_specials(q, codes_u8)  # no host sync while a graph is captured
     kp = -(-k // _k_align(fmt)) * _k_align(fmt)
     codes = _permute_codes(codes_u8, cb, kp).view(torch.int32)
     groups = kp // fmt.block_size
@@ -510,8 +517,10 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     for the call and not kept: :func:`decode_tma`'s step-major copy of the block scales is then
     rebuilt by the graph at every replay, so an eager call of 9-64 tokens that takes another
     kernel makes it ahead (one byte per 16 weight elements). The split-K kernel's packed weight
-    is not kept either; for formats with NaN/Inf codes making it needs a host sync, which a
-    capture refuses, so use such a weight eagerly (or :func:`prepare` it) before capturing.
+    is not kept either: the graph then repacks the weight at every replay, so call once eagerly
+    (or pass :func:`prepare`'s result) before capturing. A weight of a format with NaN/Inf codes
+    that no eager call has scanned takes the NaN/Inf-aware decode inside a capture (the scan
+    is a host sync, which a capture refuses).
 
     Args:
         x: bfloat16 or float16 ``[..., K]``.

@@ -6,6 +6,7 @@ Small shapes only; the H200 run (benchmarks/run_gpu_linear.py) covers real shape
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -93,6 +94,39 @@ def test_specials_detected_only_when_present():
     assert L.prepare(q2).specials
 
 
+def test_specials_assumed_while_capturing(monkeypatch):
+    """Inside a CUDA graph capture (stood in for) the NaN/Inf scan, a host sync, is skipped:
+    an unscanned fp8 weight is packed for the NaN/Inf-aware decode and the answer is not
+    kept; a weight scanned by an earlier eager call keeps its scanned answer."""
+    q = ms.quantize(torch.randn(4, 64), "mxfp8_e4m3")
+    monkeypatch.setattr(L, "_capturing", lambda t: True)
+    monkeypatch.setattr(L, "_has_specials", lambda *a: pytest.fail("scanned while capturing"))
+    assert L.prepare(q).specials
+    assert getattr(q.data, "_microscale_specials", None) is None
+    monkeypatch.undo()
+    assert not L.prepare(q).specials  # scanned eagerly, answer kept
+    monkeypatch.setattr(L, "_capturing", lambda t: True)
+    monkeypatch.setattr(L, "_has_specials", lambda *a: pytest.fail("scanned again"))
+    assert not L.prepare(q).specials
+
+
+@needs_interp
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "fp8_e5m2_fp16", "fp8_e4m3_block128x128"])
+def test_specials_decode_on_finite_codes(name):
+    """The NaN/Inf-aware decode (taken for unscanned weights inside a capture) gives the
+    same output as the plain one on finite codes."""
+    gen = torch.Generator().manual_seed(5)
+    q = _weight(name, 40, 256, gen)
+    pw = L.prepare(q)
+    assert not pw.specials
+    x = torch.randn(3, q.shape[1], generator=gen).to(torch.bfloat16)
+    cfg = L.LinearConfig(block_n=16, block_m=16, block_kw=8, split_k=2, pair=False)
+    plain = L._launch(x, pw, None, cfg)
+    aware = L._launch(x, dataclasses.replace(pw, specials=True), None, cfg)
+    assert torch.equal(plain, aware)
+    assert _err(aware, _ref(x, q, None)) < 1e-2
+
+
 def test_cpu_reference_op_and_errors():
     """CPU tensors run the reference through the registered op; bad input raises clearly."""
     q = ms.quantize(torch.randn(16, 64), "mxfp4")
@@ -122,3 +156,32 @@ def test_torch_compile_cpu():
     x = torch.randn(3, 64).to(torch.bfloat16)
     assert _err(f(x), _ref(x, q, bias)) < 1e-2
     torch.library.opcheck(torch.ops.microscale.linear.default, (x, *_op_args(q)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["fp8_e4m3_block128x128", "mxfp8_e5m2"])
+def test_gpu_fp8_weight_first_used_in_a_graph(name):
+    """An fp8 weight (formats with NaN/Inf codes) whose first use is inside a CUDA graph
+    capture: no host sync is attempted, and the replayed graph is right (float64), also for a
+    weight holding a NaN code (the NaN's row is NaN, the others finite)."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(3)
+    for m in (1, 24, 200):
+        q = ms.quantize(torch.randn(256, 512, device=dev, generator=g), name)
+        x = torch.randn(m, 512, device=dev, generator=g).to(torch.bfloat16)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = ms.linear(x, q)
+        x.copy_(torch.randn(m, 512, device=dev, generator=g).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _err(y, _ref(x, q, None)) < 1e-2, (name, m)
+        data = q.data.clone()
+        data[5, 7] = 0x7F  # NaN in E4M3 and E5M2
+        qn = ms.QTensor(data, q.scales, q.fmt, q.shape, q.dtype)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            yn = ms.linear(x, qn)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isnan(yn[:, 5]).all() and not torch.isnan(yn[:, :5]).any() and not torch.isnan(yn[:, 6:]).any()
