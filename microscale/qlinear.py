@@ -1490,8 +1490,8 @@ _DT_STAGES_64 = 2
 
 
 def _dt_tokens(m: int) -> int:
-    """Token columns of :func:`decode_tma`'s tile for ``m`` tokens: 16, 32 or 64."""
-    return 16 if m <= 16 else 32 if m <= 32 else 64
+    """Token columns of :func:`decode_tma`'s tile for ``m`` tokens: 8, 16, 32 or 64."""
+    return 8 if m <= 8 else 16 if m <= 16 else 32 if m <= 32 else 64
 
 
 #: K steps per TMA box of :func:`decode_tma`'s code words: 4, one ``[rows, 32]`` box (128-byte
@@ -1594,7 +1594,7 @@ def _dt_parts(tiles: int, nct: int, programs: int) -> int:
 
 
 def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
-               programs: int | None = None) -> torch.Tensor:
+               programs: int | None = None, tokens: int | None = None) -> torch.Tensor:
     """``x2 [M <= 64, K] @ dequant(q)^T (+ bias)`` for an E2M1 weight (NVFP4, MXFP4) and bf16
     activations on Hopper, with the warp-specialized Gluon kernel
     (:mod:`microscale.kernels._decode_tma`: a producer warp brings each K step's code words,
@@ -1604,7 +1604,8 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     (``_decode_tma_wanted``). Work: the 128-row tiles' ring chunks (256 K elements) in
     tile-major order, split into ``programs`` contiguous shares of equal size (stream-K;
     default :func:`choose_decode_tma_programs`); a tile shared by several programs is added
-    up in K order by its last part. The first call on a weight makes its step-major scales
+    up in K order by its last part. ``tokens``: the tile's token columns (8, 16, 32 or 64, at
+    least M; default the fewest). The first call on a weight makes its step-major scales
     and their TMA descriptors (kept on the QTensor). Raises ValueError saying why when it
     cannot serve the call."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -1613,6 +1614,9 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     from .kernels import _prefill_gluon as pg
 
     _check(x2, q.shape[0], q.shape[-1], q.device, bias)
+    if tokens is not None and (tokens not in (8, 16, 32, 64) or tokens < x2.shape[0]):
+        raise ValueError(f"{_OP}: decode_tma needs tokens in (8, 16, 32, 64) and at least M={x2.shape[0]}, "
+                         f"got {tokens}")
     why = _decode_tma_reason(q, x2)
     if why is not None:
         raise ValueError(f"{_OP}: decode_tma {why}")
@@ -1631,7 +1635,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     wv = _weight_views(q)
     rows = _DT_ROWS
     w_desc, s_desc = _dt_weight_descs(q, wv)
-    tok = _dt_tokens(m)
+    tok = _dt_tokens(m) if tokens is None else tokens
     x_desc = TensorDescriptor.from_tensor(xp, [tok, 64], _dt_layouts(_DT_WIDE, tok)[2])
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     gs = wv.global_scale if wv.global_scale is not None else out

@@ -104,7 +104,7 @@ def test_choose_programs(n, k, sms, want):
 
 
 def test_token_columns():
-    assert [L._dt_tokens(m) for m in (1, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
+    assert [L._dt_tokens(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == [8, 8, 16, 16, 32, 32, 64, 64]
 
 
 def test_reasons(monkeypatch):
@@ -117,6 +117,9 @@ def test_reasons(monkeypatch):
         L.decode_tma(x.half(), q)
     with pytest.raises(ValueError, match="Hopper"):
         L.decode_tma(x, q)
+    for bad in (12, 8):  # not a tile width; fewer columns than tokens
+        with pytest.raises(ValueError, match="tokens in"):
+            L.decode_tma(x, q, tokens=bad)
     monkeypatch.setattr(L, "_prefill_ws_reason", lambda q, x: None)  # as if on a Hopper
     assert L._decode_tma_reason(q, x) is None
     assert L._decode_tma_reason(q, torch.randn(64, 512).to(torch.bfloat16)) is None
@@ -125,7 +128,7 @@ def test_reasons(monkeypatch):
     assert "multiple of 256" in L._decode_tma_reason(q, torch.randn(16, 320).to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("fmt,n,m", [("nvfp4", 256, 16), ("mxfp4", 1000, 16), ("nvfp4", 1000, 32),
+@pytest.mark.parametrize("fmt,n,m", [("nvfp4", 256, 16), ("mxfp4", 1000, 16), ("nvfp4", 1000, 5), ("nvfp4", 1000, 32),
                                      ("nvfp4", 1000, 64)])
 def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_tool):
     """Compiled as ``decode_tma`` launches it: the code words reach the ``mma.sync`` operand
@@ -154,7 +157,7 @@ def _gpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
 def test_gpu_decode_tma(name):
-    """The kernel on an H200: 1-64 tokens (16, 32 and 64 token columns), ragged rows, bias,
+    """The kernel on an H200: 1-64 tokens (8, 16, 32 and 64 token columns), ragged rows, bias,
     whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each
     output element within bf16 rounding of float64 plus an fp32 accumulation bound, a second
     call bit-identical (parts added in a fixed order, counters left at zero)."""
@@ -163,7 +166,8 @@ def test_gpu_decode_tma(name):
     cases = [(16, 1000, 2048, None), (9, 300, 1024, 3), (16, 4096, 8192, None), (1, 520, 4096, 5),
              (13, 3000, 4096, 50), (16, 256, 256, 1), (16, 28672, 1024, 264), (11, 1000, 2048, 13),
              (17, 1000, 2048, None), (32, 4096, 8192, None), (29, 3000, 4096, 50), (33, 520, 4096, 5),
-             (64, 1000, 2048, 13), (48, 28672, 1024, 264), (64, 256, 256, 1)]
+             (64, 1000, 2048, 13), (48, 28672, 1024, 264), (64, 256, 256, 1), (8, 1000, 2048, None),
+             (3, 300, 1024, 3), (5, 28672, 1024, 264), (8, 4096, 8192, None), (2, 3000, 4096, 50)]
     for (m, n, k, programs) in cases:
         q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
         wd = q.dequantize(torch.float64)
