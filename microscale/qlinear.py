@@ -75,7 +75,7 @@ __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_co
            "choose_prefill_config", "PREFILL_MIN_M", "prefill_ws",
            "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "PREFILL_WS_SMALL_MIN_M",
            "PREFILL_WS_SMALL_MAX_NK", "decode_tma", "choose_decode_tma_programs",
-           "DECODE_TMA_MIN_M", "DECODE_TMA_MAX_M", "DECODE_TMA_EAGER_MIN_NK"]
+           "DECODE_TMA_MIN_M", "DECODE_TMA_SMALL_MIN_M", "DECODE_TMA_MAX_M", "DECODE_TMA_EAGER_MIN_NK"]
 
 _OP = "linear"
 _SCALE_KIND = {"e8m0": 1, "ue4m3": 2, "fp16": 3, "bf16": 4, "fp32": 5}
@@ -482,8 +482,9 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     On CUDA a QTensor weight takes, in this order: on Hopper, while a CUDA graph is being
     captured or in eager calls on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements
     (any weight from 17 tokens), the TMA-fed tensor-core decode kernel (:func:`decode_tma`) for
-    ``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M`` (9-64) tokens of bf16 activations and NVFP4 / MXFP4
-    weights whose K is a multiple of 256 (faster on the GPU, slower on the host;
+    ``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M`` (2-64) tokens on weights of at least
+    ``DECODE_TMA_EAGER_MIN_NK`` elements, ``DECODE_TMA_SMALL_MIN_M..DECODE_TMA_MAX_M`` on smaller
+    ones, of bf16 activations and NVFP4 / MXFP4 weights whose K is a multiple of 256 (faster on the GPU, slower on the host;
     ``MICROSCALE_DECODE_TMA``: ``graph`` only while capturing, ``1`` always, ``0`` never);
     the tensor-core decode path (:func:`gemv_mma`) for ``GEMV_MMA_MIN_M..GEMV_MMA_MAX_M`` tokens of bf16 activations
     and E2M1 weights with UE4M3/E8M0 scales (NVFP4, MXFP4); the f16x2 GEMV for at most
@@ -577,7 +578,7 @@ def _route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple[torc
         x2 = x.reshape(-1, x.shape[-1])
         if _prefill_ws_reason(q, x2) is None:
             return prefill_ws(x2, q, bias).reshape(*lead, n), False
-    if DECODE_TMA_MIN_M * x.shape[-1] <= x.numel() <= DECODE_TMA_MAX_M * x.shape[-1]:
+    if _dt_min_m(q) * x.shape[-1] <= x.numel() <= DECODE_TMA_MAX_M * x.shape[-1]:
         x2 = x.reshape(-1, x.shape[-1])
         if _decode_tma_wanted(x, q):
             if _decode_tma_reason(q, x2) is None:
@@ -633,8 +634,8 @@ def _plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple |
     else:
         return None
     wk = _weight_key(q)
-    routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, DECODE_TMA_MAX_M, DECODE_TMA_EAGER_MIN_NK, GEMV_MMA_MIN_M,
-              GEMV_MAX_M)  # (switches tests set)
+    routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, DECODE_TMA_SMALL_MIN_M, DECODE_TMA_MAX_M,
+              DECODE_TMA_EAGER_MIN_NK, GEMV_MMA_MIN_M, GEMV_MAX_M)  # (switches tests set)
     return (x.shape, x.dtype, x.device, x.data_ptr() % 16, bk, wk, _kl.current_stream(), routes)
 
 
@@ -1450,9 +1451,21 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
 #: tokens the alternative is the prefill kernel, no faster on the GPU (8192x8192, 32 tokens,
 #: weights rotated past L2: 36.7-36.9 against 31.3-36.5 µs) and without plans (102-158 µs of host time
 #: per call against ~35 for a planned ``decode_tma`` call), so no size limit there
+#: From 2 tokens on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements, from
+#: ``DECODE_TMA_SMALL_MIN_M`` on smaller ones, with 8 token columns up to 8 tokens (H200, graphs,
+#: twenty-fourth session, ``benchmarks/exp_ws_knobs.py``, ``h200_2026-12-03/s24/``): 2-8 tokens on
+#: 28672x8192 and 8192x28672 42.6-45.3 µs against 46.2-58.0 for the GEMV (2 tokens) and gemv_mma
+#: (4-8); on 8192x8192 the GEMV keeps 2 tokens (16.2 against 18.9 µs), 4 tokens tie (19.0-19.2),
+#: 8 tokens 19.0 against 20.8
 _DECODE_TMA = os.environ.get("MICROSCALE_DECODE_TMA", "auto")
-DECODE_TMA_MIN_M = 9
+DECODE_TMA_MIN_M = 2
+DECODE_TMA_SMALL_MIN_M = 4
 DECODE_TMA_EAGER_MIN_NK = 1 << 27
+
+
+def _dt_min_m(q: QTensor) -> int:
+    """The fewest tokens :func:`linear` sends to :func:`decode_tma` on weight ``q``."""
+    return DECODE_TMA_MIN_M if q.shape[0] * q.shape[-1] >= DECODE_TMA_EAGER_MIN_NK else DECODE_TMA_SMALL_MIN_M
 
 
 def _decode_tma_ahead(x2: torch.Tensor, q: QTensor) -> bool:
@@ -1600,7 +1613,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     (:mod:`microscale.kernels._decode_tma`: a producer warp brings each K step's code words,
     block scales and activations by TMA into a shared-memory ring, eight consumer warps
     decode them into ``mma.sync``). :func:`linear` routes here from ``DECODE_TMA_MIN_M``
-    tokens while a CUDA graph is being captured and for large weights
+    (``DECODE_TMA_SMALL_MIN_M``) tokens while a CUDA graph is being captured and for large weights
     (``_decode_tma_wanted``). Work: the 128-row tiles' ring chunks (256 K elements) in
     tile-major order, split into ``programs`` contiguous shares of equal size (stream-K;
     default :func:`choose_decode_tma_programs`); a tile shared by several programs is added

@@ -103,6 +103,13 @@ def test_choose_programs(n, k, sms, want):
     assert L.choose_decode_tma_programs(n, k, sms) == want
 
 
+def test_token_window():
+    """2 tokens and up on large weights, ``DECODE_TMA_SMALL_MIN_M`` on smaller ones."""
+    from types import SimpleNamespace as NS
+    assert L._dt_min_m(NS(shape=(28672, 8192))) == L.DECODE_TMA_MIN_M == 2
+    assert L._dt_min_m(NS(shape=(8192, 8192))) == L.DECODE_TMA_SMALL_MIN_M > 2
+
+
 def test_token_columns():
     assert [L._dt_tokens(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == [8, 8, 16, 16, 32, 32, 64, 64]
 
@@ -183,9 +190,9 @@ def test_gpu_decode_tma(name):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 def test_gpu_routing_and_graph(monkeypatch):
-    """``ms.linear`` routes 9-64 tokens (leading batch dims) here while a CUDA graph is
-    captured (``graph``; the default ``auto`` also takes eager calls on large weights), also
-    eager calls with ``1``; 8 and 65 tokens elsewhere; the captured route replays; a bad program
+    """``ms.linear`` routes 4-64 tokens (leading batch dims) on a small weight here while a CUDA
+    graph is captured (``graph``; the default ``auto`` also takes eager calls on large weights),
+    also eager calls with ``1``; 2 and 65 tokens elsewhere; the captured route replays; a bad program
     count is refused."""
     dev = _gpu()
     g = torch.Generator(device=dev).manual_seed(7)
@@ -201,17 +208,20 @@ def test_gpu_routing_and_graph(monkeypatch):
     y = ms.linear(x, q)
     assert calls == [12]
     torch.testing.assert_close(y, real(x.reshape(12, 1024), q).reshape(2, 6, 512), rtol=0, atol=0)
-    ms.linear(x[:, :4], q)
+    ms.linear(x[:, :1], q)  # 2 tokens on a small weight: the GEMV
     assert calls == [12]
+    y8 = ms.linear(x[:, :4], q)  # 8 tokens: 8 token columns
+    assert calls == [12, 8]
+    torch.testing.assert_close(y8, real(x[:, :4].reshape(8, 1024), q).reshape(2, 4, 512), rtol=0, atol=0)
     x40 = torch.randn(40, 1024, device=dev, generator=g).to(torch.bfloat16)  # 64 token columns
     torch.testing.assert_close(ms.linear(x40, q), real(x40, q), rtol=0, atol=0)
     ms.linear(torch.randn(65, 1024, device=dev, generator=g).to(torch.bfloat16), q)
-    assert calls == [12, 40]
+    assert calls == [12, 8, 40]
     monkeypatch.setattr(L, "_DECODE_TMA", "graph")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         yg = ms.linear(x, q)
-    assert calls == [12, 40, 12]
+    assert calls == [12, 8, 40, 12]
     x.copy_(torch.randn(2, 6, 1024, device=dev, generator=g).to(torch.bfloat16))
     graph.replay()
     torch.testing.assert_close(yg, real(x.reshape(12, 1024), q).reshape(2, 6, 512), rtol=0, atol=0)

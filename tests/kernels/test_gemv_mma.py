@@ -439,10 +439,10 @@ def test_gpu_kernel_and_routing(name):
             out = L.gemv_mma(x, q, bias, cfg)
             assert out.dtype == torch.bfloat16 and out.shape == (m, 200)
             assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, cfg)
-    x = torch.randn(2, 4, 2048, device=dev, generator=g).to(torch.bfloat16)  # 8 tokens: routed here
-    assert L.gemv_mma_supported(q, x)
+    x = torch.randn(1, 3, 2048, device=dev, generator=g).to(torch.bfloat16)  # 3 tokens: routed here
+    assert L.gemv_mma_supported(q, x) and 3 < L.DECODE_TMA_SMALL_MIN_M  # (also inside a graph)
     y = ms.linear(x, q)
-    torch.testing.assert_close(y, L.gemv_mma(x.reshape(8, -1), q).reshape(2, 4, 200), rtol=0, atol=0)
+    torch.testing.assert_close(y, L.gemv_mma(x.reshape(3, -1), q).reshape(1, 3, 200), rtol=0, atol=0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         yg = ms.linear(x, q)
