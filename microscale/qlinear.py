@@ -516,8 +516,8 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
 
     While a CUDA graph is being captured, per-weight tables not yet kept on the weight are made
     for the call and not kept: :func:`decode_tma`'s step-major copy of the block scales is then
-    rebuilt by the graph at every replay, so an eager call of 9-64 tokens that takes another
-    kernel makes it ahead (one byte per 16 weight elements). The split-K kernel's packed weight
+    rebuilt by the graph at every replay, so an eager call in :func:`decode_tma`'s token range
+    that takes another kernel makes it ahead (one byte per 16 weight elements). The split-K kernel's packed weight
     is not kept either: the graph then repacks the weight at every replay, so call once eagerly
     (or pass :func:`prepare`'s result) before capturing. A weight of a format with NaN/Inf codes
     that no eager call has scanned takes the NaN/Inf-aware decode inside a capture (the scan
@@ -1436,27 +1436,29 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     return out
 
 
-#: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) with ``DECODE_TMA_MIN_M`` to
+#: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) with ``DECODE_TMA_MIN_M`` (weights of at
+#: least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``DECODE_TMA_SMALL_MIN_M`` for smaller ones) to
 #: ``DECODE_TMA_MAX_M`` bf16 tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA``,
 #: read at import): ``auto`` (the default) while a CUDA graph is being captured, and in eager
 #: calls with call plans on for more than 16 tokens or weights of at least
 #: ``DECODE_TMA_EAGER_MIN_NK`` elements; ``graph`` only while capturing; ``1`` always; ``0``
 #: never (:func:`gemv_mma` instead up to 16 tokens, the prefill kernel above). H200, 16 tokens,
 #: graph replays: 50-51 µs on 28672x8192 against gemv_mma's 71-73; 8192x8192 at 8 tokens
-#: gemv_mma stays ahead (18.5 against 19.1-19.7 µs), hence 9 (twelfth session). Eager loops
+#: gemv_mma stayed ahead of its 16 token columns (18.5 against 19.1-19.7 µs; twelfth session). Eager loops
 #: with plans (``benchmarks/eager_decode.py``, thirteenth session): 51.9 / 54.0 µs per call
 #: at 16 / 9 tokens on 28672x8192 against gemv_mma's 71.3 / 68.9, but 55.5 / 53.3 on
 #: 8192x8192 against 32.3 / 22.9 (its two launches and three TMA descriptors cost ~35-55 µs
 #: of host time there, more than the kernel), hence the size limit between the two. From 17
 #: tokens the alternative is the prefill kernel, no faster on the GPU (8192x8192, 32 tokens,
 #: weights rotated past L2: 36.7-36.9 against 31.3-36.5 µs) and without plans (102-158 µs of host time
-#: per call against ~35 for a planned ``decode_tma`` call), so no size limit there
+#: per call against ~35 for a planned ``decode_tma`` call), so no size limit there.
 #: From 2 tokens on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements, from
 #: ``DECODE_TMA_SMALL_MIN_M`` on smaller ones, with 8 token columns up to 8 tokens (H200, graphs,
 #: twenty-fourth session, ``benchmarks/exp_ws_knobs.py``, ``h200_2026-12-03/s24/``): 2-8 tokens on
 #: 28672x8192 and 8192x28672 42.6-45.3 µs against 46.2-58.0 for the GEMV (2 tokens) and gemv_mma
 #: (4-8); on 8192x8192 the GEMV keeps 2 tokens (16.2 against 18.9 µs), 4 tokens tie (19.0-19.2),
-#: 8 tokens 19.0 against 20.8
+#: 8 tokens 19.0 against 20.8; smaller weights at 4-8 tokens within 0.6 µs either way
+#: (14336x4096, 4096x4096) or 3-4 µs ahead (4096x14336)
 _DECODE_TMA = os.environ.get("MICROSCALE_DECODE_TMA", "auto")
 DECODE_TMA_MIN_M = 2
 DECODE_TMA_SMALL_MIN_M = 4
@@ -1478,7 +1480,7 @@ def _decode_tma_ahead(x2: torch.Tensor, q: QTensor) -> bool:
 
 
 def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
-    """Whether :func:`linear` sends ``x`` (``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M`` tokens) to
+    """Whether :func:`linear` sends ``x`` (:func:`_dt_min_m` to ``DECODE_TMA_MAX_M`` tokens) to
     :func:`decode_tma` by ``MICROSCALE_DECODE_TMA`` (the kernel's own limits aside)."""
     if _DECODE_TMA == "1":
         return True
@@ -1493,8 +1495,8 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
 #: chunk, ring chunks, resident programs per SM (80 registers x 12 warps)
 _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
-#: most tokens :func:`decode_tma` serves, as 16, 32 or 64 token columns (shared memory per
-#: program 78 / 102 / 100 KB with 3 / 3 / ``_DT_STAGES_64`` ring chunks: two programs per SM).
+#: most tokens :func:`decode_tma` serves, as 8, 16, 32 or 64 token columns (shared memory per
+#: program 66 / 78 / 102 / 100 KB with 3 / 3 / 3 / ``_DT_STAGES_64`` ring chunks: two programs per SM).
 #: H200, graphs (fifteenth session, ``benchmarks/exp_dtma_tokens.py``): 24-32 tokens 64-68 µs
 #: on 28672x8192 and 8192x28672 against 100-118 for the prefill kernel routed before, 48-64
 #: tokens 109-114 against 139-182 (64 columns spill ~200 bytes at 80 registers)
@@ -1548,7 +1550,7 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
     """TMA descriptors of ``q``'s code words and step-major scales (:func:`_step_scales`) for
     :func:`decode_tma`, made once per weight and version of its tensors and kept on it (not
     while a CUDA graph is being captured: the graph then makes its own step-major scales at
-    every replay; :func:`linear`'s eager calls of 9-64 tokens make them ahead, see
+    every replay; :func:`linear`'s eager calls in the kernel's token range make them ahead, see
     :func:`_route`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 

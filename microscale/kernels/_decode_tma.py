@@ -1,4 +1,4 @@
-"""Tensor-core decode for 9-64 tokens and E2M1 weights on Hopper, in Gluon (private).
+"""Tensor-core decode for 2-64 tokens and E2M1 weights on Hopper, in Gluon (private).
 
 Why: the Triton tensor-core decode kernel (:mod:`._gemv_mma`) stalls on its loads: each warp
 loads its own code words and activations with ~2 steps in flight (ncu: 0.53 issued warps
@@ -14,7 +14,7 @@ decode and issue ``mma.sync``:
   (``[ROWS, 8 CW]`` int32 boxes of the canonical layout, ``CW`` steps each), its block scales
   from a step-major copy made once per weight (:func:`microscale.qlinear._step_scales`:
   ``[ROWS, 4]`` bytes a step, one per 16 elements; ``SW`` steps a box) and per step the
-  activations (``[TOK, 64]``, ``TOK`` 16, 32 or 64, rows past ``M`` zero-filled by TMA) into
+  activations (``[TOK, 64]``, ``TOK`` 8, 16, 32 or 64, rows past ``M`` zero-filled by TMA) into
   a slot of a ring of ``STAGES`` chunks (``ready`` / ``empty`` mbarriers);
 * the ``ROWS / 16`` consumer warps take 16 rows each; every warp decodes its words with
   :func:`._prefill_gluon._decode` (the wgmma A register layout per warp is the ``mma.sync``
@@ -107,7 +107,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
         warp_bases=wb3, block_bases=[], shape=[ROWS, 4, 2])
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
     r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_l))
-    TOK: gl.constexpr = x_bufs.shape[1]  # token columns: 16, 32 or 64
+    TOK: gl.constexpr = x_bufs.shape[1]  # token columns: 8, 16, 32 or 64
     c = gl.arange(0, TOK, layout=gl.SliceLayout(0, mma_l))
     TILE: gl.constexpr = ROWS * TOK
     elem = r[:, None] * TOK + c[None, :]
@@ -165,7 +165,7 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     int32 code words ``[N, K / 8]`` (block ``[ROWS, 8 CW]``, ``CW`` dividing ``C``);
     ``s_desc``: of the step-major scales (block ``[SW ROWS / 64, 256]`` bytes, ``SW`` steps
     dividing ``C``); ``x_desc``: of the K-permuted activations ``[M, K]`` (block ``[TOK, 64]``,
-    ``TOK`` 16, 32 or 64). ``NCT`` chunks of ``C`` steps per row tile, shared out over the
+    ``TOK`` 8, 16, 32 or 64). ``NCT`` chunks of ``C`` steps per row tile, shared out over the
     programs (module docstring). ``SK`` / ``ke`` / ``post``: as :mod:`._prefill_gluon`. Partial
     sums of shared tiles in ``ws_ptr`` (``tiles x maxp x ROWS x TOK`` floats, ``maxp`` the most
     programs sharing a tile), int32 counters ``cnt_ptr`` (``ROWS x 4`` per tile; zero on entry,
