@@ -1,11 +1,12 @@
 """Eager ``ms.linear`` loops at 9 and 16 tokens (H200): µs per call over back-to-back calls
 (weights rotated past L2, synchronized at the ends only, so each figure is whichever of
-host and GPU time bounds the loop), with 9-16 tokens routed to ``gemv_mma``
-(``MICROSCALE_DECODE_TMA=graph``: eager calls take it) and to ``decode_tma`` (``1``), with
+host and GPU time bounds the loop), with the tokens routed to ``gemv_mma`` / the GEMV
+(``MICROSCALE_DECODE_TMA=graph``: eager calls take them) and to ``decode_tma`` (``1``), with
 call plans on (``qlinear._Plan``) and off; cuBLAS bf16 ``F.linear`` the same way.
-Usage: ``PYTHONPATH=. python3 benchmarks/eager_decode.py``."""
+Usage: ``[MS=16,9] [SHAPES=28672x8192,8192x8192] PYTHONPATH=. python3 benchmarks/eager_decode.py``."""
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -34,13 +35,14 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; eager µs per call over {CALLS} calls")
     print("| N x K | M | cuBLAS | gemv_mma, plans | decode_tma, plans | gemv_mma, no plans | decode_tma, no plans |")
     print("|---|---|---|---|---|---|---|")
-    for n, k in ((28672, 8192), (8192, 8192)):
+    shapes = os.environ.get("SHAPES", "28672x8192,8192x8192").split(",")
+    for n, k in (tuple(map(int, s.split("x"))) for s in shapes):
         copies = 2 if n * k > 1 << 27 else 4
         ws = [torch.randn(n, k, device=DEV, generator=g) * 0.02 for _ in range(copies)]
         qs = [ms.quantize(w, "nvfp4") for w in ws]
         wb = [w.to(torch.bfloat16) for w in ws]
         ws = None
-        for m in (16, 9):
+        for m in (int(v) for v in os.environ.get("MS", "16,9").split(",")):
             x = torch.randn(m, k, device=DEV, generator=g).to(torch.bfloat16)
             row = [loop_us(lambda i: F.linear(x, wb[i]), copies)]
             for plans in (True, False):
