@@ -75,7 +75,8 @@ __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_co
            "choose_prefill_config", "PREFILL_MIN_M", "prefill_ws",
            "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "PREFILL_WS_SMALL_MIN_M",
            "PREFILL_WS_SMALL_MAX_NK", "decode_tma", "choose_decode_tma_programs",
-           "DECODE_TMA_MIN_M", "DECODE_TMA_SMALL_MIN_M", "DECODE_TMA_MAX_M", "DECODE_TMA_EAGER_MIN_NK"]
+           "DECODE_TMA_MIN_M", "DECODE_TMA_SMALL_MIN_M", "DECODE_TMA_MAX_M", "DECODE_TMA_EAGER_MIN_NK",
+           "DECODE_TMA_EAGER_MIN_M"]
 
 _OP = "linear"
 _SCALE_KIND = {"e8m0": 1, "ue4m3": 2, "fp16": 3, "bf16": 4, "fp32": 5}
@@ -480,8 +481,8 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     """``x @ dequant(qweight)^T + bias``.
 
     On CUDA a QTensor weight takes, in this order: on Hopper, while a CUDA graph is being
-    captured or in eager calls on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements
-    (any weight from 17 tokens), the TMA-fed tensor-core decode kernel (:func:`decode_tma`) for
+    captured or in eager calls from ``DECODE_TMA_EAGER_MIN_M`` (9) tokens on weights of at least
+    ``DECODE_TMA_EAGER_MIN_NK`` elements (any weight from 17 tokens), the TMA-fed tensor-core decode kernel (:func:`decode_tma`) for
     ``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M`` (2-64) tokens on weights of at least
     ``DECODE_TMA_EAGER_MIN_NK`` elements, ``DECODE_TMA_SMALL_MIN_M..DECODE_TMA_MAX_M`` on smaller
     ones, of bf16 activations and NVFP4 / MXFP4 weights whose K is a multiple of 256 (faster on the GPU, slower on the host;
@@ -635,7 +636,7 @@ def _plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple |
         return None
     wk = _weight_key(q)
     routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, DECODE_TMA_SMALL_MIN_M, DECODE_TMA_MAX_M,
-              DECODE_TMA_EAGER_MIN_NK, GEMV_MMA_MIN_M, GEMV_MAX_M)  # (switches tests set)
+              DECODE_TMA_EAGER_MIN_NK, DECODE_TMA_EAGER_MIN_M, GEMV_MMA_MIN_M, GEMV_MAX_M)  # (switches tests set)
     return (x.shape, x.dtype, x.device, x.data_ptr() % 16, bk, wk, _kl.current_stream(), routes)
 
 
@@ -1440,8 +1441,8 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
 #: least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``DECODE_TMA_SMALL_MIN_M`` for smaller ones) to
 #: ``DECODE_TMA_MAX_M`` bf16 tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA``,
 #: read at import): ``auto`` (the default) while a CUDA graph is being captured, and in eager
-#: calls with call plans on for more than 16 tokens or weights of at least
-#: ``DECODE_TMA_EAGER_MIN_NK`` elements; ``graph`` only while capturing; ``1`` always; ``0``
+#: calls with call plans on for more than 16 tokens, or from ``DECODE_TMA_EAGER_MIN_M`` tokens on
+#: weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``graph`` only while capturing; ``1`` always; ``0``
 #: never (:func:`gemv_mma` instead up to 16 tokens, the prefill kernel above). H200, 16 tokens,
 #: graph replays: 50-51 µs on 28672x8192 against gemv_mma's 71-73; 8192x8192 at 8 tokens
 #: gemv_mma stayed ahead of its 16 token columns (18.5 against 19.1-19.7 µs; twelfth session). Eager loops
@@ -1463,6 +1464,12 @@ _DECODE_TMA = os.environ.get("MICROSCALE_DECODE_TMA", "auto")
 DECODE_TMA_MIN_M = 2
 DECODE_TMA_SMALL_MIN_M = 4
 DECODE_TMA_EAGER_MIN_NK = 1 << 27
+#: eager calls (``auto``, plans on) on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements take
+#: :func:`decode_tma` from this many tokens. Eager loops on 28672x8192 NVFP4 (twenty-fourth session,
+#: ``benchmarks/eager_decode.py``, ``s24/c/eager.log``): at 2 / 4 / 8 tokens 46.3 / 58.5 / 58.1 µs
+#: per call against the GEMV's / gemv_mma's 45.8 / 54.2 / 58.0, although the kernel takes ~45 µs
+#: in graphs (not yet explained), so eager calls keep those up to 8 tokens
+DECODE_TMA_EAGER_MIN_M = 9
 
 
 def _dt_min_m(q: QTensor) -> int:
@@ -1488,8 +1495,9 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
         return False
     if torch.cuda.is_current_stream_capturing():
         return True
-    return _DECODE_TMA == "auto" and _PLANS and (q.shape[0] * q.shape[-1] >= DECODE_TMA_EAGER_MIN_NK
-                                                  or x.numel() > 16 * x.shape[-1])
+    m = x.numel() // x.shape[-1]
+    return _DECODE_TMA == "auto" and _PLANS and (m > 16 or (m >= DECODE_TMA_EAGER_MIN_M and
+                                                            q.shape[0] * q.shape[-1] >= DECODE_TMA_EAGER_MIN_NK))
 
 
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring

@@ -269,13 +269,15 @@ def test_gpu_graphs_make_their_own_tables(monkeypatch):
 
 def test_routing_switch(monkeypatch):
     """``MICROSCALE_DECODE_TMA``: ``1`` always, ``0`` never; ``graph`` while capturing;
-    ``auto`` also eager calls on CUDA for weights of at least ``DECODE_TMA_EAGER_MIN_NK``
-    elements, or more than 16 tokens, while call plans are on; never for CPU tensors otherwise."""
+    ``auto`` also eager calls on CUDA from ``DECODE_TMA_EAGER_MIN_M`` tokens on weights of at
+    least ``DECODE_TMA_EAGER_MIN_NK`` elements, or more than 16 tokens, while call plans are on
+    (graphs: from ``_dt_min_m`` tokens); never for CPU tensors otherwise."""
     from types import SimpleNamespace as NS
 
     big, small = NS(shape=(28672, 8192)), NS(shape=(8192, 8192))
     gpu, cpu = NS(is_cuda=True, shape=(16, 8192), numel=lambda: 16 * 8192), NS(is_cuda=False)
     gpu32 = NS(is_cuda=True, shape=(32, 8192), numel=lambda: 32 * 8192)  # past gemv_mma: no size limit
+    gpu8 = NS(is_cuda=True, shape=(8, 8192), numel=lambda: 8 * 8192)  # eager: below DECODE_TMA_EAGER_MIN_M
     capturing = [False]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
 
@@ -289,6 +291,8 @@ def test_routing_switch(monkeypatch):
     assert not wanted("auto", gpu, big, plans=False) and not wanted("auto", cpu, big)
     assert wanted("auto", gpu32, small) and not wanted("auto", gpu32, small, plans=False)
     assert not wanted("graph", gpu32, small) and not wanted("0", gpu32, big)
+    assert not wanted("auto", gpu8, big) and wanted("1", gpu8, small)
     capturing[0] = True
     assert wanted("graph", gpu, small) and wanted("auto", gpu, small) and not wanted("0", gpu, big)
+    assert wanted("auto", gpu8, big) and wanted("graph", gpu8, small)
     assert big.shape[0] * big.shape[1] >= L.DECODE_TMA_EAGER_MIN_NK > small.shape[0] * small.shape[1]
