@@ -1468,7 +1468,9 @@ DECODE_TMA_EAGER_MIN_NK = 1 << 27
 #: :func:`decode_tma` from this many tokens. Eager loops on 28672x8192 NVFP4 (twenty-fourth session,
 #: ``benchmarks/eager_decode.py``, ``s24/c/eager.log``): at 2 / 4 / 8 tokens 46.3 / 58.5 / 58.1 µs
 #: per call against the GEMV's / gemv_mma's 45.8 / 54.2 / 58.0, although the kernel takes ~45 µs
-#: in graphs (not yet explained), so eager calls keep those up to 8 tokens
+#: in graphs; ``benchmarks/exp_eager_tok8.py`` (``s24/d/``) then had planned eager calls at 46.6-47.2
+#: µs. Until the two agree (the first may have run under the power cap), eager calls keep those
+#: routes up to 8 tokens
 DECODE_TMA_EAGER_MIN_M = 9
 
 
