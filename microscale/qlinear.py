@@ -481,11 +481,12 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     """``x @ dequant(qweight)^T + bias``.
 
     On CUDA a QTensor weight takes, in this order: on Hopper, while a CUDA graph is being
-    captured or in eager calls from ``DECODE_TMA_EAGER_MIN_M`` (9) tokens on weights of at least
-    ``DECODE_TMA_EAGER_MIN_NK`` elements (any weight from 17 tokens), the TMA-fed tensor-core decode kernel (:func:`decode_tma`) for
-    ``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M`` (2-64) tokens on weights of at least
-    ``DECODE_TMA_EAGER_MIN_NK`` elements, ``DECODE_TMA_SMALL_MIN_M..DECODE_TMA_MAX_M`` on smaller
-    ones, of bf16 activations and NVFP4 / MXFP4 weights whose K is a multiple of 256 (faster on the GPU, slower on the host;
+    captured or in eager calls from ``DECODE_TMA_EAGER_MIN_M`` (9) tokens on weights of at
+    least ``DECODE_TMA_EAGER_MIN_NK`` elements (any weight from 17 tokens), the TMA-fed
+    tensor-core decode kernel (:func:`decode_tma`) for ``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M``
+    (2-64) tokens on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements,
+    ``DECODE_TMA_SMALL_MIN_M..DECODE_TMA_MAX_M`` (4-64) on smaller ones, of bf16 activations
+    and NVFP4 / MXFP4 weights whose K is a multiple of 256 (faster on the GPU, slower on the host;
     ``MICROSCALE_DECODE_TMA``: ``graph`` only while capturing, ``1`` always, ``0`` never);
     the tensor-core decode path (:func:`gemv_mma`) for ``GEMV_MMA_MIN_M..GEMV_MMA_MAX_M`` tokens of bf16 activations
     and E2M1 weights with UE4M3/E8M0 scales (NVFP4, MXFP4); the f16x2 GEMV for at most
@@ -518,11 +519,11 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     While a CUDA graph is being captured, per-weight tables not yet kept on the weight are made
     for the call and not kept: :func:`decode_tma`'s step-major copy of the block scales is then
     rebuilt by the graph at every replay, so an eager call in :func:`decode_tma`'s token range
-    that takes another kernel makes it ahead (one byte per 16 weight elements). The split-K kernel's packed weight
-    is not kept either: the graph then repacks the weight at every replay, so call once eagerly
-    (or pass :func:`prepare`'s result) before capturing. A weight of a format with NaN/Inf codes
-    that no eager call has scanned takes the NaN/Inf-aware decode inside a capture (the scan
-    is a host sync, which a capture refuses).
+    that takes another kernel makes it ahead (one byte per 16 weight elements). The split-K
+    kernel's packed weight is not kept either: the graph then repacks the weight at every
+    replay, so call once eagerly (or pass :func:`prepare`'s result) before capturing. A weight
+    of a format with NaN/Inf codes that no eager call has scanned takes the NaN/Inf-aware
+    decode inside a capture (the scan is a host sync, which a capture refuses).
 
     Args:
         x: bfloat16 or float16 ``[..., K]``.
@@ -1442,8 +1443,8 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
 #: ``DECODE_TMA_MAX_M`` bf16 tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA``,
 #: read at import): ``auto`` (the default) while a CUDA graph is being captured, and in eager
 #: calls with call plans on for more than 16 tokens, or from ``DECODE_TMA_EAGER_MIN_M`` tokens on
-#: weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``graph`` only while capturing; ``1`` always; ``0``
-#: never (:func:`gemv_mma` instead up to 16 tokens, the prefill kernel above). H200, 16 tokens,
+#: weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``graph`` only while capturing;
+#: ``1`` always; ``0`` never (:func:`gemv_mma` instead up to 16 tokens, the prefill kernel above). H200, 16 tokens,
 #: graph replays: 50-51 µs on 28672x8192 against gemv_mma's 71-73; 8192x8192 at 8 tokens
 #: gemv_mma stayed ahead of its 16 token columns (18.5 against 19.1-19.7 µs; twelfth session). Eager loops
 #: with plans (``benchmarks/eager_decode.py``, thirteenth session): 51.9 / 54.0 µs per call
