@@ -1475,9 +1475,15 @@ DECODE_TMA_EAGER_MIN_NK = 1 << 27
 DECODE_TMA_EAGER_MIN_M = 9
 
 
+def _dt_large(q: QTensor) -> bool:
+    """Whether ``q`` has at least ``DECODE_TMA_EAGER_MIN_NK`` elements (the size from which
+    :func:`decode_tma` serves more token counts, and eager calls)."""
+    return q.shape[0] * q.shape[-1] >= DECODE_TMA_EAGER_MIN_NK
+
+
 def _dt_min_m(q: QTensor) -> int:
     """The fewest tokens :func:`linear` sends to :func:`decode_tma` on weight ``q``."""
-    return DECODE_TMA_MIN_M if q.shape[0] * q.shape[-1] >= DECODE_TMA_EAGER_MIN_NK else DECODE_TMA_SMALL_MIN_M
+    return DECODE_TMA_MIN_M if _dt_large(q) else DECODE_TMA_SMALL_MIN_M
 
 
 def _decode_tma_ahead(x2: torch.Tensor, q: QTensor) -> bool:
@@ -1499,8 +1505,7 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
     if torch.cuda.is_current_stream_capturing():
         return True
     m = x.numel() // x.shape[-1]
-    return _DECODE_TMA == "auto" and _PLANS and (m > 16 or (m >= DECODE_TMA_EAGER_MIN_M and
-                                                            q.shape[0] * q.shape[-1] >= DECODE_TMA_EAGER_MIN_NK))
+    return _DECODE_TMA == "auto" and _PLANS and (m > 16 or (m >= DECODE_TMA_EAGER_MIN_M and _dt_large(q)))
 
 
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring

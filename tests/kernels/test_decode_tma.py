@@ -1,4 +1,4 @@
-"""The TMA-fed Gluon decode kernel (``qlinear.decode_tma``, 9-64 tokens) without a GPU.
+"""The TMA-fed Gluon decode kernel (``qlinear.decode_tma``, 2-64 tokens) without a GPU.
 
 Gluon kernels do not run under the Triton interpreter. What runs here: the step-major scale
 repack against direct indexing, the host's choices and refusals, and the compile for sm_90a
@@ -233,7 +233,7 @@ def test_gpu_routing_and_graph(monkeypatch):
 def test_gpu_graphs_make_their_own_tables(monkeypatch):
     """A weight first used inside a CUDA graph capture: each graph makes the weight's
     step-major scales itself, so a second graph replayed alone (the first never replayed)
-    and eager calls after the captures are right. An eager call of 9-64 tokens that takes
+    and eager calls after the captures are right. An eager call in the kernel's token range that takes
     another kernel makes the tables ahead, so a graph captured later finds them."""
     dev = _gpu()
     g = torch.Generator(device=dev).manual_seed(11)
