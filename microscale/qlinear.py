@@ -677,7 +677,8 @@ class _Plan:
                         return None
             # the recorded call's x, bias and output are not kept alive by the plan
             kept = [None if any(i == sl[0] for sl in slots) else v for i, v in enumerate(vals)]
-            launches.append((compiled, tuple(grid), kept, tuple(slots)))
+            fn, args, pos = _kl.bind(compiled, tuple(grid), kept)  # (descriptors encoded once)
+            launches.append((fn, args, tuple((pos[i], j, dt) for i, j, dt in slots), kept))
         if 0 not in seen or (bias is not None and 2 not in seen):
             return None
         return _Plan(launches, y.shape, y.dtype, y.device)
@@ -685,11 +686,12 @@ class _Plan:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         subs = (x, out, bias)
-        for compiled, grid, vals, slots in self.launches:
-            vals = list(vals)
+        stream = _kl.current_stream()  # (part of the plan's key)
+        for fn, args, slots, _ in self.launches:
+            args = args.copy()
             for i, j, dt in slots:
-                vals[i] = subs[j] if dt is None else subs[j].view(dt)
-            _kl.run_recorded(compiled, grid, vals)
+                args[i] = subs[j] if dt is None else subs[j].view(dt)
+            fn(stream, args)
         return out
 
 

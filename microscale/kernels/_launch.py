@@ -23,6 +23,9 @@ from triton.runtime import driver
 
 #: ``MICROSCALE_FAST_LAUNCH=0`` (read at import) always takes Triton's own path (A/B runs)
 _FAST = os.environ.get("MICROSCALE_FAST_LAUNCH", "1") == "1"
+#: ``MICROSCALE_BIND_LAUNCH=0`` (read at import): :func:`bind` keeps the compiled kernel's own
+#: launcher, which encodes host TMA descriptors again at every launch (A/B runs)
+_BIND = os.environ.get("MICROSCALE_BIND_LAUNCH", "1") == "1"
 _CACHE: dict = {}
 _PARAMS: dict = {}
 _TLS = threading.local()
@@ -130,3 +133,60 @@ def run_recorded(compiled, grid: tuple, vals) -> None:
     stream = current_stream()
     compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
                  compiled.function, compiled.packed_metadata, None, None, None, *vals)
+
+
+def bind(compiled, grid: tuple, vals: list) -> tuple:
+    """A recorded launch (:func:`record`) made ready for many replays: ``(fn, args, pos)``;
+    ``fn(stream, args)`` launches ``compiled`` on ``grid`` and value ``i`` of ``vals`` is
+    ``args[pos[i]]`` (where a replay puts its own tensors).
+
+    Why: Triton's launcher turns every host TMA descriptor into a ``CUtensorMap`` again at
+    every launch (a driver encode and Python list work per descriptor, host time that
+    :func:`microscale.qlinear.decode_tma`'s three descriptors add to each eager call). Where
+    the launcher is Triton's descriptor wrapper (its closure holds the launcher below it, the
+    descriptor positions and their metadata, and the kernel needs no scratch memory), the
+    descriptors are encoded here once, with Triton's own ``make_tensordesc_arg``, and ``fn``
+    calls the launcher below; the descriptors' tensors must then stay where they are (the
+    caller keeps ``vals``). Elsewhere (another launcher, ``MICROSCALE_BIND_LAUNCH=0``) ``fn``
+    is the compiled kernel's own launcher with ``vals`` as they are."""
+    g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+    raw = _descriptor_launcher(compiled) if _BIND else None
+    if raw is None:
+        def run(stream, args):
+            compiled.run(*g, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
+        return run, list(vals), list(range(len(vals)))
+    launcher, indices, metas, encode = raw
+    head = (compiled.run.launch_cooperative_grid, compiled.run.launch_pdl, None, None,
+            compiled.packed_metadata, None, None, None)
+    args: list = []
+    pos = []
+    d = 0
+    for i, v in enumerate(vals):
+        pos.append(len(args))
+        if i in indices:
+            args.extend(encode(v, metas[d]))
+            d += 1
+        else:
+            args.append(v)
+    fn = compiled.function
+
+    def run_raw(stream, a):
+        launcher(*g, stream, fn, *head, *a)
+    return run_raw, args, pos
+
+
+def _descriptor_launcher(compiled):
+    """``(launcher, descriptor positions, their metadata, encode)`` from the closure of
+    Triton's host-descriptor wrapper (``wrap_handle_tensordesc``) around ``compiled``'s
+    launcher, or None where it is not that wrapper or the kernel needs scratch memory."""
+    run = getattr(compiled, "run", None)
+    inner = getattr(run, "launch", None)
+    code, cells = getattr(inner, "__code__", None), getattr(inner, "__closure__", None)
+    if code is None or cells is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    free = dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
+    encode = inner.__globals__.get("make_tensordesc_arg")
+    if (encode is None or inner.__globals__.get("_BASE_ARGS_FORMAT_LEN") != 13
+            or not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= free.keys()):
+        return None
+    return free["launcher"], free["tensordesc_indices"], free["tensordesc_meta"], encode

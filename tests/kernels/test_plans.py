@@ -92,7 +92,7 @@ def test_plan_substitutes_x_bias_and_output(stub_driver):
     assert v2[1].dtype == torch.int32 and v2[1].data_ptr() == out.data_ptr()
     # the recorded values themselves are left as they were; the plan keeps none of x, bias, y
     assert rec[1][2][0] is x and rec[1][2][3] is y
-    kept = [v for _, _, vals, _ in plan.launches for v in vals if isinstance(v, torch.Tensor)]
+    kept = [v for _, _, _, vals in plan.launches for v in vals if isinstance(v, torch.Tensor)]
     assert all(v.data_ptr() not in (x.data_ptr(), b.data_ptr(), y.data_ptr()) for v in kept) and len(kept) == 2
 
 
@@ -110,6 +110,53 @@ def test_plan_refusals():
     assert L._Plan.build([(c, (1,), [x, y, desc])], x, None, y) is None
     assert L._Plan.build([], x, None, y) is None
     assert L._Plan.build([(c, (1,), [x, y])], x, None, y) is not None
+
+
+def _descriptor_kernel(raw_launch):
+    """A compiled-kernel stand-in whose launcher is Triton's own host-descriptor wrapper
+    (``wrap_handle_tensordesc``) around ``raw_launch``; parameters ``x, d, n, C`` with ``d`` a
+    tensor descriptor and ``C`` a constexpr."""
+    from triton.backends.nvidia import driver as nd
+
+    sig = {"x": "*bf16", "d": "tensordesc<bf16[16, 64]>", "n": "i32", "C": "constexpr"}
+    run = type("Run", (), {"global_scratch_size": 0, "profile_scratch_size": 0,
+                           "launch_cooperative_grid": False, "launch_pdl": True})()
+    run.launch = nd.wrap_handle_tensordesc(raw_launch, sig, None)
+    return type("Compiled", (), {"run": run, "function": 7, "packed_metadata": "meta"})()
+
+
+def test_bind_calls_the_launcher_below_triton_descriptor_wrapper(monkeypatch):
+    """:func:`_launch.bind` on Triton's descriptor wrapper: its launches hand the launcher
+    below exactly what the wrapper itself hands it (the same grid, stream, options and
+    expanded descriptor), with the descriptor expanded once at bind time; value positions
+    point at the substituted tensors. With ``_BIND`` off it keeps the compiled kernel's own
+    launcher."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    calls: list = []
+    compiled = _descriptor_kernel(lambda *a: calls.append(a))
+    x, base = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(32, 64, dtype=torch.bfloat16)
+    desc = TensorDescriptor(base, [32, 64], [64, 1], [16, 64])
+    vals = [x, desc, 5, 3]
+    fn, args, pos = _launch.bind(compiled, (4, 2), vals)
+    assert args[pos[0]] is x and args[pos[2]] == 5 and args[pos[3]] == 3 and len(args) > len(vals)
+    fn(99, args)
+    compiled.run.launch(4, 2, 1, 99, 7, False, True, None, None, "meta", None, None, None, *vals)
+    mine, triton = calls
+    assert len(mine) == len(triton)
+    assert all(a is b or (not isinstance(a, torch.Tensor) and a == b) for a, b in zip(mine, triton))
+    x2 = torch.ones_like(x)
+    a2 = args.copy()
+    a2[pos[0]] = x2
+    fn(98, a2)
+    assert calls[-1][13] is x2 and calls[-1][3] == 98 and calls[-1][14:] == mine[14:]
+    monkeypatch.setattr(_launch, "_BIND", False)
+    log: list = []
+    plain = _Compiled(log)
+    fn, args, pos = _launch.bind(plain, (4,), vals)
+    assert args == vals and pos == [0, 1, 2, 3]
+    fn(0, args)
+    assert log == [((4, 1, 1), tuple(vals))]
 
 
 def test_linear_marks_records_then_replays(stub_driver, monkeypatch):
