@@ -481,7 +481,7 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     """``x @ dequant(qweight)^T + bias``.
 
     On CUDA a QTensor weight takes, in this order: on Hopper, while a CUDA graph is being
-    captured or in eager calls from ``DECODE_TMA_EAGER_MIN_M`` (9) tokens on weights of at
+    captured or in eager calls from ``DECODE_TMA_EAGER_MIN_M`` (2) tokens on weights of at
     least ``DECODE_TMA_EAGER_MIN_NK`` elements (any weight from 17 tokens), the TMA-fed
     tensor-core decode kernel (:func:`decode_tma`) for ``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M``
     (2-64) tokens on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements,
@@ -1468,13 +1468,14 @@ DECODE_TMA_MIN_M = 2
 DECODE_TMA_SMALL_MIN_M = 4
 DECODE_TMA_EAGER_MIN_NK = 1 << 27
 #: eager calls (``auto``, plans on) on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements take
-#: :func:`decode_tma` from this many tokens. Eager loops on 28672x8192 NVFP4 (twenty-fourth session,
-#: ``benchmarks/eager_decode.py``, ``s24/c/eager.log``): at 2 / 4 / 8 tokens 46.3 / 58.5 / 58.1 µs
-#: per call against the GEMV's / gemv_mma's 45.8 / 54.2 / 58.0, although the kernel takes ~45 µs
-#: in graphs; ``benchmarks/exp_eager_tok8.py`` (``s24/d/``) then had planned eager calls at 46.6-47.2
-#: µs. Until the two agree (the first may have run under the power cap), eager calls keep those
-#: routes up to 8 tokens
-DECODE_TMA_EAGER_MIN_M = 9
+#: :func:`decode_tma` from this many tokens. Eager loops, NVFP4, plans on, alternated and
+#: clock-settled (twenty-fifth session, ``benchmarks/exp_eager_routes.py``, ``h200_2026-12-03/s25/``),
+#: medians of 3 windows of 2000 calls, 2 / 4 / 8 tokens: 28672x8192 47.0 / 46.8 / 46.9 µs against the
+#: GEMV's / gemv_mma's 46.1 / 53.3 / 57.6; 8192x28672 44.1 / 44.6 / 45.0 against 47.5 / 51.8 / 56.0.
+#: That needs the plans' bound launches (:func:`microscale.kernels._launch.bind`): with the
+#: descriptors encoded at every launch the host time per call is close to the kernel's and a third
+#: of the windows took 51.8-52.7 µs (the twenty-fourth session's 55-66)
+DECODE_TMA_EAGER_MIN_M = 2
 
 
 def _dt_large(q: QTensor) -> bool:

@@ -230,6 +230,30 @@ def test_gpu_routing_and_graph(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+def test_gpu_eager_auto_routes(monkeypatch):
+    """Default ``auto``, eager calls with plans: a weight of ``DECODE_TMA_EAGER_MIN_NK``
+    elements takes :func:`decode_tma` from 2 tokens (its plan replays bit-identical to the
+    kernel called directly, with bound launches), not at 1; a smaller weight not at 8 tokens."""
+    dev = _gpu()
+    g = torch.Generator(device=dev).manual_seed(8)
+    monkeypatch.setattr(L, "_DECODE_TMA", "auto")
+    big = ms.quantize(torch.randn(L.DECODE_TMA_EAGER_MIN_NK // 8192, 8192, device=dev, generator=g), "nvfp4")
+    small = ms.quantize(torch.randn(1024, 8192, device=dev, generator=g), "mxfp4")
+    calls = []
+    real = L.decode_tma
+    monkeypatch.setattr(L, "decode_tma", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    for m in (2, 8):
+        for _ in range(4):  # marked, recorded, then replayed
+            x = torch.randn(m, 8192, device=dev, generator=g).to(torch.bfloat16)
+            torch.testing.assert_close(ms.linear(x, big), real(x, big), rtol=0, atol=0)
+        assert calls == [m, m]
+        calls.clear()
+    ms.linear(torch.randn(1, 8192, device=dev, generator=g).to(torch.bfloat16), big)
+    ms.linear(torch.randn(8, 8192, device=dev, generator=g).to(torch.bfloat16), small)
+    assert calls == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 def test_gpu_graphs_make_their_own_tables(monkeypatch):
     """A weight first used inside a CUDA graph capture: each graph makes the weight's
     step-major scales itself, so a second graph replayed alone (the first never replayed)
@@ -277,7 +301,8 @@ def test_routing_switch(monkeypatch):
     big, small = NS(shape=(28672, 8192)), NS(shape=(8192, 8192))
     gpu, cpu = NS(is_cuda=True, shape=(16, 8192), numel=lambda: 16 * 8192), NS(is_cuda=False)
     gpu32 = NS(is_cuda=True, shape=(32, 8192), numel=lambda: 32 * 8192)  # past gemv_mma: no size limit
-    gpu8 = NS(is_cuda=True, shape=(8, 8192), numel=lambda: 8 * 8192)  # eager: below DECODE_TMA_EAGER_MIN_M
+    gpu8 = NS(is_cuda=True, shape=(8, 8192), numel=lambda: 8 * 8192)  # eager: large weights only
+    gpu1 = NS(is_cuda=True, shape=(1, 8192), numel=lambda: 8192)  # eager: below DECODE_TMA_EAGER_MIN_M
     capturing = [False]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
 
@@ -291,7 +316,8 @@ def test_routing_switch(monkeypatch):
     assert not wanted("auto", gpu, big, plans=False) and not wanted("auto", cpu, big)
     assert wanted("auto", gpu32, small) and not wanted("auto", gpu32, small, plans=False)
     assert not wanted("graph", gpu32, small) and not wanted("0", gpu32, big)
-    assert not wanted("auto", gpu8, big) and wanted("1", gpu8, small)
+    assert wanted("auto", gpu8, big) and not wanted("auto", gpu8, small) and wanted("1", gpu8, small)
+    assert not wanted("auto", gpu1, big) and L.DECODE_TMA_EAGER_MIN_M > 1
     capturing[0] = True
     assert wanted("graph", gpu, small) and wanted("auto", gpu, small) and not wanted("0", gpu, big)
     assert wanted("auto", gpu8, big) and wanted("graph", gpu8, small)
