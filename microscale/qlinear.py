@@ -677,8 +677,9 @@ class _Plan:
                         return None
             # the recorded call's x, bias and output are not kept alive by the plan
             kept = [None if any(i == sl[0] for sl in slots) else v for i, v in enumerate(vals)]
-            fn, args, pos = _kl.bind(compiled, tuple(grid), kept)  # (descriptors encoded once)
-            launches.append((fn, args, tuple((pos[i], j, dt) for i, j, dt in slots), kept))
+            fn, args, pos, ptrs = _kl.bind(compiled, tuple(grid), kept)  # (descriptors encoded once)
+            slots = tuple((pos[i], j, None if ptrs else dt) for i, j, dt in slots)  # (an address needs no view)
+            launches.append((fn, args, slots, ptrs, kept))
         if 0 not in seen or (bias is not None and 2 not in seen):
             return None
         return _Plan(launches, y.shape, y.dtype, y.device)
@@ -686,11 +687,18 @@ class _Plan:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         subs = (x, out, bias)
+        addrs = None
         stream = _kl.current_stream()  # (part of the plan's key)
-        for fn, args, slots, _ in self.launches:
+        for fn, args, slots, ptrs, _ in self.launches:
             args = args.copy()
-            for i, j, dt in slots:
-                args[i] = subs[j] if dt is None else subs[j].view(dt)
+            if ptrs:  # a bound launch takes addresses (x, bias: CUDA tensors of the key's device)
+                if addrs is None:
+                    addrs = tuple(t.data_ptr() if t is not None else None for t in subs)
+                for i, j, _ in slots:
+                    args[i] = addrs[j]
+            else:
+                for i, j, dt in slots:
+                    args[i] = subs[j] if dt is None else subs[j].view(dt)
             fn(stream, args)
         return out
 

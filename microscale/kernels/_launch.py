@@ -136,25 +136,29 @@ def run_recorded(compiled, grid: tuple, vals) -> None:
 
 
 def bind(compiled, grid: tuple, vals: list) -> tuple:
-    """A recorded launch (:func:`record`) made ready for many replays: ``(fn, args, pos)``;
-    ``fn(stream, args)`` launches ``compiled`` on ``grid`` and value ``i`` of ``vals`` is
-    ``args[pos[i]]`` (where a replay puts its own tensors).
+    """A recorded launch (:func:`record`) made ready for many replays: ``(fn, args, pos,
+    ptrs)``; ``fn(stream, args)`` launches ``compiled`` on ``grid``, value ``i`` of ``vals`` is
+    ``args[pos[i]]`` (where a replay puts its own tensors) and ``ptrs`` says whether a replay
+    puts them in as their ``data_ptr()`` (a bound launch) or as tensors.
 
-    Why: Triton's launcher turns every host TMA descriptor into a ``CUtensorMap`` again at
-    every launch (a driver encode and Python list work per descriptor, host time that
-    :func:`microscale.qlinear.decode_tma`'s three descriptors add to each eager call). Where
-    the launcher is Triton's descriptor wrapper (its closure holds the launcher below it, the
-    descriptor positions and their metadata, and the kernel needs no scratch memory), the
-    descriptors are encoded here once, with Triton's own ``make_tensordesc_arg``, and ``fn``
-    calls the launcher below; the descriptors' tensors must then stay where they are (the
-    caller keeps ``vals``). Elsewhere (another launcher, ``MICROSCALE_BIND_LAUNCH=0``) ``fn``
-    is the compiled kernel's own launcher with ``vals`` as they are."""
+    Why: Triton's launcher does per launch what a replay need not redo. It turns every host
+    TMA descriptor into a ``CUtensorMap`` again (a driver encode and Python list work per
+    descriptor: :func:`microscale.qlinear.decode_tma` has three), and for every tensor argument
+    calls ``data_ptr()`` and asks the driver what the pointer is (``cuPointerGetAttribute``);
+    an integer argument it takes as the address. Where the compiled kernel's launcher is
+    Triton's C launcher (``__triton_launcher``), alone or inside its host-descriptor wrapper
+    (whose closure holds it, the descriptor positions and their metadata), and the kernel needs
+    no scratch memory, the descriptors are encoded here once with Triton's own
+    ``make_tensordesc_arg``, CUDA tensors become their addresses and ``fn`` calls the C
+    launcher directly. The tensors behind ``vals`` must then stay alive and where they are
+    (the caller keeps ``vals``). Elsewhere (another launcher, ``MICROSCALE_BIND_LAUNCH=0``)
+    ``fn`` is the compiled kernel's own launcher with ``vals`` as they are."""
     g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
-    raw = _descriptor_launcher(compiled) if _BIND else None
+    raw = _raw_launcher(compiled) if _BIND else None
     if raw is None:
         def run(stream, args):
             compiled.run(*g, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
-        return run, list(vals), list(range(len(vals)))
+        return run, list(vals), list(range(len(vals))), False
     launcher, indices, metas, encode = raw
     head = (compiled.run.launch_cooperative_grid, compiled.run.launch_pdl, None, None,
             compiled.packed_metadata, None, None, None)
@@ -167,26 +171,33 @@ def bind(compiled, grid: tuple, vals: list) -> tuple:
             args.extend(encode(v, metas[d]))
             d += 1
         else:
-            args.append(v)
+            args.append(v.data_ptr() if isinstance(v, torch.Tensor) and v.is_cuda else v)
     fn = compiled.function
 
     def run_raw(stream, a):
         launcher(*g, stream, fn, *head, *a)
-    return run_raw, args, pos
+    return run_raw, args, pos, True
 
 
-def _descriptor_launcher(compiled):
-    """``(launcher, descriptor positions, their metadata, encode)`` from the closure of
-    Triton's host-descriptor wrapper (``wrap_handle_tensordesc``) around ``compiled``'s
-    launcher, or None where it is not that wrapper or the kernel needs scratch memory."""
+def _raw_launcher(compiled):
+    """``(C launcher, descriptor positions, their metadata, encode)`` below ``compiled``'s
+    launcher: Triton's C launcher itself (no descriptors) or the one inside the closure of
+    its host-descriptor wrapper (``wrap_handle_tensordesc``); None for anything else or when
+    the kernel needs scratch memory."""
     run = getattr(compiled, "run", None)
     inner = getattr(run, "launch", None)
+    if (inner is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
+            or not hasattr(run, "launch_cooperative_grid") or not hasattr(run, "launch_pdl")):
+        return None
+    if getattr(inner, "__module__", None) == "__triton_launcher":
+        return inner, frozenset(), (), None
     code, cells = getattr(inner, "__code__", None), getattr(inner, "__closure__", None)
-    if code is None or cells is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+    if code is None or cells is None:
         return None
     free = dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
     encode = inner.__globals__.get("make_tensordesc_arg")
     if (encode is None or inner.__globals__.get("_BASE_ARGS_FORMAT_LEN") != 13
-            or not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= free.keys()):
+            or not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= free.keys()
+            or getattr(free["launcher"], "__module__", None) != "__triton_launcher"):
         return None
     return free["launcher"], free["tensordesc_indices"], free["tensordesc_meta"], encode

@@ -92,7 +92,7 @@ def test_plan_substitutes_x_bias_and_output(stub_driver):
     assert v2[1].dtype == torch.int32 and v2[1].data_ptr() == out.data_ptr()
     # the recorded values themselves are left as they were; the plan keeps none of x, bias, y
     assert rec[1][2][0] is x and rec[1][2][3] is y
-    kept = [v for _, _, _, vals in plan.launches for v in vals if isinstance(v, torch.Tensor)]
+    kept = [v for *_, vals in plan.launches for v in vals if isinstance(v, torch.Tensor)]
     assert all(v.data_ptr() not in (x.data_ptr(), b.data_ptr(), y.data_ptr()) for v in kept) and len(kept) == 2
 
 
@@ -121,6 +121,8 @@ def _descriptor_kernel(raw_launch):
     sig = {"x": "*bf16", "d": "tensordesc<bf16[16, 64]>", "n": "i32", "C": "constexpr"}
     run = type("Run", (), {"global_scratch_size": 0, "profile_scratch_size": 0,
                            "launch_cooperative_grid": False, "launch_pdl": True})()
+    if raw_launch is not None:
+        raw_launch.__module__ = "__triton_launcher"  # (what Triton's C launcher reports)
     run.launch = nd.wrap_handle_tensordesc(raw_launch, sig, None)
     return type("Compiled", (), {"run": run, "function": 7, "packed_metadata": "meta"})()
 
@@ -134,12 +136,15 @@ def test_bind_calls_the_launcher_below_triton_descriptor_wrapper(monkeypatch):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     calls: list = []
-    compiled = _descriptor_kernel(lambda *a: calls.append(a))
+
+    def raw(*a):
+        calls.append(a)
+    compiled = _descriptor_kernel(raw)
     x, base = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(32, 64, dtype=torch.bfloat16)
     desc = TensorDescriptor(base, [32, 64], [64, 1], [16, 64])
     vals = [x, desc, 5, 3]
-    fn, args, pos = _launch.bind(compiled, (4, 2), vals)
-    assert args[pos[0]] is x and args[pos[2]] == 5 and args[pos[3]] == 3 and len(args) > len(vals)
+    fn, args, pos, ptrs = _launch.bind(compiled, (4, 2), vals)
+    assert ptrs and args[pos[0]] is x and args[pos[2]] == 5 and args[pos[3]] == 3 and len(args) > len(vals)
     fn(99, args)
     compiled.run.launch(4, 2, 1, 99, 7, False, True, None, None, "meta", None, None, None, *vals)
     mine, triton = calls
@@ -153,8 +158,8 @@ def test_bind_calls_the_launcher_below_triton_descriptor_wrapper(monkeypatch):
     monkeypatch.setattr(_launch, "_BIND", False)
     log: list = []
     plain = _Compiled(log)
-    fn, args, pos = _launch.bind(plain, (4,), vals)
-    assert args == vals and pos == [0, 1, 2, 3]
+    fn, args, pos, ptrs = _launch.bind(plain, (4,), vals)
+    assert args == vals and pos == [0, 1, 2, 3] and not ptrs
     fn(0, args)
     assert log == [((4, 1, 1), tuple(vals))]
 
