@@ -642,8 +642,8 @@ def _plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple |
 
 
 class _Plan:
-    """The launches of one :func:`linear` call, bound for replays (:func:`microscale.kernels._launch.bind`: TMA
-    descriptors encoded once, tensors as addresses), replayed with a new x, bias and output."""
+    """The launches of one :func:`linear` call, replayed with a new x, bias and output; bound
+    once (:func:`microscale.kernels._launch.bind`: TMA descriptors encoded, tensors as addresses)."""
 
     __slots__ = ("launches", "shape", "dtype", "device")
 
