@@ -680,7 +680,7 @@ class _Plan:
             kept = [None if any(i == sl[0] for sl in slots) else v for i, v in enumerate(vals)]
             fn, args, pos, ptrs = _kl.bind(compiled, tuple(grid), kept)  # (descriptors encoded once)
             slots = tuple((pos[i], j, None if ptrs else dt) for i, j, dt in slots)  # (an address needs no view)
-            launches.append((fn, args, slots, ptrs, kept))
+            launches.append((fn, args, slots, ptrs, kept))  # (kept: what args address stays alive)
         if 0 not in seen or (bias is not None and 2 not in seen):
             return None
         return _Plan(launches, y.shape, y.dtype, y.device)

@@ -130,9 +130,13 @@ def current_stream() -> int:
 def run_recorded(compiled, grid: tuple, vals) -> None:
     """Launch ``compiled`` with launcher values as :func:`record` keeps them, on
     :func:`current_stream`."""
-    stream = current_stream()
-    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                 compiled.function, compiled.packed_metadata, None, None, None, *vals)
+    compiled.run(*_grid3(grid), current_stream(), compiled.function, compiled.packed_metadata, None, None, None,
+                 *vals)
+
+
+def _grid3(grid: tuple) -> tuple:
+    """``grid`` as the launcher's three dimensions."""
+    return grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
 
 
 def bind(compiled, grid: tuple, vals: list) -> tuple:
@@ -153,7 +157,7 @@ def bind(compiled, grid: tuple, vals: list) -> tuple:
     launcher directly. The tensors behind ``vals`` must then stay alive and where they are
     (the caller keeps ``vals``). Elsewhere (another launcher, ``MICROSCALE_BIND_LAUNCH=0``)
     ``fn`` is the compiled kernel's own launcher with ``vals`` as they are."""
-    g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+    g = _grid3(grid)
     raw = _raw_launcher(compiled) if _BIND else None
     if raw is None:
         def run(stream, args):

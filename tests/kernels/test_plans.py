@@ -135,7 +135,12 @@ def test_bind_calls_the_launcher_below_triton_descriptor_wrapper(monkeypatch):
     launcher."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from triton.backends.nvidia import driver as nd
+
     calls: list = []
+    encodes: list = []
+    encode = nd.make_tensordesc_arg
+    monkeypatch.setattr(nd, "make_tensordesc_arg", lambda *a: encodes.append(a) or encode(*a))
 
     def raw(*a):
         calls.append(a)
@@ -146,7 +151,9 @@ def test_bind_calls_the_launcher_below_triton_descriptor_wrapper(monkeypatch):
     fn, args, pos, ptrs = _launch.bind(compiled, (4, 2), vals)
     assert ptrs and args[pos[0]] is x and args[pos[2]] == 5 and args[pos[3]] == 3 and len(args) > len(vals)
     fn(99, args)
+    assert len(encodes) == 1  # at bind time only
     compiled.run.launch(4, 2, 1, 99, 7, False, True, None, None, "meta", None, None, None, *vals)
+    assert len(encodes) == 2  # Triton's wrapper encodes at every launch
     mine, triton = calls
     assert len(mine) == len(triton)
     assert all(a is b or (not isinstance(a, torch.Tensor) and a == b) for a, b in zip(mine, triton))
@@ -154,7 +161,7 @@ def test_bind_calls_the_launcher_below_triton_descriptor_wrapper(monkeypatch):
     a2 = args.copy()
     a2[pos[0]] = x2
     fn(98, a2)
-    assert calls[-1][13] is x2 and calls[-1][3] == 98 and calls[-1][14:] == mine[14:]
+    assert calls[-1][13] is x2 and calls[-1][3] == 98 and calls[-1][14:] == mine[14:] and len(encodes) == 2
     monkeypatch.setattr(_launch, "_BIND", False)
     log: list = []
     plain = _Compiled(log)
