@@ -1288,11 +1288,43 @@ def prefill(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     return out
 
 
+def _zero_point_max(q: QTensor) -> int | None:
+    """The largest zero point of an affine weight (scanned once per tensor version, see
+    :func:`_scan_once`); None while a CUDA graph is captured unscanned."""
+    return _scan_once(q.zero_points, "_microscale_zp_max", lambda z: int(z.max()) if z.numel() else 0, None)
+
+
+def _int4_weight_reason(q: QTensor) -> str | None:
+    """Why ``q`` is not a 4-bit integer weight :func:`prefill_ws` takes, or None: unsigned
+    codes with uint8 zero points at most 15 (affine, ``int4_affine_g*``) or two's-complement
+    codes (``int4_fp16``), fp16 block scales of a multiple of 16 elements, an unpadded 2-D
+    weight with row-major scales."""
+    f = q.fmt
+    el = f.element
+    if not (el.kind == "int" and el.bits == 4 and el.frac_bits == 0 and f.scale.name == "fp16"
+            and f.block_rows == 1 and f.block_size % 16 == 0 and f.zero_point != el.signed):
+        return f"serves 4-bit integers with fp16 block scales (a multiple of 16), not {f.name}"
+    kb = q.shape[1] // f.block_size if len(q.shape) == 2 else -1
+    if len(q.shape) != 2 or tuple(q.padded_shape) != tuple(q.shape) or tuple(q.scales.shape) != (q.shape[0], kb) \
+            or (f.zero_point and tuple(q.zero_points.shape) != (q.shape[0], kb)):
+        return "needs an unpadded 2-D weight with row-major scales"
+    if f.zero_point:
+        zmax = _zero_point_max(q)  # 128 + z and (code - z) * (the scale's low 3 bits) stay exact in bf16
+        if zmax is None or zmax > 15:
+            return "needs zero points of at most 15 (scanned once; unscanned during a CUDA graph capture)"
+    return None
+
+
 def _prefill_ws_reason(q: QTensor, x: torch.Tensor) -> str | None:
     """Why :func:`prefill_ws` cannot serve ``x @ dequant(q)^T``, or None."""
     why = _e2m1_weight_reason(q)
     if why is not None:
-        return why
+        why_int = _int4_weight_reason(q)
+        if why_int is not None and why_int.startswith("serves"):
+            return ("serves E2M1 weights with UE4M3 (16) or E8M0 (32) block scales and 4-bit integers with fp16 "
+                    f"block scales (a multiple of 16), not {q.fmt.name}") if why.startswith("serves") else why
+        if why_int is not None:
+            return why_int
     f = q.fmt
     k = q.shape[1]
     if x.dim() != 2 or x.shape[1] != k or k % 64:
@@ -1383,10 +1415,11 @@ def _launch_direct(fn, grid, *args, **kwargs) -> None:
 def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, block_t: int | None = None,
                stages: int | None = None, group_t: int = 4, persistent: bool = True,
                split_tail: bool | None = None) -> torch.Tensor:
-    """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens of bf16 activations and an E2M1
-    weight (NVFP4, MXFP4) on Hopper, with the warp-specialized Gluon kernel
+    """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens of bf16 activations and a 4-bit
+    weight on Hopper: E2M1 (NVFP4, MXFP4) or integers with fp16 block scales (``int4_affine_g*``
+    with zero points of at most 15, ``int4_fp16``), with the warp-specialized Gluon kernel
     (:mod:`microscale.kernels._prefill_gluon`: TMA ring for the activations, two consumer
-    warpgroups decoding E2M1 codes straight into the wgmma register operand). :func:`linear`
+    warpgroups decoding the codes straight into the wgmma register operand). :func:`linear`
     routes here from ``PREFILL_WS_MIN_M`` tokens. ``block_t``: tokens per tile (the wgmma N:
     64, 128 or 256); ``stages``: activation ring slots (both default to
     :func:`choose_prefill_ws_tile`); ``group_t``: token tiles that sweep the row tiles together
@@ -1424,12 +1457,17 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     launch(pg._xperm_kernel, (cdiv(m, 32), k // bk), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, num_warps=4)
     desc = TensorDescriptor.from_tensor(xp, [block_t, bk], gl.NVMMASharedLayout.get_default_for([block_t, bk],
                                                                                                   gl.bfloat16))
+    wv = _weight_views(q)
+    scales, zps = wv.scales_u8, wv.scales_u8
     if f.scale.name == "ue4m3":
         sk, ke, post = pg.SK_UE4M3, 0, 2.0 ** 7
-    else:
+    elif f.scale.name == "e8m0":
         d = _e8m0_window(q)
         sk, ke, post = pg.SK_E8M0, 126 - d, 2.0 ** d
-    wv = _weight_views(q)
+    else:  # 4-bit integers, fp16 scales (as int16 bits)
+        sk, ke, post = (pg.SK_F16Z if f.zero_point else pg.SK_F16), 0, 1.0
+        scales = wv.scales_int
+        zps = wv.zero_points if f.zero_point else scales
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     gs = wv.global_scale if wv.global_scale is not None else out
     rows = int(pg.WG_ROWS.value)
@@ -1441,9 +1479,9 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     split = split_tail and _tail_parts(tiles, grid) > 1  # a partial tile per program, counters per tail tile
     ws, cnt = _workspace(x2.device, grid * 2 * rows * block_t if split else 0, (tiles % grid) * 2 * rows * 4 if split
                          else 0)
-    _launch_direct(pg._prefill_ws_kernel, (grid,), desc, wv.words, wv.scales_u8, gs,
+    _launch_direct(pg._prefill_ws_kernel, (grid,), desc, wv.words, scales, zps, gs,
                    bias if bias is not None else out, out, out_desc, ws, cnt, n, m, k, wv.words.stride(0),
-                   wv.scales_u8.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
+                   scales.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
                    SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
                    TMA_OUT=tma_out, SPLIT_TAIL=split_tail, num_warps=4)
     return out
@@ -1597,7 +1635,7 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
 
 def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
     """Why :func:`decode_tma` cannot serve ``x @ dequant(q)^T``, or None."""
-    why = _prefill_ws_reason(q, x)
+    why = _e2m1_weight_reason(q) or _prefill_ws_reason(q, x)
     if why is not None:
         return why
     if not 1 <= x.shape[0] <= DECODE_TMA_MAX_M:

@@ -1,4 +1,4 @@
-"""Warp-specialized prefill for E2M1 weights on Hopper, in Gluon (private).
+"""Warp-specialized prefill for 4-bit weights on Hopper, in Gluon (private).
 
 Why: the Triton prefill kernel (:mod:`._linear_kernels`, ``swap`` + ``pair``) reaches
 0.78x cuBLAS bf16 at 4096 tokens (this kernel: 0.79-0.93x in short timings; NOTES_linear.md,
@@ -28,7 +28,16 @@ rows; word ``a`` gives pairs ``(j, j+4)``). :func:`_xperm_kernel` writes the act
 that order (one extra pass over x: ~1% of a 4096-token call), the weight keeps its
 canonical layout.
 
-``ms.linear`` routes NVFP4 / MXFP4 weights here from ``qlinear.PREFILL_WS_MIN_M`` tokens
+4-bit integer weights with fp16 block scales (affine ``int4_affine_g*``: ``(code - z) * s``;
+symmetric ``int4_fp16``) take the same layout and K order: :func:`int4_decode_asm` places each
+nibble pair under the bf16 exponent of 128 (pairs ``(j, j+4)`` as for E2M1), one exact
+``sub.bf16x2`` of ``128 + z`` leaves ``code - z``, and the fp16 scale, split into a bf16 ``hi``
+(its top 8 significant bits) and an exact bf16 ``lo`` (the other 3), gives
+``fma(d, hi, d * lo)``: ``d * lo`` is exact (<= 4 + 3 bits), so the one rounding of the fma
+makes the bf16 of ``d * s``, the reference dequantization rounded once. Block sizes of any
+multiple of 16 (a thread's 16 elements of a row never straddle a block).
+
+``ms.linear`` routes NVFP4 / MXFP4 and those int4 weights here from ``qlinear.PREFILL_WS_MIN_M`` tokens
 (H200 timings: ``benchmarks/run_gpu_prefill.py``, ``WS=1``). Gluon kernels do not run under
 the Triton interpreter; CI compiles this one for sm_90 and checks its structure and its
 decode (``tests/kernels/test_prefill_gluon.py``).
@@ -43,6 +52,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from ._gemv_mma import SK_E8M0, SK_UE4M3, _word_lines_select
+
+#: scale kinds of the 4-bit integer weights (``SK``): fp16 scale and uint8 zero point per block
+#: (unsigned codes), fp16 scale alone (two's-complement codes)
+SK_F16Z, SK_F16 = 3, 4
+_SKZ = gl.constexpr(SK_F16Z)  # (as the kernels see them)
+_SKS = gl.constexpr(SK_F16)
 
 #: weight rows per consumer warpgroup (the wgmma M) and per program (two consumers)
 WG_ROWS = gl.constexpr(64)
@@ -85,6 +100,40 @@ UE4M3_ASM = gl.constexpr("{\n.reg .b16 lo, hi;\n.reg .b32 sc;\n.reg .f32 fa;\ncv
 #: E8M0 scale byte ``$1`` -> bf16x2 ``2^(e - 1 - D)`` in both halves (bf16 bits ``(e + 126 - D) << 7``; ``$2``
 #: is ``126 - D``)
 E8M0_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nshl.b32 t, t, 7;\nprmt.b32 $0, t, 0, 0x1010;\n}")
+
+
+def int4_decode_asm(signed: bool) -> str:
+    """PTX: 4-bit integer code word ``$8`` -> 8 bf16 outputs, ``$2j`` / ``$2j+1`` the
+    elements ``j`` / ``j+4`` of the word as ``(code - z) * s`` rounded once; ``$9`` / ``$10``:
+    bf16x2 ``hi`` / ``lo`` of the block scale, ``$11``: bf16x2 ``128 + z`` (see
+    :data:`F16Z_SCALE_ASM`). ``signed``: two's-complement codes (the word XORed with
+    0x88888888 first: ``code + 8``, with ``z = 8``)."""
+    w = "$8"
+    lines = []
+    if signed:
+        lines.append("xor.b32 w, $8, 0x88888888;")
+        w = "w"
+    for j in range(4):
+        src = w
+        if j:
+            lines.append(f"shr.u32 m, {w}, {4 * j};")
+            src = "m"
+        # (src & 0x000F000F) | 0x43004300: the nibbles j, j+4 as bf16 128 + code (exact)
+        lines += [f"lop3.b32 m, {src}, 0x000F000F, 0x43004300, 0xEA;", "sub.rn.bf16x2 m, m, $11;",
+                  f"mul.rn.bf16x2 p{j}, m, $10;", f"fma.rn.bf16x2 p{j}, m, $9, p{j};"]
+    lines += [f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, p{j};" for j in range(4)]
+    return "{\n.reg .b32 w, m, p0, p1, p2, p3;\n" + "\n".join(lines) + "\n}"
+
+
+INT4Z_DECODE_ASM = gl.constexpr(int4_decode_asm(False))
+INT4S_DECODE_ASM = gl.constexpr(int4_decode_asm(True))
+#: packed ``$3`` = fp16 scale bits | zero point << 16 -> ``$0`` bf16x2 ``hi`` (the f32 of the
+#: scale truncated to bf16), ``$1`` bf16x2 ``lo`` (the exact rest, <= 3 significant bits),
+#: ``$2`` bf16x2 ``128 + z`` (bits ``0x4300 + z``; exact for z <= 127)
+F16Z_SCALE_ASM = gl.constexpr("{\n.reg .b16 h;\n.reg .b32 t, z;\n.reg .f32 f, fh;\ncvt.u16.u32 h, $3;\n"
+                  "cvt.f32.f16 f, h;\nmov.b32 t, f;\nand.b32 t, t, 0xFFFF0000;\nmov.b32 fh, t;\n"
+                  "sub.f32 f, f, fh;\ncvt.rn.bf16x2.f32 $1, f, f;\nprmt.b32 $0, t, 0, 0x3232;\n"
+                  "shr.u32 z, $3, 16;\nadd.u32 z, z, 0x4300;\nprmt.b32 $2, z, 0, 0x1010;\n}")
 
 
 @gluon.jit
@@ -160,21 +209,37 @@ def _producer(xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT: gl.constexpr
 
 
 @gluon.jit
-def _codes(w_ptr, s_ptr, w_off, s_off, step, TPS: gl.constexpr):
-    """The code words and (int32) block-scale bytes of K step ``step`` (BK / G scales per step)."""
-    return gl.load(w_ptr + w_off + step * (BK // 8)), gl.load(s_ptr + s_off + step * (4 // TPS)).to(gl.int32)
+def _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, step, k_lo, tq, TPS: gl.constexpr, SK: gl.constexpr):
+    """The code words and (int32) block scales of K step ``step`` after ``k_lo``: UE4M3 / E8M0
+    bytes (``BK / G`` per step, ``s_off`` from ``k_lo`` on), or for the int4 kinds the fp16
+    scale bits | zero point << 16 of block ``(4 (k_lo + step) + tq) // TPS`` (any ``TPS``)."""
+    words = gl.load(w_ptr + w_off + step * (BK // 8))
+    if SK == _SKZ or SK == _SKS:
+        idx = s_off + ((k_lo + step) * 4 + tq) // TPS
+        sraw = gl.load(s_ptr + idx).to(gl.int32) & 0xFFFF
+        if SK == _SKZ:
+            sraw = sraw | (gl.load(z_ptr + idx).to(gl.int32) << 16)
+        else:
+            sraw = sraw | (8 << 16)
+    else:
+        sraw = gl.load(s_ptr + s_off + step * (4 // TPS)).to(gl.int32)
+    return words, sraw
 
 
 @gluon.jit
-def _tile_codes(w_ptr, s_ptr, off_n, k_lo, nk, r_w, w_col, s_col, N, stride_wn, stride_sn, TPS: gl.constexpr):
+def _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, nk, r_w, w_col, s_col, tq, N, stride_wn, stride_sn,
+                TPS: gl.constexpr, SK: gl.constexpr):
     """Offsets of this warpgroup's code words and scales in the row tile at ``off_n`` from K
     step ``k_lo`` on (rows clamped: reads of a ragged last tile stay in bounds, its stores are
     masked) and the codes and scales of the first two of its ``nk`` steps."""
     rows = gl.minimum(off_n + r_w, N - 1)
     w_off = rows[:, None, None].to(gl.int64) * stride_wn + (w_col + k_lo * (BK // 8))
-    s_off = rows[:, None].to(gl.int64) * stride_sn + (s_col + k_lo * (4 // TPS))
-    words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, 0, TPS)
-    words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(1, nk - 1), TPS)
+    if SK == _SKZ or SK == _SKS:
+        s_off = rows[:, None].to(gl.int64) * stride_sn
+    else:
+        s_off = rows[:, None].to(gl.int64) * stride_sn + (s_col + k_lo * (4 // TPS))
+    words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, 0, k_lo, tq, TPS, SK)
+    words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(1, nk - 1), k_lo, tq, TPS, SK)
     return w_off, s_off, words, sraw, words_n, sraw_n
 
 
@@ -182,14 +247,24 @@ def _tile_codes(w_ptr, s_ptr, off_n, k_lo, nk, r_w, w_col, s_col, N, stride_wn, 
 def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.constexpr):
     """Code words and scale bytes of one K step -> the ``[rows, BK]`` bf16 wgmma (or mma.sync) A operand
     (K slots permuted, see the module docstring); the layout change is asserted free."""
-    if SK == 2:
-        sc = gl.inline_asm_elementwise(UE4M3_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)
+    if SK == _SKZ or SK == _SKS:
+        hi, lo, kz = gl.inline_asm_elementwise(F16Z_SCALE_ASM, "=r,=r,=r,r", [sraw], dtype=(gl.int32,) * 3,
+                                               is_pure=True, pack=1)
+        hi3 = gl.broadcast(gl.expand_dims(hi, 2), words)[0]
+        lo3 = gl.broadcast(gl.expand_dims(lo, 2), words)[0]
+        kz3 = gl.broadcast(gl.expand_dims(kz, 2), words)[0]
+        e = gl.inline_asm_elementwise(INT4Z_DECODE_ASM if SK == _SKZ else INT4S_DECODE_ASM,
+                                      "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [words, hi3, lo3, kz3],
+                                      dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
     else:
-        sc = gl.inline_asm_elementwise(E8M0_ASM, "=r,r,r", [sraw, gl.full(sraw.shape, 0, gl.int32, s_l) + ke],
-                                       dtype=gl.int32, is_pure=True, pack=1)
-    sc3 = gl.broadcast(gl.expand_dims(sc, 2), words)[0]
-    e = gl.inline_asm_elementwise(DECODE_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, sc3],
-                                  dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+        if SK == 2:
+            sc = gl.inline_asm_elementwise(UE4M3_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)
+        else:
+            sc = gl.inline_asm_elementwise(E8M0_ASM, "=r,r,r", [sraw, gl.full(sraw.shape, 0, gl.int32, s_l) + ke],
+                                           dtype=gl.int32, is_pure=True, pack=1)
+        sc3 = gl.broadcast(gl.expand_dims(sc, 2), words)[0]
+        e = gl.inline_asm_elementwise(DECODE_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, sc3],
+                                      dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
     # (j, e) pairs -> [rows, t, a, e, j0, j1] -> [rows, j1, j0, a, t, e] = K slot 16 j + 8 a + 2 t + e
     q0 = gl.join(e[0], e[1])
     q1 = gl.join(e[2], e[3])
@@ -280,7 +355,7 @@ def _epilogue(acc, ok, e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, N, M,
 
 
 @gluon.jit
-def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr, n_t,
+def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr, n_t,
               n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
               GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
               HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr):
@@ -309,8 +384,9 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
     j = 0
     tile, k_lo, k_hi = _segment(0, dp, s_lo, s_hi, S, n_steps)
     off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
-    w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, off_n, k_lo, k_hi - k_lo, r_w, w_col,
-                                                             s_col, N, stride_wn, stride_sn, TPS)
+    tq2 = tq[None, :]
+    w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, k_hi - k_lo, r_w,
+                                                             w_col, s_col, tq2, N, stride_wn, stride_sn, TPS, SK)
     it = 0
     while j < n_seg:
         nk = k_hi - k_lo
@@ -320,12 +396,13 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
         # issued one step earlier): loads land two steps ahead (~1 us at 256 tokens)
         for i in range(0, nk, 2):
             a = _decode(words, sraw, ke, SK, s_l, a_l)
-            words, sraw = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(i + 2, nk - 1), TPS)
+            words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 2, nk - 1), k_lo, tq2, TPS, SK)
             acc = _mma_step(a, x_bufs, ready, empty, acc, it)
             it += 1
             if i + 1 < nk:
                 a = _decode(words_n, sraw_n, ke, SK, s_l, a_l)
-                words_n, sraw_n = _codes(w_ptr, s_ptr, w_off, s_off, gl.minimum(i + 3, nk - 1), TPS)
+                words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 3, nk - 1), k_lo, tq2,
+                                         TPS, SK)
                 acc = _mma_step(a, x_bufs, ready, empty, acc, it)
                 it += 1
         # the next segment's first two steps of codes and scales, in flight during the epilogue
@@ -336,8 +413,8 @@ def _consumer(w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, re
         if j < n_seg:
             tile, k_lo, k_hi = _segment(j, dp, s_lo, s_hi, S, n_steps)
             off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
-        w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, off_n, k_lo, k_hi - k_lo, r_w, w_col,
-                                                                 s_col, N, stride_wn, stride_sn, TPS)
+        w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, k_hi - k_lo, r_w,
+                                                                 w_col, s_col, tq2, N, stride_wn, stride_sn, TPS, SK)
         partial = nk < n_steps  # always whole tiles without SPLIT_TAIL
         if partial:
             tot, last = _split_sum(acc, ws_ptr, cnt_ptr, nk, n_t * n_n, n_steps, WG, acc_l)
@@ -364,16 +441,19 @@ def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
 
 
 @gluon.jit
-def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, ws_ptr, cnt_ptr, N, M, K,
+def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, ws_ptr, cnt_ptr, N, M, K,
                        stride_wn, stride_sn, stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr,
                        GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
                        HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
-    ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K / 8]``; ``s_ptr``: uint8 block scales
+    ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K / 8]``; ``s_ptr``: block scales
     ``[N, K / G]`` (``TPS = G / 16`` quad members share one: a thread's 16 elements of a row
-    lie in one block); ``SK``: UE4M3 / E8M0 scales (``ke = 126 - D`` for E8M0, see
-    ``_gemv_mma``); ``post``: the power of two the scale placement leaves out. Tile
+    lie in one block); ``SK``: UE4M3 / E8M0 scale bytes (``ke = 126 - D`` for E8M0, see
+    ``_gemv_mma``) with E2M1 codes, or int16 bits of fp16 scales with 4-bit integer codes
+    (``SK_F16Z``: unsigned, uint8 zero points at ``z_ptr`` in the scales' shape; ``SK_F16``:
+    two's complement; ``z_ptr`` unused otherwise); ``post``: the power of two the scale
+    placement leaves out. Tile
     order: :func:`_tile_origin`; program ``p`` of ``P`` takes tiles ``p, p + P, ...``
     (persistent when ``P`` is the SM count: the producer fills the ring for the next tile
     and the consumers load its first codes during the epilogue); ``SPLIT_TAIL``: the tiles
@@ -392,14 +472,14 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, 
         c_bufs = x_bufs  # unused
     ready, empty = ring_barriers(STAGES, 2)  # both consumer warpgroups free a slot
     gl.warp_specialize([
-        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
+        (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS,
                      HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL)),
-        (_consumer, (w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
+        (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, GROUP_T, SK, TPS,
                      HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL)),
         (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T, SPLIT_TAIL)),
     ], [4, 1], [232, 40])
 
 
-__all__ = ["SK_E8M0", "SK_UE4M3", "WG_ROWS", "BK", "decode_asm"]
+__all__ = ["SK_E8M0", "SK_UE4M3", "SK_F16Z", "SK_F16", "WG_ROWS", "BK", "decode_asm", "int4_decode_asm"]

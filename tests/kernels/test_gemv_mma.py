@@ -117,6 +117,8 @@ class Warp:
             regs[ops[0]] = r
         elif op == "and.b32":
             regs[ops[0]] = v(ops[1]) & v(ops[2])
+        elif op == "xor.b32":
+            regs[ops[0]] = v(ops[1]) ^ v(ops[2])
         elif op == "or.b32":
             regs[ops[0]] = v(ops[1]) | v(ops[2])
         elif op == "add.u32":
@@ -142,13 +144,20 @@ class Warp:
             regs[ops[0]] = _bits32(_f32(v(ops[1])) * _f32(v(ops[2])))
         elif op == "add.f32":
             regs[ops[0]] = _bits32(_f32(v(ops[1])) + _f32(v(ops[2])))
+        elif op == "sub.f32":
+            regs[ops[0]] = _bits32(_f32(v(ops[1])) - _f32(v(ops[2])))
         elif op == "cvt.rn.bf16x2.f32":  # d.hi <- a, d.lo <- b
             regs[ops[0]] = (_f64_to_bf16_bits(_f32(v(ops[1]))) << u32(16)) | _f64_to_bf16_bits(_f32(v(ops[2])))
-        elif op == "mul.rn.bf16x2":
-            a, b = v(ops[1]), v(ops[2])
+        elif op in ("mul.rn.bf16x2", "sub.rn.bf16x2", "fma.rn.bf16x2"):
+            # each half's exact result rounded once to bf16 (exact in float64, and within float32's
+            # precision where the generators use them, so the float32 step does not round twice)
             half = lambda w, h: _bf16_bits_to_f64((w >> u32(16 * h)) & 0xFFFF)  # noqa: E731
-            regs[ops[0]] = (_f64_to_bf16_bits(half(a, 0) * half(b, 0))
-                            | (_f64_to_bf16_bits(half(a, 1) * half(b, 1)) << u32(16)))
+            f = {"mul.rn.bf16x2": lambda a, b: a * b, "sub.rn.bf16x2": lambda a, b: a - b,
+                 "fma.rn.bf16x2": lambda a, b, c: a * b + c}[op]
+            srcs = [v(o) for o in ops[1:]]
+            res = [f(*(half(w, h) for w in srcs)) for h in (0, 1)]
+            assert all((r.astype(np.float32).astype(np.float64) == r).all() for r in res), "not exact in float32"
+            regs[ops[0]] = _f64_to_bf16_bits(res[0]) | (_f64_to_bf16_bits(res[1]) << u32(16))
         elif op == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32":
             d, a, b, c = ([x.strip() for x in gr.split(",")] for gr in groups)
             A = np.zeros((16, 16))

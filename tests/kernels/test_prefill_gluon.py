@@ -47,11 +47,18 @@ def emulate(x: torch.Tensor, q) -> np.ndarray:
     n, k = q.shape
     f = q.fmt
     words = q.data.contiguous().view(torch.int32).numpy().view(np.uint32).reshape(n, k // 8)
-    scales = q.scales.contiguous().view(torch.uint8).numpy().astype(np.uint32)
     warp = Warp(np.zeros(1, np.uint8))
+    int4 = f.scale.name == "fp16"
+    if int4:  # fp16 scale bits | zero point (8 for two's-complement codes) << 16, as the kernel packs them
+        zp = q.zero_points.numpy().astype(np.uint32) if f.zero_point else 8
+        scales = (q.scales.contiguous().view(torch.int16).numpy().astype(np.uint32) & 0xFFFF) | (zp << 16)
+        dasm = pg.INT4Z_DECODE_ASM.value if f.zero_point else pg.INT4S_DECODE_ASM.value
+        post = 1.0
+    else:
+        scales = q.scales.contiguous().view(torch.uint8).numpy().astype(np.uint32)
     if f.scale.name == "ue4m3":
         sasm, extra, post = pg.UE4M3_ASM.value, [], 2.0 ** 7
-    else:
+    elif f.scale.name == "e8m0":
         d = L._e8m0_window(q)
         sasm, extra, post = pg.E8M0_ASM.value, [np.full(32, 126 - d)], 2.0 ** d
     a = np.zeros((n, k))
@@ -61,8 +68,12 @@ def emulate(x: torch.Tensor, q) -> np.ndarray:
         sl = slice(lo, lo + 32)
         w = words[r[sl], 8 * c[sl] + 2 * t[sl] + av[sl]]
         sb = scales[r[sl], (64 * c[sl] + 16 * t[sl]) // f.block_size]  # the block of the thread's 16
-        sc = warp.run(sasm, "=r,r" + ",r" * len(extra), [sb] + extra)[0]
-        outs = warp.run(pg.DECODE_ASM.value, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w, sc])
+        if int4:
+            hi, lo, kz = warp.run(pg.F16Z_SCALE_ASM.value, "=r,=r,=r,r", [sb])
+            outs = warp.run(dasm, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [w, hi, lo, kz])
+        else:
+            sc = warp.run(sasm, "=r,r" + ",r" * len(extra), [sb] + extra)[0]
+            outs = warp.run(pg.DECODE_ASM.value, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w, sc])
         for jj in range(4):
             for e in range(2):
                 h = outs[2 * jj + e].astype(np.uint32) & 0xFFFF
@@ -86,6 +97,46 @@ def test_kernel_arithmetic_matches_float64(name, gen):
     assert (np.abs(out - ref) <= 2.0 ** -20 * cond + 1e-300).all()  # the reference rounds s * gs to fp32
 
 
+def _int4_weight(name: str, gen, n: int = 24, k: int = 512):
+    """A 4-bit integer weight with scales over many binades (normal and subnormal fp16, with
+    low mantissa bits set: the ``lo`` part of the split) and every code and zero point."""
+    w = torch.randn(n, k, generator=gen) * torch.logspace(-6, 2, n).reshape(n, 1)
+    q = ms.quantize(w, name)
+    sc = q.scales.view(torch.int16)
+    sc[0, :] = torch.tensor([0x0001, 0x03FF, 0x0401, 0x7BFF][: sc.shape[1]] * (sc.shape[1] // 4 or 1)
+                            )[: sc.shape[1]].to(torch.int16)  # fp16 subnormal / normal extremes
+    q.data[1, :] = torch.arange(256, dtype=torch.uint8).repeat(k // 512 + 1)[: k // 2]  # every code pair
+    if q.zero_points is not None:
+        q.zero_points[2, :] = torch.arange(q.zero_points.shape[1], dtype=torch.uint8) % 16
+    return q
+
+
+@pytest.mark.parametrize("name", ["int4_affine_g128", "int4_affine_g32", "int4_affine_g64", "int4_fp16"])
+def test_int4_arithmetic_is_the_reference_dequantization(name, gen):
+    """4-bit integers with fp16 scales: every decoded weight is the bf16 of ``(code - z) * s``
+    (the reference dequantization rounded once), so the products match float64 on the
+    bf16-rounded weights up to fp32 accumulation."""
+    q = _int4_weight(name, gen)
+    x = (torch.randn(5, q.shape[1], generator=gen) * 2).to(torch.bfloat16)
+    out = emulate(x, q)
+    wd = q.dequantize(torch.float64).to(torch.bfloat16).double()  # rounded once from the exact value
+    ref = (x.double() @ wd.T).numpy()
+    cond = (x.double().abs() @ wd.abs().T).numpy()
+    assert (np.abs(out - ref) <= 2.0 ** -40 * cond + 1e-300).all()
+
+
+def test_int4_emulation_catches_an_inexact_scale(gen, monkeypatch):
+    """The check can fail: fp16 scales rounded to bf16 (one multiply, no ``lo`` part) are caught."""
+    q = _int4_weight("int4_affine_g128", gen)
+    x = (torch.randn(3, q.shape[1], generator=gen) * 2).to(torch.bfloat16)
+    monkeypatch.setattr(pg, "F16Z_SCALE_ASM", pg.gl.constexpr(pg.F16Z_SCALE_ASM.value.replace(
+        "cvt.rn.bf16x2.f32 $1, f, f;", "mov.b32 $1, 0;")))
+    wd = q.dequantize(torch.float64).to(torch.bfloat16).double()
+    ref = (x.double() @ wd.T).numpy()
+    cond = (x.double().abs() @ wd.abs().T).numpy()
+    assert not (np.abs(emulate(x, q) - ref) <= 2.0 ** -40 * cond + 1e-300).all()
+
+
 def test_emulation_catches_a_wrong_slot_order(gen, monkeypatch):
     """The check can fail: activations left in natural K order are caught."""
     q = ms.quantize(torch.randn(8, 128, generator=gen), "nvfp4")
@@ -95,7 +146,7 @@ def test_emulation_catches_a_wrong_slot_order(gen, monkeypatch):
     assert not np.allclose(emulate(x, q), (x.double() @ wd.T).numpy(), rtol=1e-3, atol=1e-6)
 
 
-@pytest.mark.parametrize("fmt,n", [("nvfp4", 256), ("mxfp4", 260)])
+@pytest.mark.parametrize("fmt,n", [("nvfp4", 256), ("mxfp4", 260), ("int4_affine_g128", 256)])
 def test_compiles_for_sm90_without_movement_or_spills(fmt, n, tmp_path, run_tool):
     """Compiled as ``prefill_ws`` launches it: the decoded tile reaches the wgmma register
     operand with no layout conversion (``assert_trivial`` in the kernel: a failure would
@@ -182,7 +233,7 @@ def test_gpu_small_weight_route_in_a_graph(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "int4_affine_g128", "int4_affine_g32", "int4_fp16"])
 @pytest.mark.parametrize("programs", [None, 3])
 @pytest.mark.parametrize("split_tail", [True, False])
 def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
@@ -193,7 +244,9 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
     past the last full wave split in K (with 132 programs every tile here is split, in 4 to 8
     parts; with 3 programs the single tail tile of the first two cases, in 3), checked to
     have taken the split path (its workspace requested), the same output on a second call
-    (the parts are added in a fixed order; the counters were left at zero)."""
+    (the parts are added in a fixed order; the counters were left at zero). The reference
+    weights are the bf16 of the exact dequantization (E2M1 weights are exact in bf16; the
+    int4 decode rounds ``(code - z) * s`` once)."""
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) != (9, 0):
         pytest.skip("sm_90 (wgmma)")
@@ -207,8 +260,9 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
     cases = [(300, 196, 1024, 256), (64, 128, 512, 128), (513, 200, 2048, 256),  # N % 8: both stores
              (700, 390, 1088, 128), (520, 264, 1088, 64)]  # 17 K steps
     for (m, n, k, bt) in cases:
+        k = k if k % ms.get_format(name).block_size == 0 else k + 64  # (g128: an even K step count)
         q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
-        wd = q.dequantize(torch.float64)
+        wd = q.dequantize(torch.float64).to(torch.bfloat16).double()
         x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
         bias = torch.randn(n, device=dev, generator=g)
         out = L.prefill_ws(x, q, bias, block_t=bt, split_tail=split_tail)
@@ -245,6 +299,14 @@ def test_reasons():
         L.prefill_ws(x.half(), q)
     with pytest.raises(ValueError, match="Hopper"):
         L.prefill_ws(x, q)
+    q = ms.quantize(torch.randn(64, 256), "int4_affine_g128")
+    assert L._prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)"  # the weight itself is served
+    q.zero_points[3, 1] = 16  # 128 + z and (code - z) * lo no longer exact in bf16
+    with pytest.raises(ValueError, match="zero points of at most 15"):
+        L.prefill_ws(x, q)
+    for name in ("int4_fp32", "mxint4", "int8_affine_g128"):
+        with pytest.raises(ValueError, match="4-bit integers with fp16"):
+            L.prefill_ws(x, ms.quantize(torch.randn(64, 256), name))
 
 
 @pytest.mark.parametrize("m, n, split, want", [
