@@ -1487,7 +1487,9 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     return out
 
 
-#: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) with ``DECODE_TMA_MIN_M`` (weights of at
+#: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) and 4-bit integers with fp16 scales in blocks of
+#: a multiple of 64 (``int4_affine_g64`` / ``_g128``; eager calls of 5-16 tokens on small ones too, which
+#: have no ``gemv_mma``) with ``DECODE_TMA_MIN_M`` (weights of at
 #: least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``DECODE_TMA_SMALL_MIN_M`` for smaller ones) to
 #: ``DECODE_TMA_MAX_M`` bf16 tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA``,
 #: read at import): ``auto`` (the default) while a CUDA graph is being captured, and in eager
@@ -1555,7 +1557,9 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
     if torch.cuda.is_current_stream_capturing():
         return True
     m = x.numel() // x.shape[-1]
-    return _DECODE_TMA == "auto" and _PLANS and (m > 16 or (m >= DECODE_TMA_EAGER_MIN_M and _dt_large(q)))
+    # (below 17 tokens small E2M1 weights keep gemv_mma; the int4 ones, fp16-scaled, have no such kernel)
+    return _DECODE_TMA == "auto" and _PLANS and (m > 16 or (m >= DECODE_TMA_EAGER_MIN_M and _dt_large(q))
+                                                 or (m > GEMV_MAX_M and q.fmt.scale.name == "fp16"))
 
 
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
@@ -1588,12 +1592,21 @@ def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
     """``q``'s block scales step-major for :func:`decode_tma`: ``[tiles * steps * rows / 64,
     256]`` uint8, where row tile ``t`` (``rows`` weight rows, zero-padded) and K step ``s`` (64
     elements) hold ``[rows, 4]`` bytes at row ``(t * steps + s) * rows / 64``: one byte per 16
-    elements (E8M0 scales of 32 repeated), so that one TMA box brings a step's scales."""
+    elements (E8M0 scales of 32 repeated), so that one TMA box brings a step's scales. For
+    4-bit integers with fp16 scales (blocks of a multiple of 64) the ``[rows]`` int32 of a step
+    are the fp16 scale bits | the zero point << 16 (8 for two's-complement codes): the same
+    bytes."""
     n, k = q.shape
+    tiles = cdiv(n, rows)
+    if q.fmt.scale.name == "fp16":  # 4-bit integers, blocks of 64+: fp16 bits | zero point << 16, one int32 a step
+        zp = q.zero_points.to(torch.int32) if q.zero_points is not None else 8
+        pk = (q.scales.reshape(n, -1).view(torch.int16).to(torch.int32) & 0xFFFF) | (zp << 16)
+        pad = torch.zeros((tiles * rows, k // 64), dtype=torch.int32, device=pk.device)
+        pad[:n] = pk.repeat_interleave(q.fmt.block_size // 64, dim=1)
+        return pad.reshape(tiles, rows, k // 64).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(-1, 256)
     sc = q.scales.reshape(n, -1).view(torch.uint8)
     if sc.shape[1] != k // 16:
         sc = sc.repeat_interleave(k // 16 // sc.shape[1], dim=1)
-    tiles = cdiv(n, rows)
     pad = torch.zeros((tiles * rows, k // 16), dtype=torch.uint8, device=sc.device)
     pad[:n] = sc
     return pad.reshape(tiles, rows, k // 64, 4).permute(0, 2, 1, 3).reshape(-1, 256).contiguous()
@@ -1635,9 +1648,11 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
 
 def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
     """Why :func:`decode_tma` cannot serve ``x @ dequant(q)^T``, or None."""
-    why = _e2m1_weight_reason(q) or _prefill_ws_reason(q, x)
+    why = _prefill_ws_reason(q, x)
     if why is not None:
         return why
+    if q.fmt.scale.name == "fp16" and q.fmt.block_size % 64:
+        return f"serves 4-bit integer weights with blocks of a multiple of 64, not {q.fmt.block_size}"
     if not 1 <= x.shape[0] <= DECODE_TMA_MAX_M:
         return f"serves 1 to {DECODE_TMA_MAX_M} tokens, got {x.shape[0]}"
     if q.shape[1] % (64 * _DT_CHUNK):
@@ -1710,9 +1725,11 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     launch(pg._xperm_kernel, (cdiv(m, 32), k // 64), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, num_warps=4)
     if q.fmt.scale.name == "ue4m3":
         sk, ke, post = pg.SK_UE4M3, 0, 2.0 ** 7
-    else:
+    elif q.fmt.scale.name == "e8m0":
         d = _e8m0_window(q)
         sk, ke, post = pg.SK_E8M0, 126 - d, 2.0 ** d
+    else:
+        sk, ke, post = (pg.SK_F16Z if q.fmt.zero_point else pg.SK_F16), 0, 1.0
     wv = _weight_views(q)
     rows = _DT_ROWS
     w_desc, s_desc = _dt_weight_descs(q, wv)

@@ -34,7 +34,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from ._prefill_gluon import ARRIVE_ASM, BK, _decode, ring_barriers
+from ._prefill_gluon import _SKS, _SKZ, ARRIVE_ASM, BK, _decode, ring_barriers
 
 
 @gluon.jit
@@ -106,6 +106,8 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
         reg_bases=[[0, 0, 1], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
         warp_bases=wb3, block_bases=[], shape=[ROWS, 4, 2])
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
+    s32_sl: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    s_zero = gl.full([ROWS, 4], 0, gl.int32, s_l)
     r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_l))
     TOK: gl.constexpr = x_bufs.shape[1]  # token columns: 8, 16, 32 or 64
     c = gl.arange(0, TOK, layout=gl.SliceLayout(0, mma_l))
@@ -125,7 +127,12 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
             for cs in gl.static_range(C):
                 wbuf = w_bufs.index(slot * (C // CW) + cs // CW).slice((cs % CW) * 8, 8, dim=1)
                 words = gl.convert_layout(gl.reshape(wbuf.load(w2_l), [ROWS, 4, 2]), w_l, assert_trivial=True)
-                sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
+                if SK == _SKZ or SK == _SKS:  # one int32 per row and step: fp16 scale bits | zero point << 16
+                    sv = s_bufs.index(slot * C + cs)._reinterpret(gl.int32, [ROWS], s32_sl).load(
+                        gl.SliceLayout(1, s_l))
+                    sraw = gl.expand_dims(sv, 1) + s_zero
+                else:
+                    sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
                 b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
                 acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l), b, acc)
             mbarrier.arrive(empty.index(slot), count=1)

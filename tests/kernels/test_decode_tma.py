@@ -114,6 +114,24 @@ def test_token_columns():
     assert [L._dt_tokens(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == [8, 8, 16, 16, 32, 32, 64, 64]
 
 
+@pytest.mark.parametrize("name,n", [("int4_affine_g128", 300), ("int4_affine_g64", 128)])
+def test_step_scales_layout_int4(name, n, gen):
+    """4-bit integers with fp16 scales: row tile ``t``, step ``s`` holds ``[rows]`` int32, the
+    fp16 bits of the scale of elements ``64 s ..`` of row ``t rows + r`` | its zero point << 16
+    (zero past the last row): as many bytes as the E2M1 formats' ``[rows, 4]``."""
+    k, rows = 512, 128
+    q = ms.quantize(torch.randn(n, k, generator=gen), name)
+    st = L._step_scales(q, rows)
+    tiles, steps = -(-n // rows), k // 64
+    assert st.shape == (tiles * steps * rows // 64, 256) and st.dtype == torch.uint8
+    t, s, r = torch.meshgrid(torch.arange(tiles), torch.arange(steps), torch.arange(rows), indexing="ij")
+    row = (t * rows + r).clamp(max=n - 1)
+    blk = 64 * s // q.fmt.block_size
+    sc = q.scales.view(torch.int16)[row, blk].to(torch.int32) & 0xFFFF
+    want = torch.where(t * rows + r < n, sc | (q.zero_points[row, blk].to(torch.int32) << 16), 0)
+    assert torch.equal(st.view(torch.int32).reshape(tiles, steps, rows), want)
+
+
 def test_reasons(monkeypatch):
     q = ms.quantize(torch.randn(64, 512), "mxfp8_e4m3")
     x = torch.randn(16, 512).to(torch.bfloat16)
@@ -133,10 +151,12 @@ def test_reasons(monkeypatch):
     assert "1 to 64 tokens" in L._decode_tma_reason(q, torch.randn(65, 512).to(torch.bfloat16))
     q = ms.quantize(torch.randn(64, 320), "nvfp4")
     assert "multiple of 256" in L._decode_tma_reason(q, torch.randn(16, 320).to(torch.bfloat16))
+    assert L._decode_tma_reason(ms.quantize(torch.randn(64, 512), "int4_affine_g128"), x) is None
+    assert "multiple of 64" in L._decode_tma_reason(ms.quantize(torch.randn(64, 512), "int4_affine_g32"), x)
 
 
 @pytest.mark.parametrize("fmt,n,m", [("nvfp4", 256, 16), ("mxfp4", 1000, 16), ("nvfp4", 1000, 5), ("nvfp4", 1000, 32),
-                                     ("nvfp4", 1000, 64)])
+                                     ("nvfp4", 1000, 64), ("int4_affine_g128", 1000, 16)])
 def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_tool):
     """Compiled as ``decode_tma`` launches it: the code words reach the ``mma.sync`` operand
     with no layout conversion (``assert_trivial``: a failure would stop the compile), codes,
@@ -162,7 +182,7 @@ def _gpu():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "int4_affine_g128", "int4_affine_g64"])
 def test_gpu_decode_tma(name):
     """The kernel on an H200: 1-64 tokens (8, 16, 32 and 64 token columns), ragged rows, bias,
     whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each
@@ -178,6 +198,8 @@ def test_gpu_decode_tma(name):
     for (m, n, k, programs) in cases:
         q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
         wd = q.dequantize(torch.float64)
+        if q.fmt.scale.name == "fp16":  # the int4 decode rounds (code - z) * s once to bf16
+            wd = wd.to(torch.bfloat16).double()
         x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
         bias = torch.randn(n, device=dev, generator=g)
         out = L.decode_tma(x, q, bias, programs=programs)
@@ -298,7 +320,9 @@ def test_routing_switch(monkeypatch):
     (graphs: from ``_dt_min_m`` tokens); never for CPU tensors otherwise."""
     from types import SimpleNamespace as NS
 
-    big, small = NS(shape=(28672, 8192)), NS(shape=(8192, 8192))
+    f4 = ms.get_format("nvfp4")
+    big, small = NS(shape=(28672, 8192), fmt=f4), NS(shape=(8192, 8192), fmt=f4)
+    small_int4 = NS(shape=(8192, 8192), fmt=ms.get_format("int4_affine_g128"))  # no gemv_mma: 5-16 tokens too
     gpu, cpu = NS(is_cuda=True, shape=(16, 8192), numel=lambda: 16 * 8192), NS(is_cuda=False)
     gpu32 = NS(is_cuda=True, shape=(32, 8192), numel=lambda: 32 * 8192)  # past gemv_mma: no size limit
     gpu8 = NS(is_cuda=True, shape=(8, 8192), numel=lambda: 8 * 8192)  # eager: large weights only
@@ -318,6 +342,8 @@ def test_routing_switch(monkeypatch):
     assert not wanted("graph", gpu32, small) and not wanted("0", gpu32, big)
     assert wanted("auto", gpu8, big) and not wanted("auto", gpu8, small) and wanted("1", gpu8, small)
     assert not wanted("auto", gpu1, big) and L.DECODE_TMA_EAGER_MIN_M > 1
+    assert wanted("auto", gpu8, small_int4) and not wanted("auto", gpu8, small_int4, plans=False)
+    assert not wanted("auto", NS(is_cuda=True, shape=(4, 8192), numel=lambda: 4 * 8192), small_int4)  # the GEMV's
     capturing[0] = True
     assert wanted("graph", gpu, small) and wanted("auto", gpu, small) and not wanted("0", gpu, big)
     assert wanted("auto", gpu8, big) and wanted("graph", gpu8, small)

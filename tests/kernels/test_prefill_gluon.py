@@ -245,8 +245,9 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
     parts; with 3 programs the single tail tile of the first two cases, in 3), checked to
     have taken the split path (its workspace requested), the same output on a second call
     (the parts are added in a fixed order; the counters were left at zero). The reference
-    weights are the bf16 of the exact dequantization (E2M1 weights are exact in bf16; the
-    int4 decode rounds ``(code - z) * s`` once)."""
+    weights: the exact dequantization for E2M1 (code times block scale is exact in bf16); the
+    int4 decode rounds ``(code - z) * s`` once; NVFP4's global scale is applied in float32 after
+    the sums, so its reference weights stay exact)."""
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) != (9, 0):
         pytest.skip("sm_90 (wgmma)")
@@ -262,7 +263,9 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
     for (m, n, k, bt) in cases:
         k = k if k % ms.get_format(name).block_size == 0 else k + 64  # (g128: an even K step count)
         q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
-        wd = q.dequantize(torch.float64).to(torch.bfloat16).double()
+        wd = q.dequantize(torch.float64)
+        if q.fmt.scale.name == "fp16":  # the int4 decode's weights: rounded once to bf16
+            wd = wd.to(torch.bfloat16).double()
         x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
         bias = torch.randn(n, device=dev, generator=g)
         out = L.prefill_ws(x, q, bias, block_t=bt, split_tail=split_tail)
