@@ -1588,22 +1588,31 @@ _DT_WIDE = 4
 _DT_SBOX = _DT_CHUNK
 
 
+def _dt_nps(q: QTensor) -> int:
+    """int32 block scales per row and K step in :func:`decode_tma`'s step-major copy of a 4-bit
+    integer weight (fp16 scales): 2 for blocks of 32, else 1 (E2M1 weights: 1, four bytes)."""
+    return 2 if q.fmt.scale.name == "fp16" and q.fmt.block_size == 32 else 1
+
+
 def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
     """``q``'s block scales step-major for :func:`decode_tma`: ``[tiles * steps * rows / 64,
     256]`` uint8, where row tile ``t`` (``rows`` weight rows, zero-padded) and K step ``s`` (64
     elements) hold ``[rows, 4]`` bytes at row ``(t * steps + s) * rows / 64``: one byte per 16
     elements (E8M0 scales of 32 repeated), so that one TMA box brings a step's scales. For
-    4-bit integers with fp16 scales (blocks of a multiple of 64) the ``[rows]`` int32 of a step
-    are the fp16 scale bits | the zero point << 16 (8 for two's-complement codes): the same
-    bytes."""
+    4-bit integers with fp16 scales a step holds ``[nps, rows]`` int32 (:func:`_dt_nps`: 1 for
+    blocks of a multiple of 64, the same bytes; 2 for blocks of 32), the fp16 scale bits of
+    elements ``64 s + 32 j ..`` | the zero point << 16 (8 for two's-complement codes)."""
     n, k = q.shape
     tiles = cdiv(n, rows)
-    if q.fmt.scale.name == "fp16":  # 4-bit integers, blocks of 64+: fp16 bits | zero point << 16, one int32 a step
+    if q.fmt.scale.name == "fp16":  # 4-bit integers: fp16 bits | zero point << 16, _dt_nps(q) int32 a step
+        nps = _dt_nps(q)
         zp = q.zero_points.to(torch.int32) if q.zero_points is not None else 8
         pk = (q.scales.reshape(n, -1).view(torch.int16).to(torch.int32) & 0xFFFF) | (zp << 16)
-        pad = torch.zeros((tiles * rows, k // 64), dtype=torch.int32, device=pk.device)
-        pad[:n] = pk.repeat_interleave(q.fmt.block_size // 64, dim=1)
-        return pad.reshape(tiles, rows, k // 64).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(-1, 256)
+        pk = pk.repeat_interleave(q.fmt.block_size // 16, dim=1)[:, :: 4 // nps]  # the block of 64 s + 64 j / nps
+        pad = torch.zeros((tiles * rows, k // 64 * nps), dtype=torch.int32, device=pk.device)
+        pad[:n] = pk
+        return (pad.reshape(tiles, rows, k // 64, nps).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
+                .reshape(-1, 256))
     sc = q.scales.reshape(n, -1).view(torch.uint8)
     if sc.shape[1] != k // 16:
         sc = sc.repeat_interleave(k // 16 // sc.shape[1], dim=1)
@@ -1640,7 +1649,7 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
     rows = _DT_ROWS
     lw, ls, _ = _dt_layouts(_DT_WIDE)
     descs = (TensorDescriptor.from_tensor(wv.words, [rows, 8 * _DT_WIDE], lw),
-             TensorDescriptor.from_tensor(_step_scales(q, rows), [_DT_SBOX * rows // 64, 256], ls))
+             TensorDescriptor.from_tensor(_step_scales(q, rows), [_DT_SBOX * _dt_nps(q) * rows // 64, 256], ls))
     if not _capturing(q.data):
         q.__dict__["_ms_dt_descs"] = (key, descs)
     return descs
@@ -1651,8 +1660,8 @@ def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
     why = _prefill_ws_reason(q, x)
     if why is not None:
         return why
-    if q.fmt.scale.name == "fp16" and q.fmt.block_size % 64:
-        return f"serves 4-bit integer weights with blocks of a multiple of 64, not {q.fmt.block_size}"
+    if q.fmt.scale.name == "fp16" and q.fmt.block_size % 64 and q.fmt.block_size != 32:
+        return f"serves 4-bit integer weights with blocks of 32 or a multiple of 64, not {q.fmt.block_size}"
     if not 1 <= x.shape[0] <= DECODE_TMA_MAX_M:
         return f"serves 1 to {DECODE_TMA_MAX_M} tokens, got {x.shape[0]}"
     if q.shape[1] % (64 * _DT_CHUNK):
@@ -1745,7 +1754,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     launch(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
            out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=_DT_CHUNK, SK=sk,
            STAGES=_DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
-           HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
+           HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q),
            num_warps=rows // 16, maxnreg=80)
     return out
 

@@ -13,7 +13,8 @@ decode and issue ``mma.sync``:
 * per ring chunk of ``C`` K steps of 64 (``BK``) the producer loads the tile's code words
   (``[ROWS, 8 CW]`` int32 boxes of the canonical layout, ``CW`` steps each), its block scales
   from a step-major copy made once per weight (:func:`microscale.qlinear._step_scales`:
-  ``[ROWS, 4]`` bytes a step, one per 16 elements; ``SW`` steps a box) and per step the
+  ``[ROWS, 4]`` bytes a step, one per 16 elements; for 4-bit integers with fp16 scales ``NPS``
+  int32 per row and step, fp16 bits | zero point << 16; ``SW`` steps a box) and per step the
   activations (``[TOK, 64]``, ``TOK`` 8, 16, 32 or 64, rows past ``M`` zero-filled by TMA) into
   a slot of a ring of ``STAGES`` chunks (``ready`` / ``empty`` mbarriers);
 * the ``ROWS / 16`` consumer warps take 16 rows each; every warp decodes its words with
@@ -49,13 +50,14 @@ def _chunks(n_tiles, NCT: gl.constexpr):
 
 @gluon.jit
 def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT: gl.constexpr,
-              C: gl.constexpr):
+              C: gl.constexpr, NPS: gl.constexpr):
     """One warp: TMA of every chunk (``C`` K steps: codes, scales, activations) of the
     program's chunk range into the ring, running ahead across tile boundaries."""
     STAGES: gl.constexpr = ready.shape[0]
     ROWS: gl.constexpr = w_bufs.shape[1]
     CW: gl.constexpr = w_bufs.shape[2] // 8  # K steps per code box
-    SW: gl.constexpr = s_boxes.shape[1] // (ROWS // 64)  # K steps per scale box
+    SR: gl.constexpr = NPS * ROWS // 64  # 256-byte rows of scales per K step
+    SW: gl.constexpr = s_boxes.shape[1] // SR  # K steps per scale box
     c0, c1 = _chunks(n_tiles, NCT)
     it = 0
     for ch in range(c0, c1):
@@ -70,7 +72,7 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
             tma.async_copy_global_to_shared(w_desc, [tile * ROWS, (step0 + cb * CW) * (BK // 8)], bar,
                                             w_bufs.index(slot * (C // CW) + cb))
         for cb in gl.static_range(C // SW):
-            tma.async_copy_global_to_shared(s_desc, [(tile * (NCT * C) + step0 + cb * SW) * (ROWS // 64), 0], bar,
+            tma.async_copy_global_to_shared(s_desc, [(tile * (NCT * C) + step0 + cb * SW) * SR, 0], bar,
                                             s_boxes.index(slot * (C // SW) + cb))
         for cs in gl.static_range(C):
             step = step0 + cs
@@ -81,7 +83,7 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
 @gluon.jit
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp,
               ke, post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
-              HAS_BIAS: gl.constexpr):
+              HAS_BIAS: gl.constexpr, NPS: gl.constexpr):
     """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
     ``mma.sync`` its ``C`` steps, free the slot. Per tile it touches: the epilogue (a shared
     tile's part to the workspace; the tile's last part adds the parts in K order and stores)."""
@@ -108,6 +110,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
     s32_sl: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     s_zero = gl.full([ROWS, 4], 0, gl.int32, s_l)
+    tq = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, s_l)), 0)
     r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_l))
     TOK: gl.constexpr = x_bufs.shape[1]  # token columns: 8, 16, 32 or 64
     c = gl.arange(0, TOK, layout=gl.SliceLayout(0, mma_l))
@@ -127,10 +130,13 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
             for cs in gl.static_range(C):
                 wbuf = w_bufs.index(slot * (C // CW) + cs // CW).slice((cs % CW) * 8, 8, dim=1)
                 words = gl.convert_layout(gl.reshape(wbuf.load(w2_l), [ROWS, 4, 2]), w_l, assert_trivial=True)
-                if SK == _SKZ or SK == _SKS:  # one int32 per row and step: fp16 scale bits | zero point << 16
-                    sv = s_bufs.index(slot * C + cs)._reinterpret(gl.int32, [ROWS], s32_sl).load(
-                        gl.SliceLayout(1, s_l))
-                    sraw = gl.expand_dims(sv, 1) + s_zero
+                if SK == _SKZ or SK == _SKS:  # NPS int32 per row and step: fp16 scale bits | zero point << 16
+                    sb = s_bufs.index(slot * C + cs)
+                    sraw = s_zero
+                    for j in gl.static_range(NPS):  # quad member t takes block t // (4 / NPS) of the step
+                        sv = sb.slice(j * (ROWS // 64), ROWS // 64, dim=0)._reinterpret(gl.int32, [ROWS], s32_sl)
+                        sv = gl.expand_dims(sv.load(gl.SliceLayout(1, s_l)), 1) + s_zero
+                        sraw = sv if j == 0 else gl.where(tq // (4 // NPS) == j, sv, sraw)
                 else:
                     sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
                 b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
@@ -167,11 +173,12 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
 @gluon.jit
 def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp, ke,
                        post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
-                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr):
+                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, NPS: gl.constexpr = 1):
     """``out[M <= TOK, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K / 8]`` (block ``[ROWS, 8 CW]``, ``CW`` dividing ``C``);
-    ``s_desc``: of the step-major scales (block ``[SW ROWS / 64, 256]`` bytes, ``SW`` steps
-    dividing ``C``); ``x_desc``: of the K-permuted activations ``[M, K]`` (block ``[TOK, 64]``,
+    ``s_desc``: of the step-major scales (block ``[SW NPS ROWS / 64, 256]`` bytes, ``SW`` steps
+    dividing ``C``; ``NPS`` = 1 but for int4 weights with blocks of 32, 2: their ``[NPS, ROWS]``
+    int32 a step); ``x_desc``: of the K-permuted activations ``[M, K]`` (block ``[TOK, 64]``,
     ``TOK`` 8, 16, 32 or 64). ``NCT`` chunks of ``C`` steps per row tile, shared out over the
     programs (module docstring). ``SK`` / ``ke`` / ``post``: as :mod:`._prefill_gluon`. Partial
     sums of shared tiles in ``ws_ptr`` (``tiles x maxp x ROWS x TOK`` floats, ``maxp`` the most
@@ -180,15 +187,16 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     ROWS: gl.constexpr = w_desc.block_type.shape[0]
     CW: gl.constexpr = w_desc.block_type.shape[1] // 8  # K steps per code box: 1, or C (one box a chunk)
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * (C // CW), ROWS, 8 * CW], w_desc.layout)
-    SW: gl.constexpr = s_desc.block_type.shape[0] // (ROWS // 64)  # K steps per scale box: 1 or C
-    s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C, ROWS // 64, 256], s_desc.layout)
-    s_boxes = s_bufs._reinterpret(gl.uint8, [STAGES * C // SW, SW * (ROWS // 64), 256], s_desc.layout)
+    SR: gl.constexpr = NPS * ROWS // 64  # 256-byte rows of scales per K step
+    SW: gl.constexpr = s_desc.block_type.shape[0] // SR  # K steps per scale box: 1 or C
+    s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C, SR, 256], s_desc.layout)
+    s_boxes = s_bufs._reinterpret(gl.uint8, [STAGES * C // SW, SW * SR, 256], s_desc.layout)
     x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * C, x_desc.block_type.shape[0], BK], x_desc.layout)
     ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS)),
-        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT, C)),
+                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS)),
+        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT, C, NPS)),
     ], [1], [40])
 
 

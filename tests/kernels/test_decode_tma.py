@@ -114,22 +114,28 @@ def test_token_columns():
     assert [L._dt_tokens(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == [8, 8, 16, 16, 32, 32, 64, 64]
 
 
-@pytest.mark.parametrize("name,n", [("int4_affine_g128", 300), ("int4_affine_g64", 128)])
-def test_step_scales_layout_int4(name, n, gen):
-    """4-bit integers with fp16 scales: row tile ``t``, step ``s`` holds ``[rows]`` int32, the
-    fp16 bits of the scale of elements ``64 s ..`` of row ``t rows + r`` | its zero point << 16
-    (zero past the last row): as many bytes as the E2M1 formats' ``[rows, 4]``."""
+@pytest.mark.parametrize("name,n,nps", [("int4_affine_g128", 300, 1), ("int4_affine_g64", 128, 1),
+                                        ("int4_affine_g32", 300, 2), ("int4_fp16", 128, 2)])
+def test_step_scales_layout_int4(name, n, nps, gen):
+    """4-bit integers with fp16 scales: row tile ``t``, step ``s`` holds ``[nps, rows]`` int32,
+    entry ``(j, r)`` the fp16 bits of the scale of elements ``64 s + 64 j / nps ..`` of row
+    ``t rows + r`` | its zero point << 16 (8 for two's-complement codes; zero past the last row):
+    as many bytes as the E2M1 formats' ``[rows, 4]`` for blocks of 64+, twice that for 32."""
     k, rows = 512, 128
     q = ms.quantize(torch.randn(n, k, generator=gen), name)
+    assert L._dt_nps(q) == nps
     st = L._step_scales(q, rows)
     tiles, steps = -(-n // rows), k // 64
-    assert st.shape == (tiles * steps * rows // 64, 256) and st.dtype == torch.uint8
-    t, s, r = torch.meshgrid(torch.arange(tiles), torch.arange(steps), torch.arange(rows), indexing="ij")
+    assert st.shape == (tiles * steps * nps * rows // 64, 256) and st.dtype == torch.uint8
+    t, s, j, r = torch.meshgrid(torch.arange(tiles), torch.arange(steps), torch.arange(nps), torch.arange(rows),
+                                indexing="ij")
     row = (t * rows + r).clamp(max=n - 1)
-    blk = 64 * s // q.fmt.block_size
+    blk = (64 * s + 64 * j // nps) // q.fmt.block_size
     sc = q.scales.view(torch.int16)[row, blk].to(torch.int32) & 0xFFFF
-    want = torch.where(t * rows + r < n, sc | (q.zero_points[row, blk].to(torch.int32) << 16), 0)
-    assert torch.equal(st.view(torch.int32).reshape(tiles, steps, rows), want)
+    zp = q.zero_points[row, blk].to(torch.int32) if q.zero_points is not None else 8
+    want = torch.where(t * rows + r < n, sc | (zp << 16), 0)
+    assert torch.equal(st.view(torch.int32).reshape(tiles, steps, nps, rows), want)
+    assert list(L._dt_weight_descs(q, L._weight_views(q))[1].block_shape) == [L._DT_SBOX * nps * rows // 64, 256]
 
 
 def test_reasons(monkeypatch):
@@ -152,11 +158,13 @@ def test_reasons(monkeypatch):
     q = ms.quantize(torch.randn(64, 320), "nvfp4")
     assert "multiple of 256" in L._decode_tma_reason(q, torch.randn(16, 320).to(torch.bfloat16))
     assert L._decode_tma_reason(ms.quantize(torch.randn(64, 512), "int4_affine_g128"), x) is None
-    assert "multiple of 64" in L._decode_tma_reason(ms.quantize(torch.randn(64, 512), "int4_affine_g32"), x)
+    assert L._decode_tma_reason(ms.quantize(torch.randn(64, 512), "int4_affine_g32"), x) is None
+    assert "blocks of 32 or" in L._decode_tma_reason(ms.quantize(torch.randn(64, 512), "int4_fp16", block_size=16), x)
 
 
 @pytest.mark.parametrize("fmt,n,m", [("nvfp4", 256, 16), ("mxfp4", 1000, 16), ("nvfp4", 1000, 5), ("nvfp4", 1000, 32),
-                                     ("nvfp4", 1000, 64), ("int4_affine_g128", 1000, 16)])
+                                     ("nvfp4", 1000, 64), ("int4_affine_g128", 1000, 16), ("int4_fp16", 1000, 16),
+                                     ("int4_affine_g32", 1000, 64)])
 def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_tool):
     """Compiled as ``decode_tma`` launches it: the code words reach the ``mma.sync`` operand
     with no layout conversion (``assert_trivial``: a failure would stop the compile), codes,
@@ -182,7 +190,8 @@ def _gpu():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "int4_affine_g128", "int4_affine_g64"])
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "int4_affine_g128", "int4_affine_g64", "int4_affine_g32",
+                                  "int4_fp16"])
 def test_gpu_decode_tma(name):
     """The kernel on an H200: 1-64 tokens (8, 16, 32 and 64 token columns), ragged rows, bias,
     whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each
