@@ -1315,16 +1315,42 @@ def _int4_weight_reason(q: QTensor) -> str | None:
     return None
 
 
+def _e4m3_weight_reason(q: QTensor) -> str | None:
+    """Why ``q`` is not an 8-bit weight :func:`prefill_ws` takes, or None: E4M3 codes with E8M0
+    block scales of 32 (``mxfp8_e4m3``) and no NaN code (scanned once; assumed present while a
+    CUDA graph is captured unscanned), an unpadded 2-D weight with row-major scales."""
+    f = q.fmt
+    el = f.element
+    if not (el.kind == "float" and (el.bits, el.ebits, el.mbits, el.bias) == (8, 4, 3, 7) and not el.has_inf
+            and list(el.nan_codes) == [0x7F] and f.scale.name == "e8m0" and f.block_size == 32
+            and f.block_rows == 1 and not f.zero_point):
+        return f"serves E4M3 weights with E8M0 block scales of 32, not {f.name}"
+    if len(q.shape) != 2 or tuple(q.padded_shape) != tuple(q.shape) or \
+            tuple(q.scales.shape) != (q.shape[0], q.shape[1] // 32):
+        return "needs an unpadded 2-D weight with row-major scales"
+    if _weight_has_specials(q):
+        return "needs E4M3 codes without NaN (scanned once; unscanned during a CUDA graph capture)"
+    return None
+
+
+def _ws_weight_reason(q: QTensor) -> str | None:
+    """Why :func:`prefill_ws` has no decode for weight ``q``, or None: E2M1 codes
+    (:func:`_e2m1_weight_reason`), 4-bit integers with fp16 scales (:func:`_int4_weight_reason`)
+    or E4M3 codes with E8M0 scales (:func:`_e4m3_weight_reason`)."""
+    whys = [r(q) for r in (_e2m1_weight_reason, _int4_weight_reason, _e4m3_weight_reason)]
+    if None in whys:
+        return None
+    if all(w.startswith("serves") for w in whys):
+        return ("serves E2M1 weights with UE4M3 (16) or E8M0 (32) block scales, 4-bit integers with fp16 block "
+                f"scales (a multiple of 16) and E4M3 with E8M0 scales of 32, not {q.fmt.name}")
+    return next(w for w in whys if not w.startswith("serves"))  # the format is served: why not this weight
+
+
 def _prefill_ws_reason(q: QTensor, x: torch.Tensor) -> str | None:
     """Why :func:`prefill_ws` cannot serve ``x @ dequant(q)^T``, or None."""
-    why = _e2m1_weight_reason(q)
+    why = _ws_weight_reason(q)
     if why is not None:
-        why_int = _int4_weight_reason(q)
-        if why_int is not None and why_int.startswith("serves"):
-            return ("serves E2M1 weights with UE4M3 (16) or E8M0 (32) block scales and 4-bit integers with fp16 "
-                    f"block scales (a multiple of 16), not {q.fmt.name}") if why.startswith("serves") else why
-        if why_int is not None:
-            return why_int
+        return why
     f = q.fmt
     k = q.shape[1]
     if x.dim() != 2 or x.shape[1] != k or k % 64:
@@ -1453,8 +1479,9 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     n = q.shape[0]
     f = q.fmt
     bk = int(pg.BK.value)
+    cb = f.element.bits  # 4, or 8 (E4M3)
     xp = torch.empty((m, k), dtype=x2.dtype, device=x2.device)  # activations in the consumers' K order
-    launch(pg._xperm_kernel, (cdiv(m, 32), k // bk), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, num_warps=4)
+    launch(pg._xperm_kernel, (cdiv(m, 32), k // bk), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, CB=cb, num_warps=4)
     desc = TensorDescriptor.from_tensor(xp, [block_t, bk], gl.NVMMASharedLayout.get_default_for([block_t, bk],
                                                                                                   gl.bfloat16))
     wv = _weight_views(q)
@@ -1462,8 +1489,10 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     if f.scale.name == "ue4m3":
         sk, ke, post = pg.SK_UE4M3, 0, 2.0 ** 7
     elif f.scale.name == "e8m0":
-        d = _e8m0_window(q)
-        sk, ke, post = pg.SK_E8M0, 126 - d, 2.0 ** d
+        # E2M1 placed as v * 2^-126, E4M3 as v * 2^-120 (one binade lower D: the products of
+        # subnormal codes and the smallest scales stay >= 2^-133, bf16's least subnormal)
+        d = _e8m0_window(q) - (1 if cb == 8 else 0)
+        sk, ke, post = pg.SK_E8M0, (120 if cb == 8 else 126) - d, 2.0 ** d
     else:  # 4-bit integers, fp16 scales (as int16 bits)
         sk, ke, post = (pg.SK_F16Z if f.zero_point else pg.SK_F16), 0, 1.0
         scales = wv.scales_int
@@ -1483,7 +1512,7 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
                    bias if bias is not None else out, out, out_desc, ws, cnt, n, m, k, wv.words.stride(0),
                    scales.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
                    SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
-                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, num_warps=4)
+                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, num_warps=4)
     return out
 
 
@@ -1660,6 +1689,8 @@ def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
     why = _prefill_ws_reason(q, x)
     if why is not None:
         return why
+    if q.fmt.element.bits != 4:
+        return f"serves 4-bit weights, not {q.fmt.name}"
     if q.fmt.scale.name == "fp16" and q.fmt.block_size % 64 and q.fmt.block_size != 32:
         return f"serves 4-bit integer weights with blocks of 32 or a multiple of 64, not {q.fmt.block_size}"
     if not 1 <= x.shape[0] <= DECODE_TMA_MAX_M:

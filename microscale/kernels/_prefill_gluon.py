@@ -68,15 +68,19 @@ MAX_SPLIT = gl.constexpr(8)
 
 
 @triton.jit
-def _xperm_kernel(x_ptr, xp_ptr, M, stride_x, K: tl.constexpr, BLOCK_R: tl.constexpr):
+def _xperm_kernel(x_ptr, xp_ptr, M, stride_x, K: tl.constexpr, BLOCK_R: tl.constexpr, CB: tl.constexpr = 4):
     """x [M, K] -> xp [M, K] in the consumers' K order: in each 64-element chunk, element
-    ``16 t + 8 a + j + 4 e`` goes to slot ``16 j + 8 a + 2 t + e``. One program per
-    ``BLOCK_R`` rows and 64-element chunk."""
+    ``16 t + 8 a + j + 4 e`` goes to slot ``16 j + 8 a + 2 t + e`` (4-bit codes, ``CB`` 4), or
+    element ``16 t + 4 a + 2 h + e`` to slot ``16 a + 8 h + 2 t + e`` (8-bit codes). One program
+    per ``BLOCK_R`` rows and 64-element chunk."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = tl.program_id(1)
     ok = (r < M)[:, None]
     v = tl.load(x_ptr + r[:, None].to(tl.int64) * stride_x + c * 64 + tl.arange(0, 64)[None, :], mask=ok)
-    v = tl.permute(tl.reshape(v, [BLOCK_R, 4, 2, 2, 4]), (0, 4, 2, 1, 3))  # (t, a, e, j) -> (j, a, t, e)
+    if CB == 8:
+        v = tl.permute(tl.reshape(v, [BLOCK_R, 4, 4, 2, 2]), (0, 2, 3, 1, 4))  # (t, a, h, e) -> (a, h, t, e)
+    else:
+        v = tl.permute(tl.reshape(v, [BLOCK_R, 4, 2, 2, 4]), (0, 4, 2, 1, 3))  # (t, a, e, j) -> (j, a, t, e)
     tl.store(xp_ptr + r[:, None].to(tl.int64) * K + c * 64 + tl.arange(0, 64)[None, :],
              tl.reshape(v, [BLOCK_R, 64]), mask=ok)
 
@@ -100,6 +104,22 @@ UE4M3_ASM = gl.constexpr("{\n.reg .b16 lo, hi;\n.reg .b32 sc;\n.reg .f32 fa;\ncv
 #: E8M0 scale byte ``$1`` -> bf16x2 ``2^(e - 1 - D)`` in both halves (bf16 bits ``(e + 126 - D) << 7``; ``$2``
 #: is ``126 - D``)
 E8M0_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nshl.b32 t, t, 7;\nprmt.b32 $0, t, 0, 0x1010;\n}")
+
+
+def e4m3_decode_asm() -> str:
+    """PTX: E4M3 code word ``$4`` (element ``i`` in byte ``i``) and bf16x2 scale ``$5`` -> 4 bf16
+    outputs ``$0..$3``, element ``i`` times the scale times ``2^-120``: each byte's sign to bit
+    15 and its 7 exponent|mantissa bits to bits 4..10 of a bf16 (subnormals included; NaN codes
+    are not decoded: :func:`microscale.qlinear.prefill_ws` refuses weights holding them)."""
+    lines = []
+    for h, sel in ((0, "0x1404"), (1, "0x3424")):  # bytes (0, 1) / (2, 3) to the high bytes of the halves
+        lines += [f"prmt.b32 x, $4, 0, {sel};", "shr.u32 m, x, 4;", "and.b32 m, m, 0x07F007F0;",
+                  "lop3.b32 x, x, 0x80008000, m, 0xEA;", f"mul.rn.bf16x2 p{h}, x, $5;",
+                  f"mov.b32 {{${2 * h}, ${2 * h + 1}}}, p{h};"]
+    return "{\n.reg .b32 x, m, p0, p1;\n" + "\n".join(lines) + "\n}"
+
+
+E4M3_DECODE_ASM = gl.constexpr(e4m3_decode_asm())
 
 
 def int4_decode_asm(signed: bool) -> str:
@@ -209,11 +229,13 @@ def _producer(xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT: gl.constexpr
 
 
 @gluon.jit
-def _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, step, k_lo, tq, TPS: gl.constexpr, SK: gl.constexpr):
-    """The code words and (int32) block scales of K step ``step`` after ``k_lo``: UE4M3 / E8M0
-    bytes (``BK / G`` per step, ``s_off`` from ``k_lo`` on), or for the int4 kinds the fp16
-    scale bits | zero point << 16 of block ``(4 (k_lo + step) + tq) // TPS`` (any ``TPS``)."""
-    words = gl.load(w_ptr + w_off + step * (BK // 8))
+def _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, step, k_lo, tq, TPS: gl.constexpr, SK: gl.constexpr,
+           CB: gl.constexpr):
+    """The code words (``CB``-bit codes) and (int32) block scales of K step ``step`` after
+    ``k_lo``: UE4M3 / E8M0 bytes (``BK / G`` per step, ``s_off`` from ``k_lo`` on), or for the
+    int4 kinds the fp16 scale bits | zero point << 16 of block ``(4 (k_lo + step) + tq) // TPS``
+    (any ``TPS``)."""
+    words = gl.load(w_ptr + w_off + step * (BK * CB // 32))
     if SK == _SKZ or SK == _SKS:
         idx = s_off + ((k_lo + step) * 4 + tq) // TPS
         sraw = gl.load(s_ptr + idx).to(gl.int32) & 0xFFFF
@@ -228,23 +250,23 @@ def _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, step, k_lo, tq, TPS: gl.constexpr,
 
 @gluon.jit
 def _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, nk, r_w, w_col, s_col, tq, N, stride_wn, stride_sn,
-                TPS: gl.constexpr, SK: gl.constexpr):
+                TPS: gl.constexpr, SK: gl.constexpr, CB: gl.constexpr):
     """Offsets of this warpgroup's code words and scales in the row tile at ``off_n`` from K
     step ``k_lo`` on (rows clamped: reads of a ragged last tile stay in bounds, its stores are
     masked) and the codes and scales of the first two of its ``nk`` steps."""
     rows = gl.minimum(off_n + r_w, N - 1)
-    w_off = rows[:, None, None].to(gl.int64) * stride_wn + (w_col + k_lo * (BK // 8))
+    w_off = rows[:, None, None].to(gl.int64) * stride_wn + (w_col + k_lo * (BK * CB // 32))
     if SK == _SKZ or SK == _SKS:
         s_off = rows[:, None].to(gl.int64) * stride_sn
     else:
         s_off = rows[:, None].to(gl.int64) * stride_sn + (s_col + k_lo * (4 // TPS))
-    words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, 0, k_lo, tq, TPS, SK)
-    words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(1, nk - 1), k_lo, tq, TPS, SK)
+    words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, 0, k_lo, tq, TPS, SK, CB)
+    words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(1, nk - 1), k_lo, tq, TPS, SK, CB)
     return w_off, s_off, words, sraw, words_n, sraw_n
 
 
 @gluon.jit
-def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.constexpr):
+def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.constexpr, CB: gl.constexpr = 4):
     """Code words and scale bytes of one K step -> the ``[rows, BK]`` bf16 wgmma (or mma.sync) A operand
     (K slots permuted, see the module docstring); the layout change is asserted free."""
     if SK == _SKZ or SK == _SKS:
@@ -263,15 +285,23 @@ def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.conste
             sc = gl.inline_asm_elementwise(E8M0_ASM, "=r,r,r", [sraw, gl.full(sraw.shape, 0, gl.int32, s_l) + ke],
                                            dtype=gl.int32, is_pure=True, pack=1)
         sc3 = gl.broadcast(gl.expand_dims(sc, 2), words)[0]
-        e = gl.inline_asm_elementwise(DECODE_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, sc3],
-                                      dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
-    # (j, e) pairs -> [rows, t, a, e, j0, j1] -> [rows, j1, j0, a, t, e] = K slot 16 j + 8 a + 2 t + e
-    q0 = gl.join(e[0], e[1])
-    q1 = gl.join(e[2], e[3])
-    q2 = gl.join(e[4], e[5])
-    q3 = gl.join(e[6], e[7])
-    v = gl.join(gl.join(q0, q1), gl.join(q2, q3))
-    v = gl.permute(v, (0, 5, 4, 2, 1, 3))
+        if CB == 8:  # E4M3: [rows, t, a] words of 4 elements 16 t + 4 a + 2 h + e
+            e = gl.inline_asm_elementwise(E4M3_DECODE_ASM, "=h,=h,=h,=h,r,r", [words, sc3],
+                                          dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
+        else:
+            e = gl.inline_asm_elementwise(DECODE_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, sc3],
+                                          dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+    if CB == 8:
+        v = gl.join(gl.join(e[0], e[1]), gl.join(e[2], e[3]))  # [rows, t, a, e, h]
+        v = gl.permute(v, (0, 2, 4, 1, 3))  # [rows, a, h, t, e] = K slot 16 a + 8 h + 2 t + e
+    else:
+        # (j, e) pairs -> [rows, t, a, e, j0, j1] -> [rows, j1, j0, a, t, e] = K slot 16 j + 8 a + 2 t + e
+        q0 = gl.join(e[0], e[1])
+        q1 = gl.join(e[2], e[3])
+        q2 = gl.join(e[4], e[5])
+        q3 = gl.join(e[6], e[7])
+        v = gl.join(gl.join(q0, q1), gl.join(q2, q3))
+        v = gl.permute(v, (0, 5, 4, 2, 1, 3))
     return gl.convert_layout(gl.reshape(v, [words.shape[0], BK]), a_l, assert_trivial=True)
 
 
@@ -358,10 +388,11 @@ def _epilogue(acc, ok, e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, N, M,
 def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr, n_t,
               n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
               GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
-              HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr):
+              HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr, CB: gl.constexpr):
     """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T`` per tile, for each
     of this program's segments (:func:`_plan`). Per K step it decodes its code words
-    (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``2 t + a``) and block scales in
+    (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``W t + a`` with ``W`` = ``CB / 2``
+    words of a thread per row and step) and block scales in
     registers into the wgmma A layout, loads those of two steps ahead, waits for the step's
     activation slot, issues the MMAs, retires them and releases the slot to the producer. The
     next segment's first code words are loaded before this one's epilogue; a split tail
@@ -370,14 +401,21 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
     # [rows, t, a]: registers a then row + 8; lanes t then g; warps rows + 16, + 32 (the A operand's own rows and
     # quads, so that the decoded pairs need no data movement)
-    w_l: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-        warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[WG_ROWS, 4, 2])
+    WPT: gl.constexpr = CB // 2
+    if CB == 8:
+        w_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[WG_ROWS, 4, 4])
+    else:
+        w_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[WG_ROWS, 4, 2])
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
     r_w = WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_l))
     tq = gl.arange(0, 4, layout=gl.SliceLayout(0, s_l))
-    av = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_l)))
-    w_col = 2 * tq[None, :, None] + av[None, None, :]
+    av = gl.arange(0, WPT, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_l)))
+    w_col = WPT * tq[None, :, None] + av[None, None, :]
     s_col = tq[None, :] // TPS
     dp, s_lo, s_hi, S = _plan(n_t * n_n, n_steps, SPLIT_TAIL)
     n_seg = dp + (s_hi > s_lo).to(gl.int32)
@@ -386,7 +424,7 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
     off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
     tq2 = tq[None, :]
     w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, k_hi - k_lo, r_w,
-                                                             w_col, s_col, tq2, N, stride_wn, stride_sn, TPS, SK)
+                                                             w_col, s_col, tq2, N, stride_wn, stride_sn, TPS, SK, CB)
     it = 0
     while j < n_seg:
         nk = k_hi - k_lo
@@ -395,14 +433,15 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
         # predecessor two steps back has just decoded (no register moves that wait for a load
         # issued one step earlier): loads land two steps ahead (~1 us at 256 tokens)
         for i in range(0, nk, 2):
-            a = _decode(words, sraw, ke, SK, s_l, a_l)
-            words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 2, nk - 1), k_lo, tq2, TPS, SK)
+            a = _decode(words, sraw, ke, SK, s_l, a_l, CB)
+            words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 2, nk - 1), k_lo, tq2, TPS, SK,
+                                 CB)
             acc = _mma_step(a, x_bufs, ready, empty, acc, it)
             it += 1
             if i + 1 < nk:
-                a = _decode(words_n, sraw_n, ke, SK, s_l, a_l)
+                a = _decode(words_n, sraw_n, ke, SK, s_l, a_l, CB)
                 words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 3, nk - 1), k_lo, tq2,
-                                         TPS, SK)
+                                         TPS, SK, CB)
                 acc = _mma_step(a, x_bufs, ready, empty, acc, it)
                 it += 1
         # the next segment's first two steps of codes and scales, in flight during the epilogue
@@ -414,7 +453,8 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
             tile, k_lo, k_hi = _segment(j, dp, s_lo, s_hi, S, n_steps)
             off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
         w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, k_hi - k_lo, r_w,
-                                                                 w_col, s_col, tq2, N, stride_wn, stride_sn, TPS, SK)
+                                                                 w_col, s_col, tq2, N, stride_wn, stride_sn, TPS, SK,
+                                                                 CB)
         partial = nk < n_steps  # always whole tiles without SPLIT_TAIL
         if partial:
             tot, last = _split_sum(acc, ws_ptr, cnt_ptr, nk, n_t * n_n, n_steps, WG, acc_l)
@@ -444,10 +484,12 @@ def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
 def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, ws_ptr, cnt_ptr, N, M, K,
                        stride_wn, stride_sn, stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr,
                        GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
-                       HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr):
+                       HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr,
+                       CB: gl.constexpr = 4):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
-    ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K / 8]``; ``s_ptr``: block scales
+    ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K CB / 32]`` (``CB``: 4, or 8 for E4M3 codes
+    with E8M0 scales, ``ke = 120 - D'``); ``s_ptr``: block scales
     ``[N, K / G]`` (``TPS = G / 16`` quad members share one: a thread's 16 elements of a row
     lie in one block); ``SK``: UE4M3 / E8M0 scale bytes (``ke = 126 - D`` for E8M0, see
     ``_gemv_mma``) with E2M1 codes, or int16 bits of fp16 scales with 4-bit integer codes
@@ -474,10 +516,10 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
     gl.warp_specialize([
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB)),
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB)),
         (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T, SPLIT_TAIL)),
     ], [4, 1], [232, 40])
 

@@ -23,20 +23,24 @@ pg = pytest.importorskip("microscale.kernels._prefill_gluon")
 from test_gemv_mma import Warp  # noqa: E402  (the PTX emulator)
 
 
-def _xperm(x: torch.Tensor) -> torch.Tensor:
+def _xperm(x: torch.Tensor, cb: int = 4) -> torch.Tensor:
     m, k = x.shape
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # conftest interprets only without one
     xd = x.to(dev)
     xp = torch.full((m, k), float("nan"), dtype=x.dtype, device=dev)
-    pg._xperm_kernel[(-(-m // 32), k // 64)](xd, xp, m, xd.stride(0), K=k, BLOCK_R=32)
+    pg._xperm_kernel[(-(-m // 32), k // 64)](xd, xp, m, xd.stride(0), K=k, BLOCK_R=32, CB=cb)
     return xp.cpu()
 
 
 def test_xperm_layout(gen):
-    """Slot ``16 j + 8 a + 2 t + e`` of each 64-element chunk holds element ``16 t + 8 a + j + 4 e``."""
+    """Slot ``16 j + 8 a + 2 t + e`` of each 64-element chunk holds element ``16 t + 8 a + j + 4 e``;
+    for 8-bit codes slot ``16 a + 8 h + 2 t + e`` element ``16 t + 4 a + 2 h + e``."""
     x = torch.randn(37, 192, generator=gen).to(torch.bfloat16)
     got = _xperm(x).view(37, 3, 4, 2, 4, 2)  # rows, chunk, j, a, t, e
     want = x.view(37, 3, 4, 2, 2, 4).permute(0, 1, 5, 3, 2, 4)  # (t, a, e, j) -> (j, a, t, e)
+    assert torch.equal(got, want)
+    got = _xperm(x, 8).view(37, 3, 4, 2, 4, 2)  # rows, chunk, a, h, t, e
+    want = x.view(37, 3, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5)  # (t, a, h, e) -> (a, h, t, e)
     assert torch.equal(got, want)
 
 
@@ -46,6 +50,9 @@ def emulate(x: torch.Tensor, q) -> np.ndarray:
     register hold, against the permuted activations; fp32-exact products summed in float64."""
     n, k = q.shape
     f = q.fmt
+    cb = f.element.bits
+    if cb == 8:
+        return _emulate_e4m3(x, q)
     words = q.data.contiguous().view(torch.int32).numpy().view(np.uint32).reshape(n, k // 8)
     warp = Warp(np.zeros(1, np.uint8))
     int4 = f.scale.name == "fp16"
@@ -84,6 +91,66 @@ def emulate(x: torch.Tensor, q) -> np.ndarray:
     if q.global_scale is not None:
         out *= float(q.global_scale.reshape(-1)[0])
     return out
+
+
+def _emulate_e4m3(x: torch.Tensor, q) -> np.ndarray:
+    """:func:`emulate` for E4M3 codes (E8M0 scales): thread ``t`` of a row owns code words
+    ``4 t + a`` of each 64-element K chunk; output ``2 h + e`` of word ``a`` fills K slot
+    ``16 a + 8 h + 2 t + e``."""
+    n, k = q.shape
+    words = q.data.contiguous().view(torch.int32).numpy().view(np.uint32).reshape(n, k // 4)
+    scales = q.scales.contiguous().view(torch.uint8).numpy().astype(np.uint32)
+    warp = Warp(np.zeros(1, np.uint8))
+    d = L._e8m0_window(q) - 1  # as prefill_ws: one binade lower for E4M3
+    a = np.zeros((n, k))
+    r, c, t, av = (v.reshape(-1) for v in np.meshgrid(np.arange(n), np.arange(k // 64), np.arange(4), np.arange(4),
+                                                      indexing="ij"))
+    for lo in range(0, r.size, 32):
+        sl = slice(lo, lo + 32)
+        w = words[r[sl], 16 * c[sl] + 4 * t[sl] + av[sl]]
+        sb = scales[r[sl], (64 * c[sl] + 16 * t[sl]) // 32]
+        sc = warp.run(pg.E8M0_ASM.value, "=r,r,r", [sb, np.full(32, 120 - d)])[0]
+        outs = warp.run(pg.E4M3_DECODE_ASM.value, "=h,=h,=h,=h,r,r", [w, sc])
+        for h in range(2):
+            for e in range(2):
+                bits = outs[2 * h + e].astype(np.uint32) & 0xFFFF
+                a[r[sl], 64 * c[sl] + 16 * av[sl] + 8 * h + 2 * t[sl] + e] = \
+                    (bits << 16).view(np.float32).astype(np.float64)
+    return _xperm(x, 8).double().numpy() @ a.T * 2.0 ** d
+
+
+def _e4m3_weight(gen, n: int = 24, k: int = 512):
+    """An MXFP8 weight with every finite E4M3 code (subnormals too) and scales 126 binades apart."""
+    q = ms.quantize(torch.randn(n, k, generator=gen) * torch.logspace(-10, 10, n).reshape(n, 1), "mxfp8_e4m3")
+    codes = torch.cat([torch.arange(0, 127), torch.arange(128, 255)]).to(torch.uint8)  # no NaN (0x7F, 0xFF)
+    q.data[1:3, :] = codes.repeat(k // codes.numel() + 1)[:k]
+    q.scales.view(torch.uint8)[2, :] = 63  # every code at the lowest scale of the widest window (D + 2) ...
+    q.scales.view(torch.uint8)[3, :] = 63 + 126  # ... and the highest (D + 128)
+    return q
+
+
+def test_e4m3_arithmetic_matches_float64(gen):
+    """E4M3 codes: every decoded weight (code times its E8M0 scale, exact in bf16 down to its
+    subnormals) against float64."""
+    q = _e4m3_weight(gen)
+    assert L._e8m0_window(q) is not None
+    x = (torch.randn(5, q.shape[1], generator=gen) * 2).to(torch.bfloat16)
+    out = emulate(x, q)
+    wd = q.dequantize(torch.float64)
+    ref = (x.double() @ wd.T).numpy()
+    cond = (x.double().abs() @ wd.abs().T).numpy()
+    assert (np.abs(out - ref) <= 2.0 ** -40 * cond + 1e-300).all()
+
+
+def test_e4m3_emulation_catches_a_wrong_binade(gen, monkeypatch):
+    """The check can fail: the E8M0 window as for E2M1 (D not lowered) loses the subnormal products."""
+    q = _e4m3_weight(gen)
+    x = (torch.randn(3, q.shape[1], generator=gen) * 2).to(torch.bfloat16)
+    wd = q.dequantize(torch.float64)
+    ref = (x.double() @ wd.T).numpy()
+    cond = (x.double().abs() @ wd.abs().T).numpy()
+    monkeypatch.setattr(L, "_e8m0_window", lambda q, f=L._e8m0_window: f(q) + 1)
+    assert not (np.abs(emulate(x, q) - ref) <= 2.0 ** -40 * cond + 1e-300).all()
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
@@ -146,7 +213,7 @@ def test_emulation_catches_a_wrong_slot_order(gen, monkeypatch):
     assert not np.allclose(emulate(x, q), (x.double() @ wd.T).numpy(), rtol=1e-3, atol=1e-6)
 
 
-@pytest.mark.parametrize("fmt,n", [("nvfp4", 256), ("mxfp4", 260), ("int4_affine_g128", 256)])
+@pytest.mark.parametrize("fmt,n", [("nvfp4", 256), ("mxfp4", 260), ("int4_affine_g128", 256), ("mxfp8_e4m3", 264)])
 def test_compiles_for_sm90_without_movement_or_spills(fmt, n, tmp_path, run_tool):
     """Compiled as ``prefill_ws`` launches it: the decoded tile reaches the wgmma register
     operand with no layout conversion (``assert_trivial`` in the kernel: a failure would
@@ -233,7 +300,7 @@ def test_gpu_small_weight_route_in_a_graph(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "int4_affine_g128", "int4_affine_g32", "int4_fp16"])
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "int4_affine_g128", "int4_affine_g32", "int4_fp16", "mxfp8_e4m3"])
 @pytest.mark.parametrize("programs", [None, 3])
 @pytest.mark.parametrize("split_tail", [True, False])
 def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
@@ -293,7 +360,7 @@ def test_gpu_bad_tile_arguments():
 
 
 def test_reasons():
-    q = ms.quantize(torch.randn(64, 256), "mxfp8_e4m3")
+    q = ms.quantize(torch.randn(64, 256), "mxfp8_e5m2")
     x = torch.randn(4, 256).to(torch.bfloat16)
     with pytest.raises(ValueError, match="serves E2M1"):
         L.prefill_ws(x, q)
@@ -307,9 +374,14 @@ def test_reasons():
     q.zero_points[3, 1] = 16  # 128 + z and (code - z) * lo no longer exact in bf16
     with pytest.raises(ValueError, match="zero points of at most 15"):
         L.prefill_ws(x, q)
-    for name in ("int4_fp32", "mxint4", "int8_affine_g128"):
+    for name in ("int4_fp32", "mxint4", "int8_affine_g128", "fp8_e4m3_fp16"):
         with pytest.raises(ValueError, match="4-bit integers with fp16"):
             L.prefill_ws(x, ms.quantize(torch.randn(64, 256), name))
+    q = ms.quantize(torch.randn(64, 256), "mxfp8_e4m3")
+    assert L._prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)"
+    q.data[5, 7] = 0x7F  # a NaN code: the bit-placement decode has no NaN
+    with pytest.raises(ValueError, match="without NaN"):
+        L.prefill_ws(x, q)
 
 
 @pytest.mark.parametrize("m, n, split, want", [
