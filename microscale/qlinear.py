@@ -1432,6 +1432,24 @@ def choose_prefill_ws_tile(m: int, n: int, num_sms: int, split_tail: bool = True
     return bt, _WS_STAGES[bt]
 
 
+def _gluon_scale_args(q: QTensor) -> tuple[int, int, float]:
+    """``(SK, ke, post)`` of the Gluon kernels' decode (:mod:`microscale.kernels._prefill_gluon`)
+    for weight ``q``: the scale kind, the E8M0 exponent offset and the power of two the scale
+    placement leaves to the epilogue."""
+    from .kernels import _prefill_gluon as pg
+
+    f = q.fmt
+    if f.scale.name == "ue4m3":
+        return pg.SK_UE4M3, 0, 2.0 ** 7
+    if f.scale.name == "e8m0":
+        # E2M1 placed as v * 2^-126, E4M3 as v * 2^-120 with D one binade lower: the products of
+        # subnormal codes and the smallest scales stay >= 2^-133, bf16's least subnormal
+        f8 = f.element.bits == 8
+        d = _e8m0_window(q) - (1 if f8 else 0)
+        return pg.SK_E8M0, (120 if f8 else 126) - d, 2.0 ** d
+    return (pg.SK_F16Z if f.zero_point else pg.SK_F16), 0, 1.0  # 4-bit integers, fp16 scales
+
+
 #: direct launch of the Gluon kernel (its TMA descriptor is no key for ``launch``'s cache;
 #: ``tools/gemv_ptx.py --ws`` replaces it to compile without a GPU)
 def _launch_direct(fn, grid, *args, **kwargs) -> None:
@@ -1486,15 +1504,8 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
                                                                                                   gl.bfloat16))
     wv = _weight_views(q)
     scales, zps = wv.scales_u8, wv.scales_u8
-    if f.scale.name == "ue4m3":
-        sk, ke, post = pg.SK_UE4M3, 0, 2.0 ** 7
-    elif f.scale.name == "e8m0":
-        # E2M1 placed as v * 2^-126, E4M3 as v * 2^-120 (one binade lower D: the products of
-        # subnormal codes and the smallest scales stay >= 2^-133, bf16's least subnormal)
-        d = _e8m0_window(q) - (1 if cb == 8 else 0)
-        sk, ke, post = pg.SK_E8M0, (120 if cb == 8 else 126) - d, 2.0 ** d
-    else:  # 4-bit integers, fp16 scales (as int16 bits)
-        sk, ke, post = (pg.SK_F16Z if f.zero_point else pg.SK_F16), 0, 1.0
+    sk, ke, post = _gluon_scale_args(q)
+    if f.scale.name == "fp16":  # 4-bit integers: fp16 scales as int16 bits, zero points
         scales = wv.scales_int
         zps = wv.zero_points if f.zero_point else scales
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
@@ -1586,9 +1597,10 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
     if torch.cuda.is_current_stream_capturing():
         return True
     m = x.numel() // x.shape[-1]
-    # (below 17 tokens small E2M1 weights keep gemv_mma; the int4 ones, fp16-scaled, have no such kernel)
+    # (below 17 tokens small E2M1 weights keep gemv_mma; the other formats have no such kernel)
+    e2m1 = q.fmt.element.kind == "float" and q.fmt.element.bits == 4
     return _DECODE_TMA == "auto" and _PLANS and (m > 16 or (m >= DECODE_TMA_EAGER_MIN_M and _dt_large(q))
-                                                 or (m > GEMV_MAX_M and q.fmt.scale.name == "fp16"))
+                                                 or (m > GEMV_MAX_M and not e2m1))
 
 
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
@@ -1601,6 +1613,10 @@ _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
 #: tokens 109-114 against 139-182 (64 columns spill ~200 bytes at 80 registers)
 DECODE_TMA_MAX_M = 64
 _DT_STAGES_64 = 2
+#: with 8-bit codes (MXFP8) a ring chunk's codes take twice the shared memory: 2 chunks, up to 32
+#: tokens (two programs per SM)
+DECODE_TMA_MAX_M_8BIT = 32
+_DT_STAGES_8BIT = 2
 
 
 def _dt_tokens(m: int) -> int:
@@ -1676,8 +1692,10 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
     if hit is not None and hit[0] == key:
         return hit[1]
     rows = _DT_ROWS
-    lw, ls, _ = _dt_layouts(_DT_WIDE)
-    descs = (TensorDescriptor.from_tensor(wv.words, [rows, 8 * _DT_WIDE], lw),
+    # a box of 8-bit codes (16 words a step) spans half the steps: the same 32 * _DT_WIDE-byte rows
+    cw = _DT_WIDE if q.fmt.element.bits == 4 else max(_DT_WIDE // 2, 1)
+    lw, ls, _ = _dt_layouts(cw * q.fmt.element.bits // 4)
+    descs = (TensorDescriptor.from_tensor(wv.words, [rows, 2 * q.fmt.element.bits * cw], lw),
              TensorDescriptor.from_tensor(_step_scales(q, rows), [_DT_SBOX * _dt_nps(q) * rows // 64, 256], ls))
     if not _capturing(q.data):
         q.__dict__["_ms_dt_descs"] = (key, descs)
@@ -1689,8 +1707,8 @@ def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
     why = _prefill_ws_reason(q, x)
     if why is not None:
         return why
-    if q.fmt.element.bits != 4:
-        return f"serves 4-bit weights, not {q.fmt.name}"
+    if q.fmt.element.bits == 8 and x.shape[0] > DECODE_TMA_MAX_M_8BIT:
+        return f"serves 1 to {DECODE_TMA_MAX_M_8BIT} tokens with 8-bit codes, got {x.shape[0]}"
     if q.fmt.scale.name == "fp16" and q.fmt.block_size % 64 and q.fmt.block_size != 32:
         return f"serves 4-bit integer weights with blocks of 32 or a multiple of 64, not {q.fmt.block_size}"
     if not 1 <= x.shape[0] <= DECODE_TMA_MAX_M:
@@ -1761,15 +1779,10 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     n = q.shape[0]
     if programs is not None and programs < 1:
         raise ValueError(f"{_OP}: decode_tma needs programs >= 1, got {programs}")
+    cb = q.fmt.element.bits
     xp = _scratch((m, k), x2.dtype, x2.device)  # activations in the consumers' K order
-    launch(pg._xperm_kernel, (cdiv(m, 32), k // 64), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, num_warps=4)
-    if q.fmt.scale.name == "ue4m3":
-        sk, ke, post = pg.SK_UE4M3, 0, 2.0 ** 7
-    elif q.fmt.scale.name == "e8m0":
-        d = _e8m0_window(q)
-        sk, ke, post = pg.SK_E8M0, 126 - d, 2.0 ** d
-    else:
-        sk, ke, post = (pg.SK_F16Z if q.fmt.zero_point else pg.SK_F16), 0, 1.0
+    launch(pg._xperm_kernel, (cdiv(m, 32), k // 64), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, CB=cb, num_warps=4)
+    sk, ke, post = _gluon_scale_args(q)
     wv = _weight_views(q)
     rows = _DT_ROWS
     w_desc, s_desc = _dt_weight_descs(q, wv)
@@ -1784,8 +1797,8 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     ws, cnt = _workspace(x2.device, tiles * maxp * rows * tok if maxp > 1 else 0, tiles * rows * 4 if maxp > 1 else 0)
     launch(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
            out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=_DT_CHUNK, SK=sk,
-           STAGES=_DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
-           HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q),
+           STAGES=_DT_STAGES_8BIT if cb == 8 else _DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
+           HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q), CB=cb,
            num_warps=rows // 16, maxnreg=80)
     return out
 

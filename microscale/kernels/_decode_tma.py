@@ -50,12 +50,12 @@ def _chunks(n_tiles, NCT: gl.constexpr):
 
 @gluon.jit
 def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT: gl.constexpr,
-              C: gl.constexpr, NPS: gl.constexpr):
+              C: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr):
     """One warp: TMA of every chunk (``C`` K steps: codes, scales, activations) of the
     program's chunk range into the ring, running ahead across tile boundaries."""
     STAGES: gl.constexpr = ready.shape[0]
     ROWS: gl.constexpr = w_bufs.shape[1]
-    CW: gl.constexpr = w_bufs.shape[2] // 8  # K steps per code box
+    CW: gl.constexpr = w_bufs.shape[2] // (2 * CB)  # K steps per code box (2 CB code words a step)
     SR: gl.constexpr = NPS * ROWS // 64  # 256-byte rows of scales per K step
     SW: gl.constexpr = s_boxes.shape[1] // SR  # K steps per scale box
     c0, c1 = _chunks(n_tiles, NCT)
@@ -69,7 +69,7 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
                         C * x_desc.block_type.nbytes)
         step0 = (ch % NCT) * C
         for cb in gl.static_range(C // CW):
-            tma.async_copy_global_to_shared(w_desc, [tile * ROWS, (step0 + cb * CW) * (BK // 8)], bar,
+            tma.async_copy_global_to_shared(w_desc, [tile * ROWS, (step0 + cb * CW) * (2 * CB)], bar,
                                             w_bufs.index(slot * (C // CW) + cb))
         for cb in gl.static_range(C // SW):
             tma.async_copy_global_to_shared(s_desc, [(tile * (NCT * C) + step0 + cb * SW) * SR, 0], bar,
@@ -83,13 +83,14 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
 @gluon.jit
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp,
               ke, post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
-              HAS_BIAS: gl.constexpr, NPS: gl.constexpr):
+              HAS_BIAS: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr):
     """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
     ``mma.sync`` its ``C`` steps, free the slot. Per tile it touches: the epilogue (a shared
     tile's part to the workspace; the tile's last part adds the parts in K order and stores)."""
     STAGES: gl.constexpr = ready.shape[0]
     ROWS: gl.constexpr = w_bufs.shape[1]
-    CW: gl.constexpr = w_bufs.shape[2] // 8
+    WPS: gl.constexpr = 2 * CB  # code words per row and K step: 8 (4-bit codes) or 16 (8-bit)
+    CW: gl.constexpr = w_bufs.shape[2] // WPS
     NW: gl.constexpr = ROWS // 16
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
@@ -100,13 +101,22 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
     else:
         wb: gl.constexpr = [[16, 0], [32, 0], [64, 0]]
         wb3: gl.constexpr = [[16, 0, 0], [32, 0, 0], [64, 0, 0]]
-    # code words [rows, 8] as _decode takes them ([rows, t, a]: word 2 t + a of rows 16 w + g and + 8)
-    w2_l: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]], warp_bases=wb,
-        block_bases=[], shape=[ROWS, 8])
-    w_l: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-        warp_bases=wb3, block_bases=[], shape=[ROWS, 4, 2])
+    # code words [rows, WPS] as _decode takes them ([rows, t, a]: word (WPS / 4) t + a of rows 16 w + g and + 8)
+    if CB == 8:
+        w2_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], warp_bases=wb,
+            block_bases=[], shape=[ROWS, 16])
+        w_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
+            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]], warp_bases=wb3, block_bases=[],
+            shape=[ROWS, 4, 4])
+    else:
+        w2_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]], warp_bases=wb,
+            block_bases=[], shape=[ROWS, 8])
+        w_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 0, 1], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+            warp_bases=wb3, block_bases=[], shape=[ROWS, 4, 2])
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
     s32_sl: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     s_zero = gl.full([ROWS, 4], 0, gl.int32, s_l)
@@ -128,8 +138,8 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
             for cs in gl.static_range(C):
-                wbuf = w_bufs.index(slot * (C // CW) + cs // CW).slice((cs % CW) * 8, 8, dim=1)
-                words = gl.convert_layout(gl.reshape(wbuf.load(w2_l), [ROWS, 4, 2]), w_l, assert_trivial=True)
+                wbuf = w_bufs.index(slot * (C // CW) + cs // CW).slice((cs % CW) * WPS, WPS, dim=1)
+                words = gl.convert_layout(gl.reshape(wbuf.load(w2_l), [ROWS, 4, WPS // 4]), w_l, assert_trivial=True)
                 if SK == _SKZ or SK == _SKS:  # NPS int32 per row and step: fp16 scale bits | zero point << 16
                     sb = s_bufs.index(slot * C + cs)
                     sraw = s_zero
@@ -140,7 +150,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
                 else:
                     sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
                 b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
-                acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l), b, acc)
+                acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB), b, acc)
             mbarrier.arrive(empty.index(slot), count=1)
             it += 1
         ok = gl.full([ROWS, 1], 1, gl.int1, mma_l)
@@ -173,9 +183,10 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
 @gluon.jit
 def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp, ke,
                        post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
-                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, NPS: gl.constexpr = 1):
+                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, NPS: gl.constexpr = 1, CB: gl.constexpr = 4):
     """``out[M <= TOK, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
-    int32 code words ``[N, K / 8]`` (block ``[ROWS, 8 CW]``, ``CW`` dividing ``C``);
+    int32 code words ``[N, K CB / 32]`` (``CB``: 4-bit codes, or 8 for E4M3; block ``[ROWS, 2 CB CW]``,
+    ``CW`` dividing ``C``);
     ``s_desc``: of the step-major scales (block ``[SW NPS ROWS / 64, 256]`` bytes, ``SW`` steps
     dividing ``C``; ``NPS`` = 1 but for int4 weights with blocks of 32, 2: their ``[NPS, ROWS]``
     int32 a step); ``x_desc``: of the K-permuted activations ``[M, K]`` (block ``[TOK, 64]``,
@@ -185,8 +196,8 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     programs sharing a tile), int32 counters ``cnt_ptr`` (``ROWS x 4`` per tile; zero on entry,
     left zero)."""
     ROWS: gl.constexpr = w_desc.block_type.shape[0]
-    CW: gl.constexpr = w_desc.block_type.shape[1] // 8  # K steps per code box: 1, or C (one box a chunk)
-    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * (C // CW), ROWS, 8 * CW], w_desc.layout)
+    CW: gl.constexpr = w_desc.block_type.shape[1] // (2 * CB)  # K steps per code box (2 CB code words a step)
+    w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * (C // CW), ROWS, 2 * CB * CW], w_desc.layout)
     SR: gl.constexpr = NPS * ROWS // 64  # 256-byte rows of scales per K step
     SW: gl.constexpr = s_desc.block_type.shape[0] // SR  # K steps per scale box: 1 or C
     s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C, SR, 256], s_desc.layout)
@@ -195,8 +206,8 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS)),
-        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT, C, NPS)),
+                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB)),
+        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT, C, NPS, CB)),
     ], [1], [40])
 
 

@@ -139,7 +139,7 @@ def test_step_scales_layout_int4(name, n, nps, gen):
 
 
 def test_reasons(monkeypatch):
-    q = ms.quantize(torch.randn(64, 512), "mxfp8_e4m3")
+    q = ms.quantize(torch.randn(64, 512), "mxfp8_e5m2")
     x = torch.randn(16, 512).to(torch.bfloat16)
     with pytest.raises(ValueError, match="serves E2M1"):
         L.decode_tma(x, q)
@@ -160,11 +160,14 @@ def test_reasons(monkeypatch):
     assert L._decode_tma_reason(ms.quantize(torch.randn(64, 512), "int4_affine_g128"), x) is None
     assert L._decode_tma_reason(ms.quantize(torch.randn(64, 512), "int4_affine_g32"), x) is None
     assert "blocks of 32 or" in L._decode_tma_reason(ms.quantize(torch.randn(64, 512), "int4_fp16", block_size=16), x)
+    q = ms.quantize(torch.randn(64, 512), "mxfp8_e4m3")  # 8-bit codes: up to 32 tokens (shared memory)
+    assert L._decode_tma_reason(q, torch.randn(32, 512).to(torch.bfloat16)) is None
+    assert "1 to 32 tokens with 8-bit" in L._decode_tma_reason(q, torch.randn(33, 512).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("fmt,n,m", [("nvfp4", 256, 16), ("mxfp4", 1000, 16), ("nvfp4", 1000, 5), ("nvfp4", 1000, 32),
                                      ("nvfp4", 1000, 64), ("int4_affine_g128", 1000, 16), ("int4_fp16", 1000, 16),
-                                     ("int4_affine_g32", 1000, 64)])
+                                     ("int4_affine_g32", 1000, 64), ("mxfp8_e4m3", 1000, 16), ("mxfp8_e4m3", 264, 32)])
 def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_tool):
     """Compiled as ``decode_tma`` launches it: the code words reach the ``mma.sync`` operand
     with no layout conversion (``assert_trivial``: a failure would stop the compile), codes,
@@ -191,7 +194,7 @@ def _gpu():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "int4_affine_g128", "int4_affine_g64", "int4_affine_g32",
-                                  "int4_fp16"])
+                                  "int4_fp16", "mxfp8_e4m3"])
 def test_gpu_decode_tma(name):
     """The kernel on an H200: 1-64 tokens (8, 16, 32 and 64 token columns), ragged rows, bias,
     whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each
@@ -205,6 +208,8 @@ def test_gpu_decode_tma(name):
              (64, 1000, 2048, 13), (48, 28672, 1024, 264), (64, 256, 256, 1), (8, 1000, 2048, None),
              (3, 300, 1024, 3), (5, 28672, 1024, 264), (8, 4096, 8192, None), (2, 3000, 4096, 50)]
     for (m, n, k, programs) in cases:
+        if name == "mxfp8_e4m3" and m > L.DECODE_TMA_MAX_M_8BIT:
+            continue
         q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
         wd = q.dequantize(torch.float64)
         if q.fmt.scale.name == "fp16":  # the int4 decode rounds (code - z) * s once to bf16
