@@ -1459,9 +1459,10 @@ def _launch_direct(fn, grid, *args, **kwargs) -> None:
 def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, block_t: int | None = None,
                stages: int | None = None, group_t: int = 4, persistent: bool = True,
                split_tail: bool | None = None) -> torch.Tensor:
-    """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens of bf16 activations and a 4-bit
-    weight on Hopper: E2M1 (NVFP4, MXFP4) or integers with fp16 block scales (``int4_affine_g*``
-    with zero points of at most 15, ``int4_fp16``), with the warp-specialized Gluon kernel
+    """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens of bf16 activations on Hopper and an
+    E2M1 weight (NVFP4, MXFP4), 4-bit integers with fp16 block scales (``int4_affine_g*`` with
+    zero points of at most 15, ``int4_fp16``) or MXFP8 (E4M3 codes without NaN, E8M0 scales),
+    with the warp-specialized Gluon kernel
     (:mod:`microscale.kernels._prefill_gluon`: TMA ring for the activations, two consumer
     warpgroups decoding the codes straight into the wgmma register operand). :func:`linear`
     routes here from ``PREFILL_WS_MIN_M`` tokens. ``block_t``: tokens per tile (the wgmma N:
@@ -1527,9 +1528,9 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     return out
 
 
-#: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) and 4-bit integers with fp16 scales in blocks of
-#: a multiple of 64 (``int4_affine_g64`` / ``_g128``; eager calls of 5-16 tokens on small ones too, which
-#: have no ``gemv_mma``) with ``DECODE_TMA_MIN_M`` (weights of at
+#: :func:`linear` routes E2M1 weights (NVFP4, MXFP4), 4-bit integers with fp16 scales in blocks of 32
+#: or a multiple of 64 and MXFP8 (up to ``DECODE_TMA_MAX_M_8BIT`` tokens; eager calls of 5-16 tokens
+#: on small weights of these too, which have no ``gemv_mma``) with ``DECODE_TMA_MIN_M`` (weights of at
 #: least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``DECODE_TMA_SMALL_MIN_M`` for smaller ones) to
 #: ``DECODE_TMA_MAX_M`` bf16 tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA``,
 #: read at import): ``auto`` (the default) while a CUDA graph is being captured, and in eager
@@ -1749,8 +1750,10 @@ def _dt_parts(tiles: int, nct: int, programs: int) -> int:
 
 def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
                programs: int | None = None, tokens: int | None = None) -> torch.Tensor:
-    """``x2 [M <= 64, K] @ dequant(q)^T (+ bias)`` for an E2M1 weight (NVFP4, MXFP4) and bf16
-    activations on Hopper, with the warp-specialized Gluon kernel
+    """``x2 [M <= 64, K] @ dequant(q)^T (+ bias)`` for bf16 activations on Hopper and an E2M1
+    weight (NVFP4, MXFP4), a 4-bit integer weight with fp16 scales in blocks of 32 or a multiple
+    of 64 (``int4_affine_g*``, ``int4_fp16``) or MXFP8 (E4M3 codes; ``M <= 32``), with the
+    warp-specialized Gluon kernel
     (:mod:`microscale.kernels._decode_tma`: a producer warp brings each K step's code words,
     block scales and activations by TMA into a shared-memory ring, eight consumer warps
     decode them into ``mma.sync``). :func:`linear` routes here from ``DECODE_TMA_MIN_M``
