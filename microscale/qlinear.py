@@ -1618,6 +1618,10 @@ _DT_STAGES_64 = 2
 #: tokens (two programs per SM)
 DECODE_TMA_MAX_M_8BIT = 32
 _DT_STAGES_8BIT = 2
+#: MXFP8 in :func:`decode_tma` (``MICROSCALE_DECODE_TMA_8BIT``, read at import): compiled and tested
+#: without a GPU (the decode is ``prefill_ws``'s, verified on the H200), not yet run on one, so off
+#: by default; ``1`` routes and serves it
+_DECODE_TMA_8BIT = os.environ.get("MICROSCALE_DECODE_TMA_8BIT", "0") == "1"
 
 
 def _dt_tokens(m: int) -> int:
@@ -1708,6 +1712,8 @@ def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
     why = _prefill_ws_reason(q, x)
     if why is not None:
         return why
+    if q.fmt.element.bits == 8 and not _DECODE_TMA_8BIT:
+        return "takes 8-bit codes only with MICROSCALE_DECODE_TMA_8BIT=1 (not yet verified on a GPU)"
     if q.fmt.element.bits == 8 and x.shape[0] > DECODE_TMA_MAX_M_8BIT:
         return f"serves 1 to {DECODE_TMA_MAX_M_8BIT} tokens with 8-bit codes, got {x.shape[0]}"
     if q.fmt.scale.name == "fp16" and q.fmt.block_size % 64 and q.fmt.block_size != 32:

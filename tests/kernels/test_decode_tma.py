@@ -161,6 +161,8 @@ def test_reasons(monkeypatch):
     assert L._decode_tma_reason(ms.quantize(torch.randn(64, 512), "int4_affine_g32"), x) is None
     assert "blocks of 32 or" in L._decode_tma_reason(ms.quantize(torch.randn(64, 512), "int4_fp16", block_size=16), x)
     q = ms.quantize(torch.randn(64, 512), "mxfp8_e4m3")  # 8-bit codes: up to 32 tokens (shared memory)
+    assert "MICROSCALE_DECODE_TMA_8BIT" in L._decode_tma_reason(q, x)  # off by default
+    monkeypatch.setattr(L, "_DECODE_TMA_8BIT", True)
     assert L._decode_tma_reason(q, torch.randn(32, 512).to(torch.bfloat16)) is None
     assert "1 to 32 tokens with 8-bit" in L._decode_tma_reason(q, torch.randn(33, 512).to(torch.bfloat16))
 
@@ -195,12 +197,13 @@ def _gpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "int4_affine_g128", "int4_affine_g64", "int4_affine_g32",
                                   "int4_fp16", "mxfp8_e4m3"])
-def test_gpu_decode_tma(name):
+def test_gpu_decode_tma(name, monkeypatch):
     """The kernel on an H200: 1-64 tokens (8, 16, 32 and 64 token columns), ragged rows, bias,
     whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each
     output element within bf16 rounding of float64 plus an fp32 accumulation bound, a second
     call bit-identical (parts added in a fixed order, counters left at zero)."""
     dev = _gpu()
+    monkeypatch.setattr(L, "_DECODE_TMA_8BIT", True)  # (MXFP8: off by default)
     g = torch.Generator(device=dev).manual_seed(12)
     cases = [(16, 1000, 2048, None), (9, 300, 1024, 3), (16, 4096, 8192, None), (1, 520, 4096, 5),
              (13, 3000, 4096, 50), (16, 256, 256, 1), (16, 28672, 1024, 264), (11, 1000, 2048, 13),
