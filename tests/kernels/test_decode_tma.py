@@ -104,10 +104,13 @@ def test_choose_programs(n, k, sms, want):
 
 
 def test_token_window():
-    """2 tokens and up on large weights, ``DECODE_TMA_SMALL_MIN_M`` on smaller ones."""
+    """2 tokens and up on large weights, ``DECODE_TMA_SMALL_MIN_M`` on smaller ones; 8-bit codes
+    from ``DECODE_TMA_MIN_M_8BIT`` on any."""
     from types import SimpleNamespace as NS
-    assert L._dt_min_m(NS(shape=(28672, 8192))) == L.DECODE_TMA_MIN_M == 2
-    assert L._dt_min_m(NS(shape=(8192, 8192))) == L.DECODE_TMA_SMALL_MIN_M > 2
+    f4, f8 = ms.get_format("nvfp4"), ms.get_format("mxfp8_e4m3")
+    assert L._dt_min_m(NS(shape=(28672, 8192), fmt=f4)) == L.DECODE_TMA_MIN_M == 2
+    assert L._dt_min_m(NS(shape=(8192, 8192), fmt=f4)) == L.DECODE_TMA_SMALL_MIN_M > 2
+    assert L._dt_min_m(NS(shape=(28672, 8192), fmt=f8)) == L.DECODE_TMA_MIN_M_8BIT == 4
 
 
 def test_token_columns():
@@ -161,9 +164,11 @@ def test_reasons(monkeypatch):
     assert L._decode_tma_reason(ms.quantize(torch.randn(64, 512), "int4_affine_g32"), x) is None
     assert "blocks of 32 or" in L._decode_tma_reason(ms.quantize(torch.randn(64, 512), "int4_fp16", block_size=16), x)
     q = ms.quantize(torch.randn(64, 512), "mxfp8_e4m3")  # 8-bit codes: up to 32 tokens (shared memory)
-    assert "MICROSCALE_DECODE_TMA_8BIT" in L._decode_tma_reason(q, x)  # off by default
-    monkeypatch.setattr(L, "_DECODE_TMA_8BIT", True)
     assert L._decode_tma_reason(q, torch.randn(32, 512).to(torch.bfloat16)) is None
+    assert L._dt_min_m(q) == L.DECODE_TMA_MIN_M_8BIT == 4  # (2-3 tokens: the GEMV)
+    monkeypatch.setattr(L, "_DECODE_TMA_8BIT", False)  # MICROSCALE_DECODE_TMA_8BIT=0
+    assert "MICROSCALE_DECODE_TMA_8BIT" in L._decode_tma_reason(q, x)
+    monkeypatch.setattr(L, "_DECODE_TMA_8BIT", True)
     assert "1 to 32 tokens with 8-bit" in L._decode_tma_reason(q, torch.randn(33, 512).to(torch.bfloat16))
 
 
@@ -197,13 +202,12 @@ def _gpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "int4_affine_g128", "int4_affine_g64", "int4_affine_g32",
                                   "int4_fp16", "mxfp8_e4m3"])
-def test_gpu_decode_tma(name, monkeypatch):
+def test_gpu_decode_tma(name):
     """The kernel on an H200: 1-64 tokens (8, 16, 32 and 64 token columns), ragged rows, bias,
     whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each
     output element within bf16 rounding of float64 plus an fp32 accumulation bound, a second
     call bit-identical (parts added in a fixed order, counters left at zero)."""
     dev = _gpu()
-    monkeypatch.setattr(L, "_DECODE_TMA_8BIT", True)  # (MXFP8: off by default)
     g = torch.Generator(device=dev).manual_seed(12)
     cases = [(16, 1000, 2048, None), (9, 300, 1024, 3), (16, 4096, 8192, None), (1, 520, 4096, 5),
              (13, 3000, 4096, 50), (16, 256, 256, 1), (16, 28672, 1024, 264), (11, 1000, 2048, 13),
