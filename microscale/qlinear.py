@@ -1299,10 +1299,11 @@ def _int4_weight_reason(q: QTensor) -> str | None:
     codes with uint8 zero points at most 15 (affine, ``int4_affine_g*``) or two's-complement
     codes (``int4_fp16``), fp16 block scales of a multiple of 16 elements, an unpadded 2-D
     weight with row-major scales."""
+    from .kernels import _gemv_kernels as kern
+
     f = q.fmt
-    el = f.element
-    if not (el.kind == "int" and el.bits == 4 and el.frac_bits == 0 and f.scale.name == "fp16"
-            and f.block_rows == 1 and f.block_size % 16 == 0 and f.zero_point != el.signed):
+    if not (_gemv_kind(f) in (kern.U4Z, kern.I4) and f.element.frac_bits == 0 and f.scale.name == "fp16"
+            and f.block_rows == 1 and f.block_size % 16 == 0):
         return f"serves 4-bit integers with fp16 block scales (a multiple of 16), not {f.name}"
     kb = q.shape[1] // f.block_size if len(q.shape) == 2 else -1
     if len(q.shape) != 2 or tuple(q.padded_shape) != tuple(q.shape) or tuple(q.scales.shape) != (q.shape[0], kb) \
@@ -1319,11 +1320,10 @@ def _e4m3_weight_reason(q: QTensor) -> str | None:
     """Why ``q`` is not an 8-bit weight :func:`prefill_ws` takes, or None: E4M3 codes with E8M0
     block scales of 32 (``mxfp8_e4m3``) and no NaN code (scanned once; assumed present while a
     CUDA graph is captured unscanned), an unpadded 2-D weight with row-major scales."""
+    from .kernels import _gemv_kernels as kern
+
     f = q.fmt
-    el = f.element
-    if not (el.kind == "float" and (el.bits, el.ebits, el.mbits, el.bias) == (8, 4, 3, 7) and not el.has_inf
-            and list(el.nan_codes) == [0x7F] and f.scale.name == "e8m0" and f.block_size == 32
-            and f.block_rows == 1 and not f.zero_point):
+    if not (_gemv_kind(f) == kern.E4M3 and f.scale.name == "e8m0" and f.block_size == 32 and f.block_rows == 1):
         return f"serves E4M3 weights with E8M0 block scales of 32, not {f.name}"
     if len(q.shape) != 2 or tuple(q.padded_shape) != tuple(q.shape) or \
             tuple(q.scales.shape) != (q.shape[0], q.shape[1] // 32):

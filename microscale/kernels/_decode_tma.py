@@ -35,7 +35,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from ._prefill_gluon import _SKS, _SKZ, ARRIVE_ASM, BK, _decode, ring_barriers
+from ._prefill_gluon import _SKS, _SKZ, ARRIVE_ASM, BK, _decode, code_word_layout, ring_barriers
 
 
 @gluon.jit
@@ -96,27 +96,12 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_l, k_width=2)
     if NW == 4:
-        wb: gl.constexpr = [[16, 0], [32, 0]]
         wb3: gl.constexpr = [[16, 0, 0], [32, 0, 0]]
     else:
-        wb: gl.constexpr = [[16, 0], [32, 0], [64, 0]]
         wb3: gl.constexpr = [[16, 0, 0], [32, 0, 0], [64, 0, 0]]
-    # code words [rows, WPS] as _decode takes them ([rows, t, a]: word (WPS / 4) t + a of rows 16 w + g and + 8)
-    if CB == 8:
-        w2_l: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]], warp_bases=wb,
-            block_bases=[], shape=[ROWS, 16])
-        w_l: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
-            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]], warp_bases=wb3, block_bases=[],
-            shape=[ROWS, 4, 4])
-    else:
-        w2_l: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]], warp_bases=wb,
-            block_bases=[], shape=[ROWS, 8])
-        w_l: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=wb3, block_bases=[], shape=[ROWS, 4, 2])
+    # code words [rows, WPS] as loaded, and [rows, t, a] as _decode takes them (word (WPS / 4) t + a)
+    w2_l: gl.constexpr = code_word_layout(ROWS, wb3, CB, False)
+    w_l: gl.constexpr = code_word_layout(ROWS, wb3, CB)
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
     s32_sl: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     s_zero = gl.full([ROWS, 4], 0, gl.int32, s_l)

@@ -1,4 +1,4 @@
-"""Warp-specialized prefill for 4-bit weights on Hopper, in Gluon (private).
+"""Warp-specialized prefill for 4-bit and E4M3 weights on Hopper, in Gluon (private).
 
 Why: the Triton prefill kernel (:mod:`._linear_kernels`, ``swap`` + ``pair``) reaches
 0.78x cuBLAS bf16 at 4096 tokens (this kernel: 0.79-0.93x in short timings; NOTES_linear.md,
@@ -37,7 +37,11 @@ nibble pair under the bf16 exponent of 128 (pairs ``(j, j+4)`` as for E2M1), one
 makes the bf16 of ``d * s``, the reference dequantization rounded once. Block sizes of any
 multiple of 16 (a thread's 16 elements of a row never straddle a block).
 
-``ms.linear`` routes NVFP4 / MXFP4 and those int4 weights here from ``qlinear.PREFILL_WS_MIN_M`` tokens
+8-bit E4M3 codes with E8M0 scales (MXFP8, ``CB`` = 8): a thread owns 4 code words (16 bytes) of
+each row and step; word ``a``'s pair ``h`` (bytes ``2 h``, ``2 h + 1``) fills K slots
+``16 a + 8 h + 2 t + {0, 1}`` (:func:`e4m3_decode_asm`; :func:`_xperm_kernel` with ``CB=8``).
+
+``ms.linear`` routes NVFP4 / MXFP4, those int4 weights and MXFP8 here from ``qlinear.PREFILL_WS_MIN_M`` tokens
 (H200 timings: ``benchmarks/run_gpu_prefill.py``, ``WS=1``). Gluon kernels do not run under
 the Triton interpreter; CI compiles this one for sm_90 and checks its structure and its
 decode (``tests/kernels/test_prefill_gluon.py``).
@@ -61,7 +65,7 @@ _SKS = gl.constexpr(SK_F16)
 
 #: weight rows per consumer warpgroup (the wgmma M) and per program (two consumers)
 WG_ROWS = gl.constexpr(64)
-#: K elements per step (one ring slot): 4 wgmma K slices of 16; 2 code words per thread and row
+#: K elements per step (one ring slot): 4 wgmma K slices of 16; 2 (4-bit) or 4 (8-bit) code words per thread and row
 BK = gl.constexpr(64)
 #: tail split: at most this many K parts per tile
 MAX_SPLIT = gl.constexpr(8)
@@ -154,6 +158,25 @@ F16Z_SCALE_ASM = gl.constexpr("{\n.reg .b16 h;\n.reg .b32 t, z;\n.reg .f32 f, fh
                   "cvt.f32.f16 f, h;\nmov.b32 t, f;\nand.b32 t, t, 0xFFFF0000;\nmov.b32 fh, t;\n"
                   "sub.f32 f, f, fh;\ncvt.rn.bf16x2.f32 $1, f, f;\nprmt.b32 $0, t, 0, 0x3232;\n"
                   "shr.u32 z, $3, 16;\nadd.u32 z, z, 0x4300;\nprmt.b32 $2, z, 0, 0x1010;\n}")
+
+
+@gluon.constexpr_function
+def code_word_layout(rows, warp_bases, CB, shape3=True):
+    """The register layout of a step's code words as :func:`_decode` takes them: ``[rows, t, a]``
+    (``shape3``) or ``[rows, 4 W]`` words of ``rows`` weight rows, ``W = CB / 2`` words per thread
+    and row (``CB``-bit codes): registers ``a`` then row + 8, lanes ``t`` then rows 0-7, warps
+    ``warp_bases`` (rows + 16, + 32, ...). They are the A operand's own rows and quads, so the
+    decoded pairs need no data movement."""
+    w = CB // 2
+    if shape3:
+        regs = [[0, 0, 1 << i] for i in range(w.bit_length() - 1)] + [[8, 0, 0]]
+        lanes = [[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+        return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warp_bases, block_bases=[],
+                                          shape=[rows, 4, w])
+    regs = [[0, 1 << i] for i in range(w.bit_length() - 1)] + [[8, 0]]
+    lanes = [[0, w], [0, 2 * w], [1, 0], [2, 0], [4, 0]]
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=[[b[0], 0] for b in warp_bases],
+                                      block_bases=[], shape=[rows, 4 * w])
 
 
 @gluon.jit
@@ -399,18 +422,8 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
     tile's partial goes through :func:`_split_sum`."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
-    # [rows, t, a]: registers a then row + 8; lanes t then g; warps rows + 16, + 32 (the A operand's own rows and
-    # quads, so that the decoded pairs need no data movement)
     WPT: gl.constexpr = CB // 2
-    if CB == 8:
-        w_l: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]],
-            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[WG_ROWS, 4, 4])
-    else:
-        w_l: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[WG_ROWS, 4, 2])
+    w_l: gl.constexpr = code_word_layout(WG_ROWS, [[16, 0, 0], [32, 0, 0]], CB)
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
     r_w = WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_l))
     tq = gl.arange(0, 4, layout=gl.SliceLayout(0, s_l))
@@ -524,4 +537,5 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
     ], [4, 1], [232, 40])
 
 
-__all__ = ["SK_E8M0", "SK_UE4M3", "SK_F16Z", "SK_F16", "WG_ROWS", "BK", "decode_asm", "int4_decode_asm"]
+__all__ = ["SK_E8M0", "SK_UE4M3", "SK_F16Z", "SK_F16", "WG_ROWS", "BK", "code_word_layout", "decode_asm",
+           "e4m3_decode_asm", "int4_decode_asm"]

@@ -170,8 +170,8 @@ def _int4_weight(name: str, gen, n: int = 24, k: int = 512):
     w = torch.randn(n, k, generator=gen) * torch.logspace(-6, 2, n).reshape(n, 1)
     q = ms.quantize(w, name)
     sc = q.scales.view(torch.int16)
-    sc[0, :] = torch.tensor([0x0001, 0x03FF, 0x0401, 0x7BFF][: sc.shape[1]] * (sc.shape[1] // 4 or 1)
-                            )[: sc.shape[1]].to(torch.int16)  # fp16 subnormal / normal extremes
+    extremes = torch.tensor([0x0001, 0x03FF, 0x0401, 0x7BFF], dtype=torch.int16)  # fp16 subnormal / normal
+    sc[0, :] = extremes.repeat(sc.shape[1] // 4 + 1)[: sc.shape[1]]
     q.data[1, :] = torch.arange(256, dtype=torch.uint8).repeat(k // 512 + 1)[: k // 2]  # every code pair
     if q.zero_points is not None:
         q.zero_points[2, :] = torch.arange(q.zero_points.shape[1], dtype=torch.uint8) % 16
