@@ -11,7 +11,8 @@ time and its ratio to the same round's cuBLAS time, and a median-ratio table las
         python benchmarks/exp_ws_knobs.py 8192x8192 8192x28672
 
 A variant is ``linear`` (``ms.linear`` as routed; the timings replay CUDA graphs, so the routes
-taken while capturing), ``prefill`` (the Triton prefill kernel), ``dtma`` (``decode_tma``; ``dtma t16``: with 16 token columns), ``gemv_mma``, ``gemv``, ``xperm`` (``prefill_ws``'s K-permutation kernel
+taken while capturing), ``prefill`` (the Triton prefill kernel), ``ws`` (``prefill_ws`` as it
+chooses), ``dtma`` (``decode_tma``; ``dtma t16``: with 16 token columns), ``gemv_mma``, ``gemv``, ``xperm`` (``prefill_ws``'s K-permutation kernel
 alone, not checked) or ``g<group_t> s<stages> [t<block_t>] [nosplit]``
 (``prefill_ws`` with those arguments); the default set sweeps group_t 1-16 at the routed
 stages. ``M`` may list several token counts (``M=64,128``).
@@ -50,6 +51,8 @@ def op(v: str, x: torch.Tensor, q) -> torch.Tensor:
         return L.gemv_mma(x, q)
     if v == "gemv":
         return L.gemv(x, q)
+    if v == "ws":  # prefill_ws with its default tile and ring choice
+        return L.prefill_ws(x, q)
     if v == "prefill":  # the Triton tensor-core prefill kernel (the route of formats prefill_ws does not take)
         return L.prefill(x, q)
     if v == "xperm":  # prefill_ws's K-permutation kernel alone

@@ -73,10 +73,10 @@ __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_co
            "gemv_mma", "gemv_mma_supported", "GemvMmaConfig", "choose_gemv_mma_config", "with_gemv_mma_split",
            "GemvConfig", "choose_gemv_config", "GEMV_MAX_M", "prefill", "prefill_supported", "PrefillConfig",
            "choose_prefill_config", "PREFILL_MIN_M", "prefill_ws",
-           "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "PREFILL_WS_SMALL_MIN_M",
+           "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "PREFILL_WS_MIN_M_8BIT", "PREFILL_WS_SMALL_MIN_M",
            "PREFILL_WS_SMALL_MAX_NK", "decode_tma", "choose_decode_tma_programs",
            "DECODE_TMA_MIN_M", "DECODE_TMA_SMALL_MIN_M", "DECODE_TMA_MAX_M", "DECODE_TMA_EAGER_MIN_NK",
-           "DECODE_TMA_EAGER_MIN_M"]
+           "DECODE_TMA_EAGER_MIN_M", "DECODE_TMA_MIN_M_INT4"]
 
 _OP = "linear"
 _SCALE_KIND = {"e8m0": 1, "ue4m3": 2, "fp16": 3, "bf16": 4, "fp32": 5}
@@ -492,12 +492,15 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     and E2M1 weights with UE4M3/E8M0 scales (NVFP4, MXFP4); the f16x2 GEMV for at most
     ``GEMV_MAX_M`` tokens (4/8-bit codes); the prefill kernel from ``PREFILL_MIN_M`` tokens
     (4/8-bit codes); the split-K tensor-core kernel otherwise (any format). On the CPU the
-    float64 reference. NVFP4 / MXFP4 weights with bf16 activations take, from
-    ``PREFILL_WS_MIN_M`` tokens on Hopper, the warp-specialized kernel (:func:`prefill_ws`)
-    instead of the prefill kernel (``MICROSCALE_PREFILL_WS=0``: the prefill kernel), and so do
-    ``PREFILL_WS_SMALL_MIN_M..DECODE_TMA_MAX_M`` (33-64) tokens on weights of at most
+    float64 reference. The weights the warp-specialized kernel (:func:`prefill_ws`) takes
+    (NVFP4 / MXFP4, 4-bit integers with fp16 scales, MXFP8) with bf16 activations go to it
+    instead of the prefill kernel on Hopper from ``PREFILL_WS_MIN_M`` (65) tokens, MXFP8 from
+    ``PREFILL_WS_MIN_M_8BIT`` (33) (``MICROSCALE_PREFILL_WS=0``: the prefill kernel), and so do
+    ``PREFILL_WS_SMALL_MIN_M..DECODE_TMA_MAX_M`` (33-64) tokens on E2M1 weights of at most
     ``PREFILL_WS_SMALL_MAX_NK`` elements while a CUDA graph is being captured, ahead of
-    :func:`decode_tma`.
+    :func:`decode_tma` (which also serves the 4-bit integers, from ``DECODE_TMA_MIN_M_INT4`` (3)
+    tokens on large weights, and MXFP8 from ``DECODE_TMA_MIN_M_8BIT`` (4) to
+    ``DECODE_TMA_MAX_M_8BIT`` (32)).
 
     On Hopper the f16x2 GEMV runs as a programmatic dependent launch chain: once a weight
     has been used and its tensors are unchanged (torch's version counters), the GEMV may
@@ -595,7 +598,7 @@ def _route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple[torc
             return _gemv_mma_launch(x.reshape(-1, x.shape[-1]), q, bias, c).reshape(*lead, n), True
     if gemv_supported(q, x):
         return gemv(x.reshape(-1, x.shape[-1]), q, bias).reshape(*lead, n), True
-    if _PREFILL_WS and x.numel() >= PREFILL_WS_MIN_M * x.shape[-1]:
+    if _PREFILL_WS and x.numel() >= _ws_min_m(q) * x.shape[-1]:
         x2 = x.reshape(-1, x.shape[-1])
         if _prefill_ws_reason(q, x2) is None:
             return prefill_ws(x2, q, bias).reshape(*lead, n), False
@@ -636,7 +639,7 @@ def _plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple |
     else:
         return None
     wk = _weight_key(q)
-    routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, DECODE_TMA_SMALL_MIN_M, DECODE_TMA_MAX_M,
+    routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, DECODE_TMA_SMALL_MIN_M, DECODE_TMA_MIN_M_INT4, DECODE_TMA_MAX_M,
               DECODE_TMA_EAGER_MIN_NK, DECODE_TMA_EAGER_MIN_M, GEMV_MMA_MIN_M, GEMV_MAX_M)  # (switches tests set)
     return (x.shape, x.dtype, x.device, x.data_ptr() % 16, bk, wk, _kl.current_stream(), routes)
 
@@ -948,7 +951,7 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
     kw_per = -(-kw_per // c.block_kw) * c.block_kw
     even_n, even_k = n % c.block_n == 0, kw_per * split == kw
     sdirect = kern.scale_load_asm(2 if spair else scales.element_size()) \
-        if c.scale_direct and asm and even_n and even_k and not f.zero_point else ""
+        if c.scale_direct and asm and even_n and even_k else ""
     el = f.element
     elem_c = 2.0 ** (15 - el.bias) if kind == kern.F4 else 2.0 ** (-el.frac_bits) if el.kind == "int" else 1.0
     launch(kern._gemv_kernel, (-(-n // c.block_n), split),
@@ -1366,14 +1369,24 @@ def _prefill_ws_reason(q: QTensor, x: torch.Tensor) -> str | None:
     return None
 
 
-#: :func:`linear` routes E2M1 weights (NVFP4, MXFP4) with at least ``PREFILL_WS_MIN_M`` bf16
-#: tokens on Hopper to :func:`prefill_ws`; ``MICROSCALE_PREFILL_WS=0`` (read at import) sends
-#: them to :func:`prefill` instead (A/B runs). H200, 28672x8192 / 8192x28672, short timings:
-#: at 128 tokens 0.53-0.82x cuBLAS bf16 against the prefill kernel's 0.46-0.58x (the suite,
-#: final kernel: 0.64-1.00x); at 64 tokens the prefill kernel is ahead (0.72-0.89x against
-#: 0.54-0.73x)
+#: :func:`linear` routes the weights :func:`prefill_ws` takes with at least ``PREFILL_WS_MIN_M``
+#: bf16 tokens on Hopper (8-bit codes, which :func:`decode_tma` serves only up to
+#: ``DECODE_TMA_MAX_M_8BIT`` tokens: ``PREFILL_WS_MIN_M_8BIT``) to :func:`prefill_ws`;
+#: ``MICROSCALE_PREFILL_WS=0`` (read at import) sends them to :func:`prefill` instead (A/B
+#: runs). H200, graphs, weights past L2 (twenty-seventh session, ``h200_2026-12-03/s27/b/``):
+#: 96 tokens on 28672x8192 / 8192x8192 / 8192x28672, NVFP4 138.2 / 49.1 / 141.2 µs against the
+#: prefill kernel's 236.8 / 73.5 / 255.1, MXFP8 176.3 / 61.2 / 174.4 against 258.4 / 76.1 / 258.6,
+#: int4_affine_g128 164.6 / 56.5 / 178.1 against 280.4 / 89.7 / 277.7; MXFP8 at 48 / 64 tokens
+#: 161.5 / 161.7, 53.1 / 53.7 and 155.2 / 156.2 against 152.5 / 151.9, 55.9 / 57.0 and 187.5 / 190.2
+#: (128 tokens was the limit until then, from a kernel two dozen sessions older)
 _PREFILL_WS = os.environ.get("MICROSCALE_PREFILL_WS", "1") == "1"
-PREFILL_WS_MIN_M = 128
+PREFILL_WS_MIN_M = 65
+PREFILL_WS_MIN_M_8BIT = 33
+
+
+def _ws_min_m(q: QTensor) -> int:
+    """The fewest tokens :func:`linear` sends to :func:`prefill_ws` outside the small-weight rule."""
+    return PREFILL_WS_MIN_M_8BIT if q.fmt.element.bits == 8 else PREFILL_WS_MIN_M
 #: :func:`linear` also routes ``PREFILL_WS_SMALL_MIN_M..DECODE_TMA_MAX_M`` (33-64) tokens on E2M1 weights
 #: of at most ``PREFILL_WS_SMALL_MAX_NK`` elements to :func:`prefill_ws` (64-token tiles, K split over
 #: the SMs) instead of :func:`decode_tma`, while a CUDA graph is being captured (eager, the
@@ -1381,7 +1394,9 @@ PREFILL_WS_MIN_M = 128
 #: (twentieth session, ``benchmarks/exp_ws_knobs.py``): NVFP4 at 48 tokens 4096x4096 19.5 against
 #: 32.1 µs, 14336x4096 34.0 / 41.8, 8192x8192 39.7 / 44.7; above the limit :func:`decode_tma` stays
 #: ahead (8192x14336 63.6 against 68.7 µs, 28672x8192 and 8192x28672 at 64 tokens 115-116 against
-#: 117-123 µs), and at 32 tokens everywhere measured (8192x8192: 26.8 against 42.2 µs)
+#: 117-123 µs), and at 32 tokens everywhere measured (8192x8192: 26.8 against 42.2 µs). 4-bit integers
+#: keep :func:`decode_tma` (8192x8192 at 48 / 64 tokens 44.5 / 44.6 µs against 46.8 / 47.4;
+#: twenty-seventh session)
 PREFILL_WS_SMALL_MIN_M = 33
 PREFILL_WS_SMALL_MAX_NK = 1 << 26
 
@@ -1391,7 +1406,7 @@ def _prefill_ws_small_wanted(x: torch.Tensor, q: QTensor) -> bool:
     (see ``PREFILL_WS_SMALL_MAX_NK``; the kernel's own limits aside; ``MICROSCALE_DECODE_TMA=1``
     keeps these calls on :func:`decode_tma`)."""
     k = x.shape[-1]
-    return (_PREFILL_WS and _DECODE_TMA != "1" and x.is_cuda
+    return (_PREFILL_WS and _DECODE_TMA != "1" and x.is_cuda and q.fmt.element.kind != "int"
             and PREFILL_WS_SMALL_MIN_M * k <= x.numel() <= DECODE_TMA_MAX_M * k
             and q.shape[0] * q.shape[-1] <= PREFILL_WS_SMALL_MAX_NK and torch.cuda.is_current_stream_capturing())
 
@@ -1577,7 +1592,9 @@ def _dt_large(q: QTensor) -> bool:
 def _dt_min_m(q: QTensor) -> int:
     """The fewest tokens :func:`linear` sends to :func:`decode_tma` on weight ``q``."""
     least = DECODE_TMA_MIN_M if _dt_large(q) else DECODE_TMA_SMALL_MIN_M
-    return max(least, DECODE_TMA_MIN_M_8BIT) if q.fmt.element.bits == 8 else least
+    if q.fmt.element.bits == 8:
+        return max(least, DECODE_TMA_MIN_M_8BIT)
+    return max(least, DECODE_TMA_MIN_M_INT4) if q.fmt.element.kind == "int" else least
 
 
 def _decode_tma_ahead(x2: torch.Tensor, q: QTensor) -> bool:
@@ -1626,6 +1643,11 @@ _DT_STAGES_8BIT = 2
 #: 29.5 / 38.5 / 39.6; 2-3 tokens not measured (the GEMV keeps them)
 _DECODE_TMA_8BIT = os.environ.get("MICROSCALE_DECODE_TMA_8BIT", "1") == "1"
 DECODE_TMA_MIN_M_8BIT = 4
+#: 4-bit integers go to :func:`decode_tma` from this many tokens (2 tokens: the GEMV). H200, graphs,
+#: weights past L2 (twenty-seventh session, ``h200_2026-12-03/s27/a/``), 28672x8192 at 2 / 3 tokens:
+#: int4_affine_g128 GEMV 44.7 / 56.5 µs against decode_tma's 54.0 / 53.8; int4_fp16 45.4 / 50.0
+#: against 54.7 / 54.8; int4_affine_g32 45.4 / 57.8 against 53.2 / 53.5
+DECODE_TMA_MIN_M_INT4 = 3
 
 
 def _dt_tokens(m: int) -> int:

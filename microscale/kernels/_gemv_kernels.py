@@ -15,9 +15,12 @@ Per word, the codes become f16x2 pairs in PTX (``KIND``):
   bytes per conversion. Pairs hold elements ``(0,1)`` and ``(2,3)``.
 * ``I8``: ``prmt`` puts each (sign-flipped) byte under the f16 exponent of 1024, one
   exact ``sub.f16x2`` of 1152 leaves the integer.
-* ``I4``: the same with nibbles (``and``/``or`` with 0x6400, subtract 1032).
-* ``U8Z`` / ``U4Z`` (affine: unsigned codes with a zero point per block): the same
-  placement under 1024, then an exact ``sub.f16x2`` of ``1024 + z`` leaves ``code - z``.
+* ``U8Z`` (affine: unsigned bytes with a zero point per block): the same placement under
+  1024, then an exact ``sub.f16x2`` of ``1024 + z`` leaves ``code - z``.
+* ``U4Z`` / ``I4`` (nibbles; I4 first offset by 8, ``z = 8``): one ``lop3`` per pair puts
+  the nibble under the exponent of 1024, the low nibble of each byte as ``1024 + c``
+  (minus ``1024 + z``), the high one left in place as ``1024 + 16c`` (times 1/16 plus
+  ``-(64 + z)`` in one ``fma``): no shift for it, one shift per word in all.
 
 Each pair meets an f16x2 of activations in ``fma.rn.f16x2``; the products of ``CHAIN``
 consecutive words accumulate in f16 (one chain never straddles a scale block), then one
@@ -111,19 +114,38 @@ def _decode_word_ptx(kind: int, mbits: int, w: str, out: list[str], select: bool
     if kind == U8Z:  # k holds (1024 + zero point) in both halves
         return [f"prmt.b32 {out[0]}, {w}, 0x64646464, 0x4140; sub.rn.f16x2 {out[0]}, {out[0]}, k;",
                 f"prmt.b32 {out[1]}, {w}, 0x64646464, 0x4342; sub.rn.f16x2 {out[1]}, {out[1]}, k;"]
-    if kind == U4Z:
+    if kind in (U4Z, I4):
+        # pairs (0, 4) and (2, 6): nibble under the exponent of 1024, minus k = 1024 + z; pairs
+        # (1, 5) and (3, 7) stay 4 bits up: (1024 + 16 c) / 16 + k2 with k2 = -(64 + z), one
+        # fma. Every step exact in f16 (integers below 2048), and no shift for the odd pairs.
+        src = w
         lines = []
+        if kind == I4:  # two's complement -> offset 8
+            lines.append(f"xor.b32 u, {w}, 0x88888888;")
+            src = "u"
+        lines.append("mov.b32 c, 0x2C002C00;")  # 1/16 in both halves
         for j, p in enumerate(out):
-            src = f"shr.u32 m, {w}, {4 * j}; " if j else f"mov.b32 m, {w}; "
-            lines.append(src + f"and.b32 m, m, 0x000F000F; or.b32 m, m, 0x64006400; sub.rn.f16x2 {p}, m, k;")
-        return lines
-    if kind == I4:
-        lines = [f"xor.b32 u, {w}, 0x88888888;"]
-        for j, p in enumerate(out):
-            src = f"shr.u32 m, u, {4 * j}; " if j else "mov.b32 m, u; "
-            lines.append(src + f"and.b32 m, m, 0x000F000F; or.b32 m, m, 0x64006400; sub.rn.f16x2 {p}, m, k;")
+            if j == 2:
+                lines.append(f"shr.u32 m, {src}, 8;")
+                src = "m"
+            mask = "0x00F000F0" if j % 2 else "0x000F000F"
+            # (a & b) | c: lop3 with LUT 0xEA
+            lines.append(f"lop3.b32 {p}, {src}, {mask}, 0x64006400, 0xEA; "
+                         + (f"fma.rn.f16x2 {p}, {p}, c, k2;" if j % 2 else f"sub.rn.f16x2 {p}, {p}, k;"))
         return lines
     raise ValueError(f"unknown element kind {kind}")
+
+
+def _decode_constants_ptx(kind: int, zk: str, zk2: str) -> list[str]:
+    """PTX setting the decode's constants ``k`` / ``k2`` (zero-point kinds: from operands
+    ``zk`` / ``zk2``, see :func:`zero_point_operands`)."""
+    if kind == I8:
+        return ["mov.b32 k, 0x64806480;"]  # 1152 = 1024 + 128 in each f16 half
+    if kind == I4:
+        return ["mov.b32 k, 0x64086408; mov.b32 k2, 0xD480D480;"]  # 1032 = 1024 + 8; -72 = -(64 + 8)
+    if kind in HAS_ZP_KIND:
+        return [f"mov.b32 k, {zk}; mov.b32 k2, {zk2};"]
+    return []
 
 
 @functools.lru_cache(maxsize=None)  # per call otherwise: ~12 us of host time (stubbed-kernel profile)
@@ -132,18 +154,14 @@ def word_asm(kind: int, mbits: int, tokens: int, select: bool = False) -> str:
     products with each token's activation pairs, packed in an int32 per token.
 
     Operands: ``$0..$(T-1)`` the packed outputs, ``$T`` the word, (zero-point kinds) ``$(T+1)``
-    the f16x2 ``1024 + zero point`` of the word's block, then token ``t``'s pair ``j`` at
-    ``$(X0 + t * XREGS + j)`` with ``X0 = T + 1 (+ 1)``."""
+    the f16x2 ``1024 + zero point`` of the word's block and ``$(T+2)`` the f16x2
+    ``-(64 + zero point)`` (:func:`zero_point_operands`), then token ``t``'s pair ``j`` at
+    ``$(X0 + t * XREGS + j)`` with ``X0 = T + 1 (+ 2)``."""
     xr = XREGS[kind]
-    x0 = tokens + 1 + (1 if kind in HAS_ZP_KIND else 0)
-    regs = ", ".join(["m", "s", "u", "k"] + [f"p{i}" for i in range(xr)] + [f"a{t}" for t in range(tokens)])
-    body = [f".reg .b32 {regs};", ".reg .b16 lo, hi;"]
-    if kind == I8:
-        body.append("mov.b32 k, 0x64806480;")  # 1152 = 1024 + 128 in each f16 half
-    elif kind == I4:
-        body.append("mov.b32 k, 0x64086408;")  # 1032 = 1024 + 8
-    elif kind in HAS_ZP_KIND:
-        body.append(f"mov.b32 k, ${tokens + 1};")
+    x0 = tokens + 1 + (2 if kind in HAS_ZP_KIND else 0)
+    regs = ", ".join(["m", "s", "u", "c", "k", "k2"] + [f"p{i}" for i in range(xr)] + [f"a{t}" for t in range(tokens)])
+    body = [f".reg .b32 {regs};", ".reg .b16 lo, hi;"] + _decode_constants_ptx(kind, f"${tokens + 1}",
+                                                                                 f"${tokens + 2}")
     body += _decode_word_ptx(kind, mbits, f"${tokens}", [f"p{i}" for i in range(xr)], select)
     for t in range(tokens):
         for j in range(xr):
@@ -156,7 +174,15 @@ def word_asm(kind: int, mbits: int, tokens: int, select: bool = False) -> str:
 @functools.lru_cache(maxsize=None)
 def word_constraints(kind: int, tokens: int) -> str:
     """The inline-asm constraint string matching :func:`word_asm`."""
-    return ",".join(["=r"] * tokens + ["r"] * (1 + (kind in HAS_ZP_KIND) + tokens * XREGS[kind]))
+    return ",".join(["=r"] * tokens + ["r"] * (1 + 2 * (kind in HAS_ZP_KIND) + tokens * XREGS[kind]))
+
+
+@triton.jit
+def zero_point_operands(z):
+    """Zero points (int32 tensor) -> the word PTX's two operands: f16x2 ``1024 + z`` and
+    f16x2 ``-(64 + z)`` (both exact for ``z < 1024``)."""
+    k2 = (-(z.to(tl.float32) + 64.0)).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return (z + 0x6400) * 0x10001, k2 * 0x10001
 
 
 #: f16x2 sum of a chain's packed words -> float32 (both halves added)
@@ -288,8 +314,9 @@ def _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, str
                       SDIRECT: tl.constexpr = ""):
     """One K step's weight operands from word ``k0``: codes ``[BLOCK_N, BLOCK_KW]``, raw
     block scales ``[BLOCK_N, BLOCK_KW // CHAIN]`` (one per chain; ``SPAIR``: 16-bit pairs,
-    ``[BLOCK_N, BLOCK_KW // CHAIN // 2]``) and the zero-point operand per word (f16x2
-    ``1024 + z``; 0 without zero points). ``SDIRECT`` (PTX, unmasked tiles): the PTX load
+    ``[BLOCK_N, BLOCK_KW // CHAIN // 2]``) and the zero-point operands per word (a pair,
+    :func:`zero_point_operands`; zeros without zero points). With ``SDIRECT`` the zero
+    points are loaded once per chain. ``SDIRECT`` (PTX, unmasked tiles): the PTX load
     of one scale (:func:`scale_load_asm`; "" for ``tl.load``). Triton does not re-lay-out
     it like its own loads, so the scales arrive in the layout of their use and the loop
     carries them without a shared-memory layout conversion."""
@@ -315,15 +342,26 @@ def _load_weight_step(w_ptr, s_ptr, z_ptr, offs_n, n_ok, stride_w, stride_s, str
         raw = tl.load(s_ptrs, mask=n_ok[:, None] & (kc < KW)[None, :], other=0).to(tl.int32)
     if SPAIR and SDIRECT == "":
         raw = raw & 0xFFFF
-    if HAS_ZP:  # per word (an L1 hit after the first of its block): f16x2 of 1024 + z
+    if HAS_ZP and SDIRECT != "":
+        # one PTX byte load per chain, like the scales, then repeated over the chain's words
+        # in registers (a chain's words are one thread's: no layout conversion)
+        kcz = k0 + CHAIN * tl.arange(0, NC)
+        z_ptrs = z_ptr + offs_n[:, None] * stride_z + (kcz // WPG)[None, :]
+        z = tl.inline_asm_elementwise("ld.global.nc.u8 $0, [$1];", "=r,l", [z_ptrs.to(tl.int64, bitcast=True)],
+                                      dtype=tl.int32, is_pure=True, pack=1)
+        ka, kb = zero_point_operands(z)
+        R: tl.constexpr = ka.shape[0]
+        kz = (tl.reshape(tl.broadcast_to(ka[:, :, None], [R, NC, CHAIN]), [R, BLOCK_KW]),
+              tl.reshape(tl.broadcast_to(kb[:, :, None], [R, NC, CHAIN]), [R, BLOCK_KW]))
+    elif HAS_ZP:  # per word (an L1 hit after the first of its block): f16x2 of 1024 + z
         z_ptrs = z_ptr + offs_n[:, None] * stride_z + (kw // WPG)[None, :]
         if EVEN_N and EVEN_K:
             z = tl.load(z_ptrs).to(tl.int32)
         else:
             z = tl.load(z_ptrs, mask=n_ok[:, None] & kw_ok[None, :], other=0).to(tl.int32)
-        kz = (z + 0x6400) * 0x10001
+        kz = zero_point_operands(z)
     else:
-        kz = 0
+        kz = (0, 0)
     return w, raw, kz
 
 
@@ -363,7 +401,7 @@ def _word_parts(w, kz, xs, XR: tl.constexpr, T: tl.constexpr, KIND: tl.constexpr
     activation planes ``xs``, as packed f16x2 int32 (PTX) or float32 (the plain-Triton twin)."""
     if USE_ASM:
         if HAS_ZP:
-            args = (w, kz) + xs
+            args = (w, kz[0], kz[1]) + xs
         else:
             args = (w,) + xs
         if T == 1:
@@ -376,7 +414,7 @@ def _word_parts(w, kz, xs, XR: tl.constexpr, T: tl.constexpr, KIND: tl.constexpr
             x4 = ()
             for j in tl.static_range(XR):
                 x4 = x4 + (xs[t * XR + j],)
-            parts = parts + (_word_dot_ref(w, kz, x4, KIND, MBITS, XR),)
+            parts = parts + (_word_dot_ref(w, kz[0], x4, KIND, MBITS, XR),)
     return parts
 
 

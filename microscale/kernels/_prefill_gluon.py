@@ -41,7 +41,8 @@ multiple of 16 (a thread's 16 elements of a row never straddle a block).
 each row and step; word ``a``'s pair ``h`` (bytes ``2 h``, ``2 h + 1``) fills K slots
 ``16 a + 8 h + 2 t + {0, 1}`` (:func:`e4m3_decode_asm`; :func:`_xperm_kernel` with ``CB=8``).
 
-``ms.linear`` routes NVFP4 / MXFP4, those int4 weights and MXFP8 here from ``qlinear.PREFILL_WS_MIN_M`` tokens
+``ms.linear`` routes NVFP4 / MXFP4, those int4 weights and MXFP8 here from ``qlinear.PREFILL_WS_MIN_M`` (65) tokens
+(MXFP8 from ``PREFILL_WS_MIN_M_8BIT``, 33)
 (H200 timings: ``benchmarks/run_gpu_prefill.py``, ``WS=1``). Gluon kernels do not run under
 the Triton interpreter; CI compiles this one for sm_90 and checks its structure and its
 decode (``tests/kernels/test_prefill_gluon.py``).

@@ -121,9 +121,10 @@ def test_asm_text():
     assert kern.word_constraints(kern.E4M3, 2) == "=r,=r,r,r,r,r,r"
     a = kern.word_asm(kern.I8, 0, tokens=1)
     assert "0x64806480" in a and "0x4140" in a and "0x4342" in a
-    a = kern.word_asm(kern.U4Z, 0, tokens=1)  # zero point operand $2, activations $3..$6
-    assert "mov.b32 k, $2;" in a and "$6" in a and "$7" not in a and a.count("sub.rn.f16x2") == 4
-    assert kern.word_constraints(kern.U4Z, 1) == "=r,r,r,r,r,r,r"
+    a = kern.word_asm(kern.U4Z, 0, tokens=1)  # zero point operands $2, $3, activations $4..$7
+    assert "mov.b32 k, $2; mov.b32 k2, $3;" in a and "$7" in a and "$8" not in a
+    assert a.count("sub.rn.f16x2") == 2 and a.count("fma.rn.f16x2") == 2 + 3 and a.count("shr.u32") == 1
+    assert kern.word_constraints(kern.U4Z, 1) == "=r,r,r,r,r,r,r,r"
     assert "cvt.rn.f16x2.e4m3x2" in kern.FINISH_E4M3_ASM.value
 
 
@@ -239,6 +240,58 @@ def test_f4_decode_ptx_bit_placement(gen, select):
             assert (got.astype(np.uint16).view(np.float16).astype(np.float64) == ref).all()
 
 
+def _int4_decode(kind: int, w, z):
+    """The GEMV's 4-bit integer word decode PTX (constants included) run by the PTX
+    emulator on uint32 words ``w`` with zero points ``z`` (per word): four f16x2 pairs."""
+    import numpy as np
+    from test_gemv_mma import Warp
+
+    lines = kern._decode_constants_ptx(kind, "$5", "$6") + kern._decode_word_ptx(kind, 0, "$4", ["$0", "$1", "$2", "$3"])
+    asm = "{" + " ".join(lines) + "}"
+    warp = Warp(np.zeros(1, np.uint8))
+    outs = []
+    for lo in range(0, w.size, 32):
+        zz = z[lo:lo + 32].astype(np.int64)
+        ka = ((zz + 0x6400) * 0x10001).astype(np.uint32)
+        kb = (((-(zz + 64.0)).astype(np.float16).view(np.uint16).astype(np.int64)) * 0x10001).astype(np.uint32)
+        outs.append(np.stack(warp.run(asm, "=r,=r,=r,=r,r,r,r", [w[lo:lo + 32], ka, kb])))
+    return np.concatenate(outs, axis=1)
+
+
+@pytest.mark.parametrize("kind", [kern.U4Z, kern.I4])
+def test_int4_decode_ptx_is_exact(kind, gen):
+    """The GEMV's 4-bit integer decode (the PTX the GPU runs): f16 pair ``j`` holds elements
+    ``j`` and ``j + 4`` as exactly ``code - z`` (U4Z: every zero point 0..255; I4: the
+    two's-complement value), every nibble value in every slot; the ``zero_point_operands``
+    of the kernel (U4Z) are checked against the numpy construction used here."""
+    import numpy as np
+
+    every = np.array([v * 0x11111111 for v in range(16)], dtype=np.uint32)
+    rnd = torch.randint(-2**31, 2**31, (512,), generator=gen, dtype=torch.int64).numpy().astype(np.uint32)
+    w = np.concatenate([np.tile(every, 16), rnd])  # 256 + 512 words
+    z = (np.arange(w.size) % 256).astype(np.uint32) if kind == kern.U4Z else np.zeros(w.size, np.uint32)
+    out = _int4_decode(kind, w, z)
+    for j in range(4):
+        for half, e in ((0, j), (1, j + 4)):
+            nib = ((w >> np.uint32(4 * e)) & np.uint32(0xF)).astype(np.int64)
+            want = nib - z if kind == kern.U4Z else np.where(nib >= 8, nib - 16, nib)
+            got = ((out[j] >> np.uint32(16 * half)) & np.uint32(0xFFFF)).astype(np.uint16).view(np.float16)
+            assert (got.astype(np.float64) == want).all(), (j, half)
+
+
+def test_int4_decode_emulation_catches_a_wrong_constant(gen, monkeypatch):
+    """The check can fail: 1/16 replaced by 1/8 for the high nibbles is caught."""
+    import numpy as np
+
+    src = kern._decode_word_ptx
+    monkeypatch.setattr(kern, "_decode_word_ptx", lambda *a, **kw: [s.replace("0x2C002C00", "0x30003000")
+                                                                     for s in src(*a, **kw)])
+    w = np.array([v * 0x11111111 for v in range(16)] * 2, dtype=np.uint32)
+    out = _int4_decode(kern.U4Z, w, np.full(32, 3, np.uint32))
+    got = ((out[1] & np.uint32(0xFFFF)).astype(np.uint16).view(np.float16)).astype(np.float64)
+    assert not (got == ((w >> np.uint32(4)) & np.uint32(0xF)).astype(np.float64) - 3).all()
+
+
 @pytest.mark.parametrize("asm", ASM)
 @pytest.mark.parametrize("m,n", [(1, 40), (3, 37)])
 def test_scale_pairs_and_select_match_the_plain_path(m, n, asm, gen):
@@ -341,7 +394,8 @@ def test_chained_calls_in_a_cuda_graph(name, gen):
 
 
 @pytest.mark.parametrize("fmt,load", [("nvfp4", "ld.global.nc.u16"), ("mxfp4", "ld.global.nc.u8"),
-                                      ("int8_fp16", "ld.global.nc.u16"), ("fp8_e4m3_fp32", "ld.global.nc.u32")])
+                                      ("int8_fp16", "ld.global.nc.u16"), ("fp8_e4m3_fp32", "ld.global.nc.u32"),
+                                      ("int4_affine_g128", "ld.global.nc.u8")])
 def test_scale_direct_drops_the_loop_layout_conversion(fmt, load, run_tool, tmp_path):
     """``GemvConfig.scale_direct`` (the default): the block scales come from a PTX load in
     the layout of their use, so the K loop loses the shared-memory conversion and its
@@ -353,7 +407,8 @@ def test_scale_direct_drops_the_loop_layout_conversion(fmt, load, run_tool, tmp_
 
 
 @pytest.mark.skipif(DEV == "cpu", reason="the PTX scale loads need the GPU")
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3", "mxint8", "int8_fp16", "int4_fp32", "fp8_e4m3_fp32"])
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3", "mxint8", "int8_fp16", "int4_fp32", "fp8_e4m3_fp32",
+                                  "int4_affine_g128", "int8_affine_g32"])
 def test_scale_direct_is_bit_identical(name, gen):
     """The scale loads change place, not the arithmetic: outputs equal the default's bit
     for bit, 1-4 tokens, with and without paired scales (NVFP4), K split in two (two fp32

@@ -158,6 +158,15 @@ class Warp:
             res = [f(*(half(w, h) for w in srcs)) for h in (0, 1)]
             assert all((r.astype(np.float32).astype(np.float64) == r).all() for r in res), "not exact in float32"
             regs[ops[0]] = _f64_to_bf16_bits(res[0]) | (_f64_to_bf16_bits(res[1]) << u32(16))
+        elif op in ("mul.rn.f16x2", "sub.rn.f16x2", "add.rn.f16x2", "fma.rn.f16x2"):
+            # each half's result in float64 rounded to f16 (one rounding where float64 holds the
+            # exact result, as for the decodes checked with it: integers, powers of two)
+            half = lambda w, h: ((w >> u32(16 * h)) & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)  # noqa: E731,E501
+            f = {"mul.rn.f16x2": lambda a, b: a * b, "sub.rn.f16x2": lambda a, b: a - b,
+                 "add.rn.f16x2": lambda a, b: a + b, "fma.rn.f16x2": lambda a, b, c: a * b + c}[op]
+            srcs = [v(o) for o in ops[1:]]
+            res = [f(*(half(w, h) for w in srcs)).astype(np.float16).view(np.uint16).astype(u32) for h in (0, 1)]
+            regs[ops[0]] = res[0] | (res[1] << u32(16))
         elif op == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32":
             d, a, b, c = ([x.strip() for x in gr.split(",")] for gr in groups)
             A = np.zeros((16, 16))

@@ -231,23 +231,37 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, tmp_path, run_tool
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
-def test_gpu_routing_switch(monkeypatch):
-    """``ms.linear`` routes NVFP4 from ``PREFILL_WS_MIN_M`` tokens (leading batch dims) to ``prefill_ws``."""
+@pytest.mark.parametrize("name,lead", [("nvfp4", (2, 160)), ("nvfp4", (1, 65)), ("int4_affine_g128", (3, 32)),
+                                       ("mxfp8_e4m3", (3, 11))])
+def test_gpu_routing_switch(name, lead, monkeypatch):
+    """``ms.linear`` routes from ``PREFILL_WS_MIN_M`` tokens (MXFP8: ``PREFILL_WS_MIN_M_8BIT``; leading
+    batch dims) to ``prefill_ws``."""
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) != (9, 0):
         pytest.skip("sm_90 (wgmma)")
     g = torch.Generator(device=dev).manual_seed(6)
-    q = ms.quantize(torch.randn(256, 512, device=dev, generator=g), "nvfp4")
-    x = torch.randn(2, 160, 512, device=dev, generator=g).to(torch.bfloat16)
+    q = ms.quantize(torch.randn(256, 512, device=dev, generator=g), name)
+    x = torch.randn(*lead, 512, device=dev, generator=g).to(torch.bfloat16)
     monkeypatch.setattr(L, "_PREFILL_WS", True)
     y = ms.linear(x, q)
-    torch.testing.assert_close(y, L.prefill_ws(x.reshape(320, 512), q).reshape(2, 160, 256), rtol=0, atol=0)
+    m = x.numel() // 512
+    torch.testing.assert_close(y, L.prefill_ws(x.reshape(m, 512), q).reshape(*lead, 256), rtol=0, atol=0)
+
+
+def test_ws_token_thresholds():
+    """From 65 tokens (the first count ``decode_tma`` does not serve) ``prefill_ws``; 8-bit codes,
+    which ``decode_tma`` serves up to 32 tokens, from 33."""
+    from types import SimpleNamespace as NS
+
+    assert L._ws_min_m(NS(fmt=ms.get_format("nvfp4"))) == L.PREFILL_WS_MIN_M == L.DECODE_TMA_MAX_M + 1
+    assert L._ws_min_m(NS(fmt=ms.get_format("int4_affine_g128"))) == L.PREFILL_WS_MIN_M
+    assert L._ws_min_m(NS(fmt=ms.get_format("mxfp8_e4m3"))) == L.PREFILL_WS_MIN_M_8BIT == L.DECODE_TMA_MAX_M_8BIT + 1
 
 
 def test_small_weight_routing(monkeypatch):
-    """33-64 tokens on weights of at most ``PREFILL_WS_SMALL_MAX_NK`` elements go to ``prefill_ws``
-    only while a CUDA graph is being captured, on CUDA, with ``_PREFILL_WS`` on and decode_tma
-    not forced."""
+    """33-64 tokens on E2M1 weights of at most ``PREFILL_WS_SMALL_MAX_NK`` elements go to
+    ``prefill_ws`` only while a CUDA graph is being captured, on CUDA, with ``_PREFILL_WS`` on
+    and decode_tma not forced (4-bit integers keep ``decode_tma``)."""
     from types import SimpleNamespace as NS
 
     capturing = [True]
@@ -256,7 +270,9 @@ def test_small_weight_routing(monkeypatch):
     def x(m, cuda=True):
         return NS(is_cuda=cuda, shape=(m, 8192), numel=lambda: m * 8192)
 
-    small, big = NS(shape=(8192, 8192)), NS(shape=(8192, 8193))
+    f4 = ms.get_format("nvfp4")
+    small, big = NS(shape=(8192, 8192), fmt=f4), NS(shape=(8192, 8193), fmt=f4)
+    assert not L._prefill_ws_small_wanted(x(48), NS(shape=(8192, 8192), fmt=ms.get_format("int4_affine_g128")))
     assert [L._prefill_ws_small_wanted(x(m), small) for m in (32, 33, 48, 64, 65)] == [False, True, True, True, False]
     assert not L._prefill_ws_small_wanted(x(48), big) and not L._prefill_ws_small_wanted(x(48, False), small)
     assert small.shape[0] * small.shape[1] == L.PREFILL_WS_SMALL_MAX_NK
