@@ -76,7 +76,7 @@ __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_co
            "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "PREFILL_WS_MIN_M_8BIT", "PREFILL_WS_SMALL_MIN_M",
            "PREFILL_WS_SMALL_MAX_NK", "decode_tma", "choose_decode_tma_programs",
            "DECODE_TMA_MIN_M", "DECODE_TMA_SMALL_MIN_M", "DECODE_TMA_MAX_M", "DECODE_TMA_EAGER_MIN_NK",
-           "DECODE_TMA_EAGER_MIN_M", "DECODE_TMA_MIN_M_INT4"]
+           "DECODE_TMA_EAGER_MIN_M", "DECODE_TMA_MIN_M_INT4", "DECODE_TMA_MIN_M_INT4_SYM"]
 
 _OP = "linear"
 _SCALE_KIND = {"e8m0": 1, "ue4m3": 2, "fp16": 3, "bf16": 4, "fp32": 5}
@@ -498,8 +498,8 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     ``PREFILL_WS_MIN_M_8BIT`` (33) (``MICROSCALE_PREFILL_WS=0``: the prefill kernel), and so do
     ``PREFILL_WS_SMALL_MIN_M..DECODE_TMA_MAX_M`` (33-64) tokens on E2M1 weights of at most
     ``PREFILL_WS_SMALL_MAX_NK`` elements while a CUDA graph is being captured, ahead of
-    :func:`decode_tma` (which also serves the 4-bit integers, from ``DECODE_TMA_MIN_M_INT4`` (3)
-    tokens on large weights, and MXFP8 from ``DECODE_TMA_MIN_M_8BIT`` (4) to
+    :func:`decode_tma` (which also serves the 4-bit integers, from ``DECODE_TMA_MIN_M_INT4`` (3;
+    signed codes ``DECODE_TMA_MIN_M_INT4_SYM``, 4) tokens on large weights, and MXFP8 from ``DECODE_TMA_MIN_M_8BIT`` (4) to
     ``DECODE_TMA_MAX_M_8BIT`` (32)).
 
     On Hopper the f16x2 GEMV runs as a programmatic dependent launch chain: once a weight
@@ -639,7 +639,8 @@ def _plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple |
     else:
         return None
     wk = _weight_key(q)
-    routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, DECODE_TMA_SMALL_MIN_M, DECODE_TMA_MIN_M_INT4, DECODE_TMA_MAX_M,
+    routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, DECODE_TMA_SMALL_MIN_M, DECODE_TMA_MIN_M_INT4,
+              DECODE_TMA_MIN_M_INT4_SYM, DECODE_TMA_MAX_M,
               DECODE_TMA_EAGER_MIN_NK, DECODE_TMA_EAGER_MIN_M, GEMV_MMA_MIN_M, GEMV_MAX_M)  # (switches tests set)
     return (x.shape, x.dtype, x.device, x.data_ptr() % 16, bk, wk, _kl.current_stream(), routes)
 
@@ -1594,7 +1595,9 @@ def _dt_min_m(q: QTensor) -> int:
     least = DECODE_TMA_MIN_M if _dt_large(q) else DECODE_TMA_SMALL_MIN_M
     if q.fmt.element.bits == 8:
         return max(least, DECODE_TMA_MIN_M_8BIT)
-    return max(least, DECODE_TMA_MIN_M_INT4) if q.fmt.element.kind == "int" else least
+    if q.fmt.element.kind == "int":
+        return max(least, DECODE_TMA_MIN_M_INT4 if q.fmt.zero_point else DECODE_TMA_MIN_M_INT4_SYM)
+    return least
 
 
 def _decode_tma_ahead(x2: torch.Tensor, q: QTensor) -> bool:
@@ -1643,11 +1646,14 @@ _DT_STAGES_8BIT = 2
 #: 29.5 / 38.5 / 39.6; 2-3 tokens not measured (the GEMV keeps them)
 _DECODE_TMA_8BIT = os.environ.get("MICROSCALE_DECODE_TMA_8BIT", "1") == "1"
 DECODE_TMA_MIN_M_8BIT = 4
-#: 4-bit integers go to :func:`decode_tma` from this many tokens (2 tokens: the GEMV). H200, graphs,
-#: weights past L2 (twenty-seventh session, ``h200_2026-12-03/s27/a/``), 28672x8192 at 2 / 3 tokens:
-#: int4_affine_g128 GEMV 44.7 / 56.5 µs against decode_tma's 54.0 / 53.8; int4_fp16 45.4 / 50.0
-#: against 54.7 / 54.8; int4_affine_g32 45.4 / 57.8 against 53.2 / 53.5
+#: affine 4-bit integers go to :func:`decode_tma` from this many tokens (2 tokens: the GEMV), signed
+#: ones (no zero points) from ``DECODE_TMA_MIN_M_INT4_SYM``. H200, graphs, weights past L2
+#: (twenty-seventh session, ``h200_2026-12-03/s27/a/``), 28672x8192 at 2 / 3 / 4 tokens:
+#: int4_affine_g128 GEMV 44.7 / 56.5 / 61.1 µs against decode_tma's 54.0 / 53.8 / 53.5;
+#: int4_affine_g32 45.4 / 57.8 / 60.9 against 53.2 / 53.5 / 53.3; int4_fp16 45.4 / 50.0 / 59.2
+#: against 54.7 / 54.8 / 55.1
 DECODE_TMA_MIN_M_INT4 = 3
+DECODE_TMA_MIN_M_INT4_SYM = 4
 
 
 def _dt_tokens(m: int) -> int:

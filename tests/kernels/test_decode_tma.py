@@ -105,16 +105,18 @@ def test_choose_programs(n, k, sms, want):
 
 def test_token_window():
     """2 tokens and up on large weights, ``DECODE_TMA_SMALL_MIN_M`` on smaller ones; 8-bit codes
-    from ``DECODE_TMA_MIN_M_8BIT`` on any, 4-bit integers from ``DECODE_TMA_MIN_M_INT4``."""
+    from ``DECODE_TMA_MIN_M_8BIT`` on any, 4-bit integers from ``DECODE_TMA_MIN_M_INT4`` (affine) or
+    ``DECODE_TMA_MIN_M_INT4_SYM`` (signed)."""
     from types import SimpleNamespace as NS
     f4, f8 = ms.get_format("nvfp4"), ms.get_format("mxfp8_e4m3")
     assert L._dt_min_m(NS(shape=(28672, 8192), fmt=f4)) == L.DECODE_TMA_MIN_M == 2
     assert L._dt_min_m(NS(shape=(8192, 8192), fmt=f4)) == L.DECODE_TMA_SMALL_MIN_M > 2
     assert L._dt_min_m(NS(shape=(28672, 8192), fmt=f8)) == L.DECODE_TMA_MIN_M_8BIT == 4
-    for name in ("int4_affine_g128", "int4_fp16"):  # 4-bit integers: 2 tokens on the GEMV
+    for name, least in (("int4_affine_g128", 3), ("int4_fp16", 4)):  # 4-bit integers: 2 (3) tokens on the GEMV
         i4 = ms.get_format(name)
-        assert L._dt_min_m(NS(shape=(28672, 8192), fmt=i4)) == L.DECODE_TMA_MIN_M_INT4 == 3
+        assert L._dt_min_m(NS(shape=(28672, 8192), fmt=i4)) == least
         assert L._dt_min_m(NS(shape=(8192, 8192), fmt=i4)) == L.DECODE_TMA_SMALL_MIN_M
+    assert (L.DECODE_TMA_MIN_M_INT4, L.DECODE_TMA_MIN_M_INT4_SYM) == (3, 4)
 
 
 def test_token_columns():
