@@ -12,7 +12,8 @@ time and its ratio to the same round's cuBLAS time, and a median-ratio table las
 
 A variant is ``linear`` (``ms.linear`` as routed; the timings replay CUDA graphs, so the routes
 taken while capturing), ``prefill`` (the Triton prefill kernel), ``ws`` (``prefill_ws`` as it
-chooses), ``dtma`` (``decode_tma``; ``dtma t16``: with 16 token columns), ``gemv_mma``, ``gemv``, ``xperm`` (``prefill_ws``'s K-permutation kernel
+chooses), ``dtma`` (``decode_tma``; ``dtma t16``: with 16 token columns; ``dtma post`` / ``dtma nopost``: int4 with
+the MMA results scaled / each weight pair scaled), ``gemv_mma``, ``gemv``, ``xperm`` (``prefill_ws``'s K-permutation kernel
 alone, not checked) or ``g<group_t> s<stages> [t<block_t>] [nosplit]``
 (``prefill_ws`` with those arguments); the default set sweeps group_t 1-16 at the routed
 stages. ``M`` may list several token counts (``M=64,128``).
@@ -45,6 +46,12 @@ def op(v: str, x: torch.Tensor, q) -> torch.Tensor:
         return ms.linear(x, q)
     if v == "dtma":
         return L.decode_tma(x, q)
+    if v in ("dtma post", "dtma nopost"):  # 4-bit integers: MMA results scaled, or each weight pair
+        saved, L._DT_POST_SCALE = L._DT_POST_SCALE, v == "dtma post"
+        try:
+            return L.decode_tma(x, q)
+        finally:
+            L._DT_POST_SCALE = saved
     if v.startswith("dtma t"):  # decode_tma with that many token columns
         return L.decode_tma(x, q, tokens=int(v[6:]))
     if v == "gemv_mma":

@@ -1654,6 +1654,13 @@ DECODE_TMA_MIN_M_8BIT = 4
 #: against 54.7 / 54.8 / 55.1
 DECODE_TMA_MIN_M_INT4 = 3
 DECODE_TMA_MIN_M_INT4_SYM = 4
+#: :func:`decode_tma` on 4-bit integers with one block per K step (blocks of a multiple of 64)
+#: multiplies each step's fp32 MMA result by the rows' fp16 scales instead of scaling every
+#: weight pair in bf16 (``MICROSCALE_DT_POST_SCALE=1``, read at import; the default ``0``:
+#: per-pair scaling, each weight the bf16 of ``(code - z) * s`` as in :func:`prefill_ws`).
+#: Compiled and checked on the CPU (sm_90 SASS: 342 instructions per ring chunk at 16 token
+#: columns against 466), not yet run on a GPU: off until it is
+_DT_POST_SCALE = os.environ.get("MICROSCALE_DT_POST_SCALE", "0") == "1"
 
 
 def _dt_tokens(m: int) -> int:
@@ -1840,6 +1847,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
            out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=_DT_CHUNK, SK=sk,
            STAGES=_DT_STAGES_8BIT if cb == 8 else _DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q), CB=cb,
+           POST=_DT_POST_SCALE and sk in (pg.SK_F16Z, pg.SK_F16) and _dt_nps(q) == 1,
            num_warps=rows // 16, maxnreg=80)
     return out
 

@@ -83,9 +83,9 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
 @gluon.jit
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp,
               ke, post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
-              HAS_BIAS: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr):
+              HAS_BIAS: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr, POST: gl.constexpr):
     """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
-    ``mma.sync`` its ``C`` steps, free the slot. Per tile it touches: the epilogue (a shared
+    ``mma.sync`` its ``C`` steps, free the slot (``POST``: see :func:`_decode_tma_kernel`). Per tile it touches: the epilogue (a shared
     tile's part to the workspace; the tile's last part adds the parts in K order and stores)."""
     STAGES: gl.constexpr = ready.shape[0]
     ROWS: gl.constexpr = w_bufs.shape[1]
@@ -119,6 +119,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
         k0 = gl.maximum(c0, tile * NCT)  # the tile's chunks [k0, k1) are this program's
         k1 = gl.minimum(c1, (tile + 1) * NCT)
         acc = gl.zeros([ROWS, TOK], gl.float32, mma_l)
+        zero = gl.zeros([ROWS, TOK], gl.float32, mma_l)
         for ch in range(k0, k1):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
@@ -135,7 +136,13 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
                 else:
                     sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
                 b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
-                acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB), b, acc)
+                if POST:  # one block per row and step: (code - z) @ x exact in fp32, then times the scale
+                    sv = s_bufs.index(slot * C + cs).slice(0, ROWS // 64, dim=0)._reinterpret(gl.int32, [ROWS], s32_sl)
+                    srow = (sv.load(gl.SliceLayout(1, mma_l)) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
+                    part = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB, True), b, zero)
+                    acc = gl.fma(part, gl.expand_dims(srow.to(gl.float32), 1), acc)
+                else:
+                    acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB), b, acc)
             mbarrier.arrive(empty.index(slot), count=1)
             it += 1
         ok = gl.full([ROWS, 1], 1, gl.int1, mma_l)
@@ -168,7 +175,8 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
 @gluon.jit
 def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp, ke,
                        post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
-                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, NPS: gl.constexpr = 1, CB: gl.constexpr = 4):
+                       HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, NPS: gl.constexpr = 1, CB: gl.constexpr = 4,
+                       POST: gl.constexpr = False):
     """``out[M <= TOK, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K CB / 32]`` (``CB``: 4-bit codes, or 8 for E4M3; block ``[ROWS, 2 CB CW]``,
     ``CW`` dividing ``C``);
@@ -179,7 +187,9 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     programs (module docstring). ``SK`` / ``ke`` / ``post``: as :mod:`._prefill_gluon`. Partial
     sums of shared tiles in ``ws_ptr`` (``tiles x maxp x ROWS x TOK`` floats, ``maxp`` the most
     programs sharing a tile), int32 counters ``cnt_ptr`` (``ROWS x 4`` per tile; zero on entry,
-    left zero)."""
+    left zero). ``POST`` (4-bit integers with one block per row and K step, ``NPS`` = 1): each
+    step's codes go to the MMA as the exact ``code - z`` and its fp32 result is multiplied by the
+    row's fp16 scale (one ``fma`` per accumulator element instead of two bf16 ops per weight pair)."""
     ROWS: gl.constexpr = w_desc.block_type.shape[0]
     CW: gl.constexpr = w_desc.block_type.shape[1] // (2 * CB)  # K steps per code box (2 CB code words a step)
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * (C // CW), ROWS, 2 * CB * CW], w_desc.layout)
@@ -191,7 +201,7 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB)),
+                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB, POST)),
         (_producer, (w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT, C, NPS, CB)),
     ], [1], [40])
 

@@ -152,6 +152,29 @@ def int4_decode_asm(signed: bool) -> str:
 
 INT4Z_DECODE_ASM = gl.constexpr(int4_decode_asm(False))
 INT4S_DECODE_ASM = gl.constexpr(int4_decode_asm(True))
+
+
+def int4_code_asm(signed: bool) -> str:
+    """PTX: 4-bit integer code word ``$8`` -> 8 bf16 outputs ``code - z`` (exact), ``$2j`` /
+    ``$2j+1`` the elements ``j`` / ``j+4``; ``$9``: bf16x2 ``128 + z``. For a kernel that applies
+    the block scale to the MMA's fp32 result instead (``decode_tma`` with one block per K step)."""
+    w = "$8"
+    lines = []
+    if signed:
+        lines.append("xor.b32 w, $8, 0x88888888;")
+        w = "w"
+    for j in range(4):
+        src = w
+        if j:
+            lines.append(f"shr.u32 m, {w}, {4 * j};")
+            src = "m"
+        lines += [f"lop3.b32 m, {src}, 0x000F000F, 0x43004300, 0xEA;", f"sub.rn.bf16x2 p{j}, m, $9;"]
+    lines += [f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, p{j};" for j in range(4)]
+    return "{\n.reg .b32 w, m, p0, p1, p2, p3;\n" + "\n".join(lines) + "\n}"
+
+
+INT4Z_CODE_ASM = gl.constexpr(int4_code_asm(False))
+INT4S_CODE_ASM = gl.constexpr(int4_code_asm(True))
 #: packed ``$3`` = fp16 scale bits | zero point << 16 -> ``$0`` bf16x2 ``hi`` (the f32 of the
 #: scale truncated to bf16), ``$1`` bf16x2 ``lo`` (the exact rest, <= 3 significant bits),
 #: ``$2`` bf16x2 ``128 + z`` (bits ``0x4300 + z``; exact for z <= 127)
@@ -290,10 +313,18 @@ def _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, nk, r_w, w_col, s_col, tq, N, 
 
 
 @gluon.jit
-def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.constexpr, CB: gl.constexpr = 4):
+def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.constexpr, CB: gl.constexpr = 4,
+            UNSCALED: gl.constexpr = False):
     """Code words and scale bytes of one K step -> the ``[rows, BK]`` bf16 wgmma (or mma.sync) A operand
-    (K slots permuted, see the module docstring); the layout change is asserted free."""
-    if SK == _SKZ or SK == _SKS:
+    (K slots permuted, see the module docstring); the layout change is asserted free. ``UNSCALED``
+    (4-bit integers): ``code - z`` only, the block scale left to the caller."""
+    if (SK == _SKZ or SK == _SKS) and UNSCALED:
+        kz = ((sraw >> 16) + 0x4300) * 0x10001  # bf16x2 128 + z
+        kz3 = gl.broadcast(gl.expand_dims(kz, 2), words)[0]
+        e = gl.inline_asm_elementwise(INT4Z_CODE_ASM if SK == _SKZ else INT4S_CODE_ASM,
+                                      "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, kz3],
+                                      dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+    elif SK == _SKZ or SK == _SKS:
         hi, lo, kz = gl.inline_asm_elementwise(F16Z_SCALE_ASM, "=r,=r,=r,r", [sraw], dtype=(gl.int32,) * 3,
                                                is_pure=True, pack=1)
         hi3 = gl.broadcast(gl.expand_dims(hi, 2), words)[0]

@@ -199,6 +199,20 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_t
         assert "0 bytes spill stores" in r.stdout and "STL" not in sass, r.stdout[-2000:]
 
 
+@pytest.mark.parametrize("post", [True, False])
+def test_int4_post_scale_compiles_without_bf16_scaling(post, tmp_path, run_tool):
+    """int4_affine_g128 (one block per K step): with the post-MMA scale the K loop has no bf16
+    scale multiply (``HMUL2`` / ``HFMA2``) and one ``FFMA`` per accumulator element and step;
+    with ``MICROSCALE_DT_POST_SCALE=0`` the per-pair scaling comes back (so the check can fail)."""
+    r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", "int4_affine_g128", "--m", "16", "--n", "1000",
+                 "--k", "1024", "--config", "{'programs': 5}", "--sass",
+                 env={"MICROSCALE_DT_POST_SCALE": "1" if post else "0"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "0 bytes spill stores" in r.stdout, r.stdout[-2000:]
+    sass = (tmp_path / "_decode_tma_kernel.sass").read_text()
+    assert ("HMUL2" in sass) == (not post) and ("FFMA" in sass) == post
+
+
 def _gpu():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs a Hopper GPU (sm_90)")
@@ -206,14 +220,18 @@ def _gpu():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "int4_affine_g128", "int4_affine_g64", "int4_affine_g32",
-                                  "int4_fp16", "mxfp8_e4m3"])
-def test_gpu_decode_tma(name):
+@pytest.mark.parametrize("name,post", [("nvfp4", True), ("mxfp4", True), ("int4_affine_g128", True),
+                                       ("int4_affine_g128", False), ("int4_affine_g64", True), ("int4_affine_g32", True),
+                                       ("int4_fp16", True), ("mxfp8_e4m3", True)])
+def test_gpu_decode_tma(name, post, monkeypatch):
     """The kernel on an H200: 1-64 tokens (8, 16, 32 and 64 token columns), ragged rows, bias,
     whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each
     output element within bf16 rounding of float64 plus an fp32 accumulation bound, a second
-    call bit-identical (parts added in a fixed order, counters left at zero)."""
+    call bit-identical (parts added in a fixed order, counters left at zero). 4-bit integers
+    with one block per K step scale the MMA result (``post``: against the exact weights),
+    or with ``MICROSCALE_DT_POST_SCALE=0`` each pair (against the bf16-rounded weights)."""
     dev = _gpu()
+    monkeypatch.setattr(L, "_DT_POST_SCALE", post)
     g = torch.Generator(device=dev).manual_seed(12)
     cases = [(16, 1000, 2048, None), (9, 300, 1024, 3), (16, 4096, 8192, None), (1, 520, 4096, 5),
              (13, 3000, 4096, 50), (16, 256, 256, 1), (16, 28672, 1024, 264), (11, 1000, 2048, 13),
@@ -225,8 +243,8 @@ def test_gpu_decode_tma(name):
             continue
         q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
         wd = q.dequantize(torch.float64)
-        if q.fmt.scale.name == "fp16":  # the int4 decode rounds (code - z) * s once to bf16
-            wd = wd.to(torch.bfloat16).double()
+        if q.fmt.scale.name == "fp16" and not (post and L._dt_nps(q) == 1):
+            wd = wd.to(torch.bfloat16).double()  # the per-pair int4 decode rounds (code - z) * s once to bf16
         x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
         bias = torch.randn(n, device=dev, generator=g)
         out = L.decode_tma(x, q, bias, programs=programs)

@@ -192,6 +192,31 @@ def test_int4_arithmetic_is_the_reference_dequantization(name, gen):
     assert (np.abs(out - ref) <= 2.0 ** -40 * cond + 1e-300).all()
 
 
+@pytest.mark.parametrize("signed", [False, True])
+def test_int4_unscaled_decode_is_exact(signed, gen):
+    """``decode_tma``'s unscaled 4-bit decode (PTX run by the emulator): output ``2j`` / ``2j+1`` of
+    a word holds elements ``j`` / ``j + 4`` as exactly ``code - z`` in bf16 (unsigned: every zero
+    point 0-15; signed: the two's-complement value), every nibble value in every slot."""
+    every = np.array([v * 0x11111111 for v in range(16)], dtype=np.uint32)
+    rnd = torch.randint(-2**31, 2**31, (224,), generator=gen, dtype=torch.int64).numpy().astype(np.uint32)
+    w = np.concatenate([np.tile(every, 16), rnd])  # 480 words, 15 warps
+    z = (np.arange(w.size) % 16).astype(np.uint32) if not signed else np.full(w.size, 8, np.uint32)
+    asm = (pg.INT4S_CODE_ASM if signed else pg.INT4Z_CODE_ASM).value
+    warp = Warp(np.zeros(1, np.uint8))
+    for lo in range(0, w.size, 32):
+        ww, zz = w[lo:lo + 32], z[lo:lo + 32]
+        outs = warp.run(asm, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [ww, (zz + 0x4300) * 0x10001])
+        for j in range(4):
+            for e in range(2):
+                nib = ((ww >> np.uint32(4 * (j + 4 * e))) & np.uint32(0xF)).astype(np.int64)
+                want = np.where(nib >= 8, nib - 16, nib) if signed else nib - zz.astype(np.int64)
+                got = ((outs[2 * j + e].astype(np.uint32) & 0xFFFF) << 16).view(np.float32)
+                assert (got.astype(np.float64) == want).all(), (j, e)
+    # the check can fail: the operand of z + 1 moves every value
+    bad = warp.run(asm, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w[:32], (z[:32] + 0x4301) * 0x10001])
+    assert not np.array_equal(bad[0], warp.run(asm, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w[:32], (z[:32] + 0x4300) * 0x10001])[0])
+
+
 def test_int4_emulation_catches_an_inexact_scale(gen, monkeypatch):
     """The check can fail: fp16 scales rounded to bf16 (one multiply, no ``lo`` part) are caught."""
     q = _int4_weight("int4_affine_g128", gen)
