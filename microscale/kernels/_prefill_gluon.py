@@ -127,13 +127,16 @@ def e4m3_decode_asm() -> str:
 E4M3_DECODE_ASM = gl.constexpr(e4m3_decode_asm())
 
 
-def int4_decode_asm(signed: bool) -> str:
+def int4_decode_asm(signed: bool, scaled: bool = True) -> str:
     """PTX: 4-bit integer code word ``$8`` -> 8 bf16 outputs, ``$2j`` / ``$2j+1`` the
     elements ``j`` / ``j+4`` of the word as ``(code - z) * s`` rounded once; ``$9`` / ``$10``:
     bf16x2 ``hi`` / ``lo`` of the block scale, ``$11``: bf16x2 ``128 + z`` (see
     :data:`F16Z_SCALE_ASM`). ``signed``: two's-complement codes (the word XORed with
-    0x88888888 first: ``code + 8``, with ``z = 8``)."""
+    0x88888888 first: ``code + 8``, with ``z = 8``). ``scaled=False``: the exact ``code - z``,
+    with ``$9`` the bf16x2 ``128 + z`` (for a kernel that applies the block scale to the MMA's
+    fp32 result: ``decode_tma`` with one block per K step)."""
     w = "$8"
+    kz = "$11" if scaled else "$9"
     lines = []
     if signed:
         lines.append("xor.b32 w, $8, 0x88888888;")
@@ -144,37 +147,19 @@ def int4_decode_asm(signed: bool) -> str:
             lines.append(f"shr.u32 m, {w}, {4 * j};")
             src = "m"
         # (src & 0x000F000F) | 0x43004300: the nibbles j, j+4 as bf16 128 + code (exact)
-        lines += [f"lop3.b32 m, {src}, 0x000F000F, 0x43004300, 0xEA;", "sub.rn.bf16x2 m, m, $11;",
-                  f"mul.rn.bf16x2 p{j}, m, $10;", f"fma.rn.bf16x2 p{j}, m, $9, p{j};"]
+        lines.append(f"lop3.b32 m, {src}, 0x000F000F, 0x43004300, 0xEA;")
+        if scaled:
+            lines += [f"sub.rn.bf16x2 m, m, {kz};", f"mul.rn.bf16x2 p{j}, m, $10;", f"fma.rn.bf16x2 p{j}, m, $9, p{j};"]
+        else:
+            lines.append(f"sub.rn.bf16x2 p{j}, m, {kz};")
     lines += [f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, p{j};" for j in range(4)]
     return "{\n.reg .b32 w, m, p0, p1, p2, p3;\n" + "\n".join(lines) + "\n}"
 
 
 INT4Z_DECODE_ASM = gl.constexpr(int4_decode_asm(False))
 INT4S_DECODE_ASM = gl.constexpr(int4_decode_asm(True))
-
-
-def int4_code_asm(signed: bool) -> str:
-    """PTX: 4-bit integer code word ``$8`` -> 8 bf16 outputs ``code - z`` (exact), ``$2j`` /
-    ``$2j+1`` the elements ``j`` / ``j+4``; ``$9``: bf16x2 ``128 + z``. For a kernel that applies
-    the block scale to the MMA's fp32 result instead (``decode_tma`` with one block per K step)."""
-    w = "$8"
-    lines = []
-    if signed:
-        lines.append("xor.b32 w, $8, 0x88888888;")
-        w = "w"
-    for j in range(4):
-        src = w
-        if j:
-            lines.append(f"shr.u32 m, {w}, {4 * j};")
-            src = "m"
-        lines += [f"lop3.b32 m, {src}, 0x000F000F, 0x43004300, 0xEA;", f"sub.rn.bf16x2 p{j}, m, $9;"]
-    lines += [f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, p{j};" for j in range(4)]
-    return "{\n.reg .b32 w, m, p0, p1, p2, p3;\n" + "\n".join(lines) + "\n}"
-
-
-INT4Z_CODE_ASM = gl.constexpr(int4_code_asm(False))
-INT4S_CODE_ASM = gl.constexpr(int4_code_asm(True))
+INT4Z_CODE_ASM = gl.constexpr(int4_decode_asm(False, False))
+INT4S_CODE_ASM = gl.constexpr(int4_decode_asm(True, False))
 #: packed ``$3`` = fp16 scale bits | zero point << 16 -> ``$0`` bf16x2 ``hi`` (the f32 of the
 #: scale truncated to bf16), ``$1`` bf16x2 ``lo`` (the exact rest, <= 3 significant bits),
 #: ``$2`` bf16x2 ``128 + z`` (bits ``0x4300 + z``; exact for z <= 127)
