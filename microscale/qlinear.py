@@ -1654,13 +1654,25 @@ DECODE_TMA_MIN_M_8BIT = 4
 #: against 54.7 / 54.8 / 55.1
 DECODE_TMA_MIN_M_INT4 = 3
 DECODE_TMA_MIN_M_INT4_SYM = 4
-#: :func:`decode_tma` on 4-bit integers with one block per K step (blocks of a multiple of 64)
-#: multiplies each step's fp32 MMA result by the rows' fp16 scales instead of scaling every
-#: weight pair in bf16 (``MICROSCALE_DT_POST_SCALE=1``, read at import; the default ``0``:
-#: per-pair scaling, each weight the bf16 of ``(code - z) * s`` as in :func:`prefill_ws`).
-#: Compiled and checked on the CPU (sm_90 SASS: 342 instructions per ring chunk at 16 token
-#: columns against 466), not yet run on a GPU: off until it is
-_DT_POST_SCALE = os.environ.get("MICROSCALE_DT_POST_SCALE", "0") == "1"
+#: :func:`decode_tma` on affine 4-bit integers with one block per K step (blocks of a multiple of 64)
+#: and at most ``_DT_POST_MAX_TOK`` token columns multiplies each step's fp32 MMA result by the rows'
+#: fp16 scales instead of scaling every weight pair in bf16 (``MICROSCALE_DT_POST_SCALE``, read at
+#: import; ``0``: per-pair scaling, each weight the bf16 of ``(code - z) * s`` as in
+#: :func:`prefill_ws`; with the post scale the weights are exact, ``(code - z) * s``). sm_90 SASS:
+#: 342 instructions per ring chunk at 16 token columns against 466. H200, graphs, weights past L2
+#: (twenty-seventh session, ``h200_2026-12-03/s27/d/``), int4_affine_g128, post / per pair: 28672x8192
+#: at 2 / 3 / 16 / 32 tokens 41.6 / 41.4 / 48.9 / 89.7 µs against 53.9 / 54.0 / 61.2 / 77.2; 8192x8192
+#: 18.1 / 18.2 / 20.4 / 37.1 against 21.0 / 21.0 / 23.5 / 29.3 (32 columns: per pair)
+_DT_POST_SCALE = os.environ.get("MICROSCALE_DT_POST_SCALE", "1") == "1"
+_DT_POST_MAX_TOK = 16
+
+
+def _dt_post(q: QTensor, tok: int) -> bool:
+    """Whether :func:`decode_tma` with ``tok`` token columns applies ``q``'s block scales to the
+    MMA results (``_DT_POST_SCALE``)."""
+    # (affine codes only: the signed variant's decode is checked in the PTX emulator, not yet on a GPU)
+    return (_DT_POST_SCALE and q.fmt.element.kind == "int" and q.fmt.scale.name == "fp16" and q.fmt.zero_point
+            and _dt_nps(q) == 1 and tok <= _DT_POST_MAX_TOK)
 
 
 def _dt_tokens(m: int) -> int:
@@ -1847,7 +1859,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
            out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=_DT_CHUNK, SK=sk,
            STAGES=_DT_STAGES_8BIT if cb == 8 else _DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q), CB=cb,
-           POST=_DT_POST_SCALE and sk in (pg.SK_F16Z, pg.SK_F16) and _dt_nps(q) == 1,
+           POST=_dt_post(q, tok),
            num_warps=rows // 16, maxnreg=80)
     return out
 

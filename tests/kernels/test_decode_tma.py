@@ -119,6 +119,18 @@ def test_token_window():
     assert (L.DECODE_TMA_MIN_M_INT4, L.DECODE_TMA_MIN_M_INT4_SYM) == (3, 4)
 
 
+def test_post_scale_choice(monkeypatch):
+    """The MMA results are scaled for affine 4-bit integers with fp16 scales and one block per K
+    step (blocks of 64 or more), at most 16 token columns; per pair otherwise or when switched off."""
+    g128, g64, g32, i4, f4 = (ms.quantize(torch.randn(8, 256), n) for n in
+                              ("int4_affine_g128", "int4_affine_g64", "int4_affine_g32", "int4_fp16", "nvfp4"))
+    i4_128 = ms.quantize(torch.randn(8, 256), "int4_fp16", block_size=128)  # signed: per pair (not GPU-run yet)
+    assert [L._dt_post(q, 16) for q in (g128, g64, g32, i4, f4, i4_128)] == [True, True, False, False, False, False]
+    assert L._dt_post(g128, 8) and not L._dt_post(g128, 32) and not L._dt_post(g128, 64)
+    monkeypatch.setattr(L, "_DT_POST_SCALE", False)
+    assert not L._dt_post(g128, 16)
+
+
 def test_token_columns():
     assert [L._dt_tokens(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == [8, 8, 16, 16, 32, 32, 64, 64]
 
@@ -201,7 +213,7 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_t
 
 @pytest.mark.parametrize("post", [True, False])
 def test_int4_post_scale_compiles_without_bf16_scaling(post, tmp_path, run_tool):
-    """int4_affine_g128 (one block per K step): with the post-MMA scale the K loop has no bf16
+    """int4_affine_g128 (one block per K step), 16 token columns: with the post-MMA scale the K loop has no bf16
     scale multiply (``HMUL2`` / ``HFMA2``) and one ``FFMA`` per accumulator element and step;
     with ``MICROSCALE_DT_POST_SCALE=0`` the per-pair scaling comes back (so the check can fail)."""
     r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", "int4_affine_g128", "--m", "16", "--n", "1000",
@@ -243,7 +255,7 @@ def test_gpu_decode_tma(name, post, monkeypatch):
             continue
         q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
         wd = q.dequantize(torch.float64)
-        if q.fmt.scale.name == "fp16" and not (post and L._dt_nps(q) == 1):
+        if q.fmt.scale.name == "fp16" and not L._dt_post(q, L._dt_tokens(m)):
             wd = wd.to(torch.bfloat16).double()  # the per-pair int4 decode rounds (code - z) * s once to bf16
         x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
         bias = torch.randn(n, device=dev, generator=g)
