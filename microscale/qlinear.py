@@ -499,8 +499,8 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     ``PREFILL_WS_SMALL_MIN_M..DECODE_TMA_MAX_M`` (33-64) tokens on E2M1 weights of at most
     ``PREFILL_WS_SMALL_MAX_NK`` elements while a CUDA graph is being captured, ahead of
     :func:`decode_tma` (which also serves the 4-bit integers, from ``DECODE_TMA_MIN_M_INT4`` (3;
-    signed codes ``DECODE_TMA_MIN_M_INT4_SYM``, 4) tokens on large weights, and MXFP8 from ``DECODE_TMA_MIN_M_8BIT`` (4) to
-    ``DECODE_TMA_MAX_M_8BIT`` (32)).
+    signed codes ``DECODE_TMA_MIN_M_INT4_SYM``, 4) tokens on large weights, and MXFP8 from
+    ``DECODE_TMA_MIN_M_8BIT`` (4) to ``DECODE_TMA_MAX_M_8BIT`` (32)).
 
     On Hopper the f16x2 GEMV runs as a programmatic dependent launch chain: once a weight
     has been used and its tensors are unchanged (torch's version counters), the GEMV may

@@ -85,8 +85,9 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
               ke, post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
               HAS_BIAS: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr, POST: gl.constexpr):
     """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
-    ``mma.sync`` its ``C`` steps, free the slot (``POST``: see :func:`_decode_tma_kernel`). Per tile it touches: the epilogue (a shared
-    tile's part to the workspace; the tile's last part adds the parts in K order and stores)."""
+    ``mma.sync`` its ``C`` steps, free the slot (``POST``: see :func:`_decode_tma_kernel`). Per
+    tile it touches: the epilogue (a shared tile's part to the workspace; the tile's last part
+    adds the parts in K order and stores)."""
     STAGES: gl.constexpr = ready.shape[0]
     ROWS: gl.constexpr = w_bufs.shape[1]
     WPS: gl.constexpr = 2 * CB  # code words per row and K step: 8 (4-bit codes) or 16 (8-bit)

@@ -233,8 +233,8 @@ def _gpu():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 @pytest.mark.parametrize("name,post", [("nvfp4", True), ("mxfp4", True), ("int4_affine_g128", True),
-                                       ("int4_affine_g128", False), ("int4_affine_g64", True), ("int4_affine_g32", True),
-                                       ("int4_fp16", True), ("mxfp8_e4m3", True)])
+                                       ("int4_affine_g128", False), ("int4_affine_g64", True),
+                                       ("int4_affine_g32", True), ("int4_fp16", True), ("mxfp8_e4m3", True)])
 def test_gpu_decode_tma(name, post, monkeypatch):
     """The kernel on an H200: 1-64 tokens (8, 16, 32 and 64 token columns), ragged rows, bias,
     whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each

@@ -246,7 +246,8 @@ def _int4_decode(kind: int, w, z):
     import numpy as np
     from test_gemv_mma import Warp
 
-    lines = kern._decode_constants_ptx(kind, "$5", "$6") + kern._decode_word_ptx(kind, 0, "$4", ["$0", "$1", "$2", "$3"])
+    lines = (kern._decode_constants_ptx(kind, "$5", "$6")
+             + kern._decode_word_ptx(kind, 0, "$4", ["$0", "$1", "$2", "$3"]))
     asm = "{" + " ".join(lines) + "}"
     warp = Warp(np.zeros(1, np.uint8))
     outs = []

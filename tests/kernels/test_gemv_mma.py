@@ -21,6 +21,10 @@ from microscale import qlinear as L
 from microscale.kernels import _gemv_mma as kern
 
 
+def _f16_bits_to_f64(b: np.ndarray) -> np.ndarray:
+    return b.astype(np.uint16).view(np.float16).astype(np.float64)
+
+
 def _bf16_bits_to_f64(h: np.ndarray) -> np.ndarray:
     return (h.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
@@ -161,7 +165,7 @@ class Warp:
         elif op in ("mul.rn.f16x2", "sub.rn.f16x2", "add.rn.f16x2", "fma.rn.f16x2"):
             # each half's result in float64 rounded to f16 (one rounding where float64 holds the
             # exact result, as for the decodes checked with it: integers, powers of two)
-            half = lambda w, h: ((w >> u32(16 * h)) & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)  # noqa: E731,E501
+            half = lambda w, h: _f16_bits_to_f64((w >> u32(16 * h)) & 0xFFFF)  # noqa: E731
             f = {"mul.rn.f16x2": lambda a, b: a * b, "sub.rn.f16x2": lambda a, b: a - b,
                  "add.rn.f16x2": lambda a, b: a + b, "fma.rn.f16x2": lambda a, b, c: a * b + c}[op]
             srcs = [v(o) for o in ops[1:]]

@@ -213,8 +213,9 @@ def test_int4_unscaled_decode_is_exact(signed, gen):
                 got = ((outs[2 * j + e].astype(np.uint32) & 0xFFFF) << 16).view(np.float32)
                 assert (got.astype(np.float64) == want).all(), (j, e)
     # the check can fail: the operand of z + 1 moves every value
-    bad = warp.run(asm, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w[:32], (z[:32] + 0x4301) * 0x10001])
-    assert not np.array_equal(bad[0], warp.run(asm, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w[:32], (z[:32] + 0x4300) * 0x10001])[0])
+    cons = "=h,=h,=h,=h,=h,=h,=h,=h,r,r"
+    bad = warp.run(asm, cons, [w[:32], (z[:32] + 0x4301) * 0x10001])
+    assert not np.array_equal(bad[0], warp.run(asm, cons, [w[:32], (z[:32] + 0x4300) * 0x10001])[0])
 
 
 def test_int4_emulation_catches_an_inexact_scale(gen, monkeypatch):
