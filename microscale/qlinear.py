@@ -480,9 +480,10 @@ def _(x, codes, scales, zero_points, global_scale, bias, fmt_json, n, k, special
 def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ dequant(qweight)^T + bias``.
 
-    On CUDA a QTensor weight takes, in this order: on Hopper, while a CUDA graph is being
-    captured or in eager calls from ``DECODE_TMA_EAGER_MIN_M`` (2) tokens on weights of at
-    least ``DECODE_TMA_EAGER_MIN_NK`` elements (any weight from 17 tokens), the TMA-fed
+    On CUDA a QTensor weight takes, in this order (README.md has the table per format): on
+    Hopper, while a CUDA graph is being captured or in eager calls from ``DECODE_TMA_EAGER_MIN_M``
+    (2) tokens on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements (any weight from 17
+    tokens; the format's own start, :func:`_dt_min_m`, applies in both), the TMA-fed
     tensor-core decode kernel (:func:`decode_tma`) for ``DECODE_TMA_MIN_M..DECODE_TMA_MAX_M``
     (2-64) tokens on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements,
     ``DECODE_TMA_SMALL_MIN_M..DECODE_TMA_MAX_M`` (4-64) on smaller ones, of bf16 activations
@@ -640,7 +641,7 @@ def _plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple |
         return None
     wk = _weight_key(q)
     routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, DECODE_TMA_SMALL_MIN_M, DECODE_TMA_MIN_M_INT4,
-              DECODE_TMA_MIN_M_INT4_SYM, DECODE_TMA_MAX_M,
+              DECODE_TMA_MIN_M_INT4_SYM, _DT_POST_SCALE, DECODE_TMA_MAX_M,
               DECODE_TMA_EAGER_MIN_NK, DECODE_TMA_EAGER_MIN_M, GEMV_MMA_MIN_M, GEMV_MAX_M)  # (switches tests set)
     return (x.shape, x.dtype, x.device, x.data_ptr() % 16, bk, wk, _kl.current_stream(), routes)
 
@@ -799,8 +800,8 @@ class GemvConfig:
     37.9 -> 36.2 us with the select decode; ``benchmarks/NOTES_linear.md``) and are ignored
     where they do not apply (other element kinds, other scales, odd scale strides).
     ``scale_direct``: block scales loaded by PTX straight into the layout of their use
-    (no shared-memory layout conversion and barriers per K step; PTX path, unmasked tiles,
-    formats without zero points), on by default (H200, 28672x8192 at 1 token: NVFP4 35.6
+    (no shared-memory layout conversion and barriers per K step; PTX path, unmasked tiles;
+    zero points likewise, one byte load per chain), on by default (H200, 28672x8192 at 1 token: NVFP4 35.6
     -> 34.1 us, MXFP4 35.4 -> 32.8 us, MXFP8 57.5 -> 56.4 us; bit-identical outputs)."""
 
     block_n: int = 8
@@ -1407,7 +1408,8 @@ def _prefill_ws_small_wanted(x: torch.Tensor, q: QTensor) -> bool:
     (see ``PREFILL_WS_SMALL_MAX_NK``; the kernel's own limits aside; ``MICROSCALE_DECODE_TMA=1``
     keeps these calls on :func:`decode_tma`)."""
     k = x.shape[-1]
-    return (_PREFILL_WS and _DECODE_TMA != "1" and x.is_cuda and q.fmt.element.kind != "int"
+    e2m1 = q.fmt.element.kind == "float" and q.fmt.element.bits == 4
+    return (_PREFILL_WS and _DECODE_TMA != "1" and x.is_cuda and e2m1
             and PREFILL_WS_SMALL_MIN_M * k <= x.numel() <= DECODE_TMA_MAX_M * k
             and q.shape[0] * q.shape[-1] <= PREFILL_WS_SMALL_MAX_NK and torch.cuda.is_current_stream_capturing())
 
@@ -1547,7 +1549,9 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
 #: :func:`linear` routes E2M1 weights (NVFP4, MXFP4), 4-bit integers with fp16 scales in blocks of 32
 #: or a multiple of 64 and MXFP8 (up to ``DECODE_TMA_MAX_M_8BIT`` tokens; eager calls of 5-16 tokens
 #: on small weights of these too, which have no ``gemv_mma``) with ``DECODE_TMA_MIN_M`` (weights of at
-#: least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``DECODE_TMA_SMALL_MIN_M`` for smaller ones) to
+#: least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``DECODE_TMA_SMALL_MIN_M`` for smaller ones; 4-bit
+#: integers from ``DECODE_TMA_MIN_M_INT4`` / ``DECODE_TMA_MIN_M_INT4_SYM``, MXFP8 from
+#: ``DECODE_TMA_MIN_M_8BIT``, at least: :func:`_dt_min_m`) to
 #: ``DECODE_TMA_MAX_M`` bf16 tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA``,
 #: read at import): ``auto`` (the default) while a CUDA graph is being captured, and in eager
 #: calls with call plans on for more than 16 tokens, or from ``DECODE_TMA_EAGER_MIN_M`` tokens on
@@ -1649,9 +1653,11 @@ DECODE_TMA_MIN_M_8BIT = 4
 #: affine 4-bit integers go to :func:`decode_tma` from this many tokens (2 tokens: the GEMV), signed
 #: ones (no zero points) from ``DECODE_TMA_MIN_M_INT4_SYM``. H200, graphs, weights past L2
 #: (twenty-seventh session, ``h200_2026-12-03/s27/a/``), 28672x8192 at 2 / 3 / 4 tokens:
-#: int4_affine_g128 GEMV 44.7 / 56.5 / 61.1 µs against decode_tma's 54.0 / 53.8 / 53.5;
-#: int4_affine_g32 45.4 / 57.8 / 60.9 against 53.2 / 53.5 / 53.3; int4_fp16 45.4 / 50.0 / 59.2
-#: against 54.7 / 54.8 / 55.1
+#: int4_affine_g128 GEMV 44.7 / 56.5 / 61.1 µs against decode_tma's 54.0 / 53.8 / 53.5 (per-pair
+#: scaling; with the later post scale, ``_DT_POST_SCALE``, 41.6 / 41.4 at 2 / 3 tokens against the
+#: GEMV's 43.3 / 56.1 in one round, ``s27/d/``: 2 tokens left on the GEMV, within that round's
+#: spread); int4_affine_g32 45.4 / 57.8 / 60.9 against 53.2 / 53.5 / 53.3; int4_fp16 45.4 / 50.0 /
+#: 59.2 against 54.7 / 54.8 / 55.1
 DECODE_TMA_MIN_M_INT4 = 3
 DECODE_TMA_MIN_M_INT4_SYM = 4
 #: :func:`decode_tma` on affine 4-bit integers with one block per K step (blocks of a multiple of 64)
@@ -1814,8 +1820,8 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     (:mod:`microscale.kernels._decode_tma`: a producer warp brings each K step's code words,
     block scales and activations by TMA into a shared-memory ring, eight consumer warps
     decode them into ``mma.sync``). :func:`linear` routes here from ``DECODE_TMA_MIN_M``
-    (``DECODE_TMA_SMALL_MIN_M``) tokens while a CUDA graph is being captured and for large weights
-    (``_decode_tma_wanted``). Work: the 128-row tiles' ring chunks (256 K elements) in
+    (``DECODE_TMA_SMALL_MIN_M``; per format :func:`_dt_min_m`) tokens while a CUDA graph is being
+    captured and for large weights (``_decode_tma_wanted``). Work: the 128-row tiles' ring chunks (256 K elements) in
     tile-major order, split into ``programs`` contiguous shares of equal size (stream-K;
     default :func:`choose_decode_tma_programs`); a tile shared by several programs is added
     up in K order by its last part. ``tokens``: the tile's token columns (8, 16, 32 or 64, at

@@ -1,4 +1,5 @@
-"""Tensor-core decode for 2-64 tokens and E2M1 weights on Hopper, in Gluon (private).
+"""Tensor-core decode for 2-64 tokens on Hopper (E2M1, 4-bit integers with fp16 scales, MXFP8), in
+Gluon (private).
 
 Why: the Triton tensor-core decode kernel (:mod:`._gemv_mma`) stalls on its loads: each warp
 loads its own code words and activations with ~2 steps in flight (ncu: 0.53 issued warps
@@ -137,7 +138,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
                 else:
                     sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
                 b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
-                if POST:  # one block per row and step: (code - z) @ x exact in fp32, then times the scale
+                if POST:  # one block per row and step: (code - z) @ x (exact products, fp32 sums), times the scale
                     sv = s_bufs.index(slot * C + cs).slice(0, ROWS // 64, dim=0)._reinterpret(gl.int32, [ROWS], s32_sl)
                     srow = (sv.load(gl.SliceLayout(1, mma_l)) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
                     part = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB, True), b, zero)
