@@ -1408,8 +1408,7 @@ def _prefill_ws_small_wanted(x: torch.Tensor, q: QTensor) -> bool:
     (see ``PREFILL_WS_SMALL_MAX_NK``; the kernel's own limits aside; ``MICROSCALE_DECODE_TMA=1``
     keeps these calls on :func:`decode_tma`)."""
     k = x.shape[-1]
-    e2m1 = q.fmt.element.kind == "float" and q.fmt.element.bits == 4
-    return (_PREFILL_WS and _DECODE_TMA != "1" and x.is_cuda and e2m1
+    return (_PREFILL_WS and _DECODE_TMA != "1" and x.is_cuda and _fp4_codes(q)
             and PREFILL_WS_SMALL_MIN_M * k <= x.numel() <= DECODE_TMA_MAX_M * k
             and q.shape[0] * q.shape[-1] <= PREFILL_WS_SMALL_MAX_NK and torch.cuda.is_current_stream_capturing())
 
@@ -1588,6 +1587,12 @@ DECODE_TMA_EAGER_MIN_NK = 1 << 27
 DECODE_TMA_EAGER_MIN_M = 2
 
 
+def _fp4_codes(q: QTensor) -> bool:
+    """Whether ``q`` holds 4-bit float codes (E2M1: NVFP4, MXFP4), which the routing rules
+    treat apart from the integer and 8-bit formats."""
+    return q.fmt.element.kind == "float" and q.fmt.element.bits == 4
+
+
 def _dt_large(q: QTensor) -> bool:
     """Whether ``q`` has at least ``DECODE_TMA_EAGER_MIN_NK`` elements (the size from which
     :func:`decode_tma` serves more token counts, and eager calls)."""
@@ -1624,9 +1629,8 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
         return True
     m = x.numel() // x.shape[-1]
     # (below 17 tokens small E2M1 weights keep gemv_mma; the other formats have no such kernel)
-    e2m1 = q.fmt.element.kind == "float" and q.fmt.element.bits == 4
     return _DECODE_TMA == "auto" and _PLANS and (m > 16 or (m >= DECODE_TMA_EAGER_MIN_M and _dt_large(q))
-                                                 or (m > GEMV_MAX_M and not e2m1))
+                                                 or (m > GEMV_MAX_M and not _fp4_codes(q)))
 
 
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring

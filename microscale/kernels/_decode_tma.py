@@ -128,18 +128,18 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
             for cs in gl.static_range(C):
                 wbuf = w_bufs.index(slot * (C // CW) + cs // CW).slice((cs % CW) * WPS, WPS, dim=1)
                 words = gl.convert_layout(gl.reshape(wbuf.load(w2_l), [ROWS, 4, WPS // 4]), w_l, assert_trivial=True)
+                sb = s_bufs.index(slot * C + cs)
                 if SK == _SKZ or SK == _SKS:  # NPS int32 per row and step: fp16 scale bits | zero point << 16
-                    sb = s_bufs.index(slot * C + cs)
                     sraw = s_zero
                     for j in gl.static_range(NPS):  # quad member t takes block t // (4 / NPS) of the step
                         sv = sb.slice(j * (ROWS // 64), ROWS // 64, dim=0)._reinterpret(gl.int32, [ROWS], s32_sl)
                         sv = gl.expand_dims(sv.load(gl.SliceLayout(1, s_l)), 1) + s_zero
                         sraw = sv if j == 0 else gl.where(tq // (4 // NPS) == j, sv, sraw)
                 else:
-                    sraw = s_bufs.index(slot * C + cs).reshape([ROWS, 4]).load(s_l).to(gl.int32)
+                    sraw = sb.reshape([ROWS, 4]).load(s_l).to(gl.int32)
                 b = x_bufs.index(slot * C + cs).permute((1, 0)).load(b_l)
                 if POST:  # one block per row and step: (code - z) @ x (exact products, fp32 sums), times the scale
-                    sv = s_bufs.index(slot * C + cs).slice(0, ROWS // 64, dim=0)._reinterpret(gl.int32, [ROWS], s32_sl)
+                    sv = sb.slice(0, ROWS // 64, dim=0)._reinterpret(gl.int32, [ROWS], s32_sl)
                     srow = (sv.load(gl.SliceLayout(1, mma_l)) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
                     part = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB, True), b, zero)
                     acc = gl.fma(part, gl.expand_dims(srow.to(gl.float32), 1), acc)
