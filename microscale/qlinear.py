@@ -494,14 +494,16 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     ``GEMV_MAX_M`` tokens (4/8-bit codes); the prefill kernel from ``PREFILL_MIN_M`` tokens
     (4/8-bit codes); the split-K tensor-core kernel otherwise (any format). On the CPU the
     float64 reference. The weights the warp-specialized kernel (:func:`prefill_ws`) takes
-    (NVFP4 / MXFP4, 4-bit integers with fp16 scales, MXFP8) with bf16 activations go to it
-    instead of the prefill kernel on Hopper from ``PREFILL_WS_MIN_M`` (65) tokens, MXFP8 from
-    ``PREFILL_WS_MIN_M_8BIT`` (33) (``MICROSCALE_PREFILL_WS=0``: the prefill kernel), and so do
+    (NVFP4 / MXFP4, 4/8-bit integers with fp16 scales, MXFP8, MXINT8) with bf16 activations go to it
+    instead of the prefill kernel on Hopper from ``PREFILL_WS_MIN_M`` (65) tokens, 8-bit codes from
+    ``PREFILL_WS_MIN_M_8BIT`` (33; 8-bit integers with fp16 scales in blocks of 32 from 65)
+    (``MICROSCALE_PREFILL_WS=0``: the prefill kernel), and so do
     ``PREFILL_WS_SMALL_MIN_M..DECODE_TMA_MAX_M`` (33-64) tokens on E2M1 weights of at most
     ``PREFILL_WS_SMALL_MAX_NK`` elements while a CUDA graph is being captured, ahead of
     :func:`decode_tma` (which also serves the 4-bit integers, from ``DECODE_TMA_MIN_M_INT4`` (3;
-    signed codes ``DECODE_TMA_MIN_M_INT4_SYM``, 4) tokens on large weights, and MXFP8 from
-    ``DECODE_TMA_MIN_M_8BIT`` (4) to ``DECODE_TMA_MAX_M_8BIT`` (32)).
+    signed codes ``DECODE_TMA_MIN_M_INT4_SYM``, 4) tokens on large weights, and MXFP8 and the 8-bit
+    integers from ``DECODE_TMA_MIN_M_8BIT`` (4; 8-bit integers on small weights
+    ``DECODE_TMA_SMALL_MIN_M_INT8``, 5) to ``DECODE_TMA_MAX_M_8BIT`` (32)).
 
     On Hopper the f16x2 GEMV runs as a programmatic dependent launch chain: once a weight
     has been used and its tensors are unchanged (torch's version counters), the GEMV may
@@ -641,7 +643,7 @@ def _plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple |
         return None
     wk = _weight_key(q)
     routes = (_DECODE_TMA, _PREFILL_WS, DECODE_TMA_MIN_M, DECODE_TMA_SMALL_MIN_M, DECODE_TMA_MIN_M_INT4,
-              DECODE_TMA_MIN_M_INT4_SYM, _DT_POST_SCALE, DECODE_TMA_MAX_M,
+              DECODE_TMA_MIN_M_INT4_SYM, DECODE_TMA_SMALL_MIN_M_INT8, _DT_POST_SCALE, DECODE_TMA_MAX_M,
               DECODE_TMA_EAGER_MIN_NK, DECODE_TMA_EAGER_MIN_M, GEMV_MMA_MIN_M, GEMV_MAX_M)  # (switches tests set)
     return (x.shape, x.dtype, x.device, x.data_ptr() % 16, bk, wk, _kl.current_stream(), routes)
 
@@ -1299,22 +1301,28 @@ def _zero_point_max(q: QTensor) -> int | None:
     return _scan_once(q.zero_points, "_microscale_zp_max", lambda z: int(z.max()) if z.numel() else 0, None)
 
 
-def _int4_weight_reason(q: QTensor) -> str | None:
-    """Why ``q`` is not a 4-bit integer weight :func:`prefill_ws` takes, or None: unsigned
-    codes with uint8 zero points at most 15 (affine, ``int4_affine_g*``) or two's-complement
-    codes (``int4_fp16``), fp16 block scales of a multiple of 16 elements, an unpadded 2-D
-    weight with row-major scales."""
+def _int_weight_reason(q: QTensor) -> str | None:
+    """Why ``q`` is not an integer weight the Gluon kernels (:func:`prefill_ws`,
+    :func:`decode_tma`) take, or None: 4- or 8-bit codes with fp16 block scales of a multiple of
+    16, unsigned with uint8 zero points (affine, ``int*_affine_g*``; 4-bit ones at most 15) or two's
+    complement (``int4_fp16``, ``int8_fp16``), or 8-bit two's complement with E8M0 scales of 32
+    (MXINT8); an unpadded 2-D weight with row-major scales."""
     from .kernels import _gemv_kernels as kern
 
     f = q.fmt
-    if not (_gemv_kind(f) in (kern.U4Z, kern.I4) and f.element.frac_bits == 0 and f.scale.name == "fp16"
-            and f.block_rows == 1 and f.block_size % 16 == 0):
-        return f"serves 4-bit integers with fp16 block scales (a multiple of 16), not {f.name}"
+    el = f.element
+    kind = _gemv_kind(f)
+    f16 = kind in (kern.U4Z, kern.I4, kern.U8Z, kern.I8) and el.frac_bits == 0 and f.scale.name == "fp16" \
+        and f.block_size % 16 == 0
+    mx = kind == kern.I8 and f.scale.name == "e8m0" and f.block_size == 32
+    if not ((f16 or mx) and f.block_rows == 1):
+        return (f"serves 4/8-bit integers with fp16 block scales (a multiple of 16) and 8-bit ones with E8M0 "
+                f"scales of 32, not {f.name}")
     kb = q.shape[1] // f.block_size if len(q.shape) == 2 else -1
     if len(q.shape) != 2 or tuple(q.padded_shape) != tuple(q.shape) or tuple(q.scales.shape) != (q.shape[0], kb) \
             or (f.zero_point and tuple(q.zero_points.shape) != (q.shape[0], kb)):
         return "needs an unpadded 2-D weight with row-major scales"
-    if f.zero_point:
+    if f.zero_point and el.bits == 4:
         zmax = _zero_point_max(q)  # 128 + z and (code - z) * (the scale's low 3 bits) stay exact in bf16
         if zmax is None or zmax > 15:
             return "needs zero points of at most 15 (scanned once; unscanned during a CUDA graph capture)"
@@ -1340,14 +1348,14 @@ def _e4m3_weight_reason(q: QTensor) -> str | None:
 
 def _ws_weight_reason(q: QTensor) -> str | None:
     """Why :func:`prefill_ws` has no decode for weight ``q``, or None: E2M1 codes
-    (:func:`_e2m1_weight_reason`), 4-bit integers with fp16 scales (:func:`_int4_weight_reason`)
-    or E4M3 codes with E8M0 scales (:func:`_e4m3_weight_reason`)."""
-    whys = [r(q) for r in (_e2m1_weight_reason, _int4_weight_reason, _e4m3_weight_reason)]
+    (:func:`_e2m1_weight_reason`), 4/8-bit integers (:func:`_int_weight_reason`) or E4M3 codes
+    with E8M0 scales (:func:`_e4m3_weight_reason`)."""
+    whys = [r(q) for r in (_e2m1_weight_reason, _int_weight_reason, _e4m3_weight_reason)]
     if None in whys:
         return None
     if all(w.startswith("serves") for w in whys):
-        return ("serves E2M1 weights with UE4M3 (16) or E8M0 (32) block scales, 4-bit integers with fp16 block "
-                f"scales (a multiple of 16) and E4M3 with E8M0 scales of 32, not {q.fmt.name}")
+        return ("serves E2M1 weights with UE4M3 (16) or E8M0 (32) block scales, 4/8-bit integers with fp16 block "
+                f"scales (a multiple of 16), E4M3 and 8-bit integers with E8M0 scales of 32, not {q.fmt.name}")
     return next(w for w in whys if not w.startswith("serves"))  # the format is served: why not this weight
 
 
@@ -1387,8 +1395,17 @@ PREFILL_WS_MIN_M_8BIT = 33
 
 
 def _ws_min_m(q: QTensor) -> int:
-    """The fewest tokens :func:`linear` sends to :func:`prefill_ws` outside the small-weight rule."""
-    return PREFILL_WS_MIN_M_8BIT if q.fmt.element.bits == 8 else PREFILL_WS_MIN_M
+    """The fewest tokens :func:`linear` sends to :func:`prefill_ws` outside the small-weight rule:
+    ``PREFILL_WS_MIN_M_8BIT`` for 8-bit codes but integers with fp16 scales in blocks of 32, which
+    take the Triton prefill kernel up to 64 tokens. H200, graphs, weights past L2 (twenty-eighth
+    session, ``h200_2026-12-03/s28/c/``), 33 / 64 / 96 tokens, Triton prefill against prefill_ws:
+    28672x8192 int8_fp16 170.9 / 179.0 / 311.3 µs against 182.3 / 185.5 / 207.8, int8_affine_g32
+    191.1 / 204.5 / 352.8 against 209.9 / 212.8 / 220.8 (8192x8192: 70.2 / 73.5 / 101.3 against
+    66.7 / 67.6 / 72.1); int8_affine_g128 187.4 / 204.6 / 354.0 against 182.9 / 186.0 / 214.8."""
+    f = q.fmt
+    if f.element.bits == 8 and not (f.scale.name == "fp16" and f.block_size == 32):
+        return PREFILL_WS_MIN_M_8BIT
+    return PREFILL_WS_MIN_M
 #: :func:`linear` also routes ``PREFILL_WS_SMALL_MIN_M..DECODE_TMA_MAX_M`` (33-64) tokens on E2M1 weights
 #: of at most ``PREFILL_WS_SMALL_MAX_NK`` elements to :func:`prefill_ws` (64-token tiles, K split over
 #: the SMs) instead of :func:`decode_tma`, while a CUDA graph is being captured (eager, the
@@ -1458,13 +1475,22 @@ def _gluon_scale_args(q: QTensor) -> tuple[int, int, float]:
     f = q.fmt
     if f.scale.name == "ue4m3":
         return pg.SK_UE4M3, 0, 2.0 ** 7
+    if f.scale.name == "e8m0" and f.element.kind == "int":
+        # MXINT8: the exact integer code times 2^(e - D - 127), in [2^-125, 2^8] in magnitude
+        d = _e8m0_window(q)
+        return pg.SK_E8M0, -d, 2.0 ** (d - f.element.frac_bits)
     if f.scale.name == "e8m0":
         # E2M1 placed as v * 2^-126, E4M3 as v * 2^-120 with D one binade lower: the products of
         # subnormal codes and the smallest scales stay >= 2^-133, bf16's least subnormal
         f8 = f.element.bits == 8
         d = _e8m0_window(q) - (1 if f8 else 0)
         return pg.SK_E8M0, (120 if f8 else 126) - d, 2.0 ** d
-    return (pg.SK_F16Z if f.zero_point else pg.SK_F16), 0, 1.0  # 4-bit integers, fp16 scales
+    return (pg.SK_F16Z if f.zero_point else pg.SK_F16), 0, 1.0  # integers, fp16 scales
+
+
+def _gluon_int8_e8m0(q: QTensor) -> bool:
+    """Whether ``q`` has integer codes with E8M0 scales (MXINT8): the Gluon kernels' ``EI``."""
+    return q.fmt.element.kind == "int" and q.fmt.scale.name == "e8m0"
 
 
 #: direct launch of the Gluon kernel (its TMA descriptor is no key for ``launch``'s cache;
@@ -1478,7 +1504,10 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
                split_tail: bool | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens of bf16 activations on Hopper and an
     E2M1 weight (NVFP4, MXFP4), 4-bit integers with fp16 block scales (``int4_affine_g*`` with
-    zero points of at most 15, ``int4_fp16``) or MXFP8 (E4M3 codes without NaN, E8M0 scales),
+    zero points of at most 15, ``int4_fp16``), 8-bit integers with fp16 block scales
+    (``int8_affine_g*``, ``int8_fp16``: each weight the bf16 of ``(code - z) * s`` but within 2^-15
+    of a rounding tie, see :func:`microscale.kernels._prefill_gluon.int8_decode_asm`), MXFP8 (E4M3
+    codes without NaN, E8M0 scales) or MXINT8,
     with the warp-specialized Gluon kernel
     (:mod:`microscale.kernels._prefill_gluon`: TMA ring for the activations, two consumer
     warpgroups decoding the codes straight into the wgmma register operand). :func:`linear`
@@ -1515,7 +1544,7 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     n = q.shape[0]
     f = q.fmt
     bk = int(pg.BK.value)
-    cb = f.element.bits  # 4, or 8 (E4M3)
+    cb = f.element.bits  # 4, or 8 (E4M3, 8-bit integers)
     xp = torch.empty((m, k), dtype=x2.dtype, device=x2.device)  # activations in the consumers' K order
     launch(pg._xperm_kernel, (cdiv(m, 32), k // bk), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, CB=cb, num_warps=4)
     desc = TensorDescriptor.from_tensor(xp, [block_t, bk], gl.NVMMASharedLayout.get_default_for([block_t, bk],
@@ -1523,7 +1552,7 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     wv = _weight_views(q)
     scales, zps = wv.scales_u8, wv.scales_u8
     sk, ke, post = _gluon_scale_args(q)
-    if f.scale.name == "fp16":  # 4-bit integers: fp16 scales as int16 bits, zero points
+    if f.scale.name == "fp16":  # integers: fp16 scales as int16 bits, zero points
         scales = wv.scales_int
         zps = wv.zero_points if f.zero_point else scales
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
@@ -1541,12 +1570,12 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
                    bias if bias is not None else out, out, out_desc, ws, cnt, n, m, k, wv.words.stride(0),
                    scales.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
                    SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
-                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, num_warps=4)
+                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=_gluon_int8_e8m0(q), num_warps=4)
     return out
 
 
-#: :func:`linear` routes E2M1 weights (NVFP4, MXFP4), 4-bit integers with fp16 scales in blocks of 32
-#: or a multiple of 64 and MXFP8 (up to ``DECODE_TMA_MAX_M_8BIT`` tokens; eager calls of 5-16 tokens
+#: :func:`linear` routes E2M1 weights (NVFP4, MXFP4), 4/8-bit integers with fp16 scales in blocks of 32
+#: or a multiple of 64, MXFP8 and MXINT8 (8-bit codes up to ``DECODE_TMA_MAX_M_8BIT`` tokens; eager calls of 5-16 tokens
 #: on small weights of these too, which have no ``gemv_mma``) with ``DECODE_TMA_MIN_M`` (weights of at
 #: least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``DECODE_TMA_SMALL_MIN_M`` for smaller ones; 4-bit
 #: integers from ``DECODE_TMA_MIN_M_INT4`` / ``DECODE_TMA_MIN_M_INT4_SYM``, MXFP8 from
@@ -1603,7 +1632,8 @@ def _dt_min_m(q: QTensor) -> int:
     """The fewest tokens :func:`linear` sends to :func:`decode_tma` on weight ``q``."""
     least = DECODE_TMA_MIN_M if _dt_large(q) else DECODE_TMA_SMALL_MIN_M
     if q.fmt.element.bits == 8:
-        return max(least, DECODE_TMA_MIN_M_8BIT)
+        small_int = q.fmt.element.kind == "int" and not _dt_large(q)
+        return max(least, DECODE_TMA_SMALL_MIN_M_INT8 if small_int else DECODE_TMA_MIN_M_8BIT)
     if q.fmt.element.kind == "int":
         return max(least, DECODE_TMA_MIN_M_INT4 if q.fmt.zero_point else DECODE_TMA_MIN_M_INT4_SYM)
     return least
@@ -1654,6 +1684,13 @@ _DT_STAGES_8BIT = 2
 #: 29.5 / 38.5 / 39.6; 2-3 tokens not measured (the GEMV keeps them)
 _DECODE_TMA_8BIT = os.environ.get("MICROSCALE_DECODE_TMA_8BIT", "1") == "1"
 DECODE_TMA_MIN_M_8BIT = 4
+#: 8-bit integers (int8_fp16, int8_affine_g*, MXINT8) go to :func:`decode_tma` from
+#: ``DECODE_TMA_MIN_M_8BIT`` tokens on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements, from this
+#: many on smaller ones. H200, graphs, weights past L2 (twenty-eighth session, ``h200_2026-12-03/s28/a/``),
+#: 4 tokens, decode_tma / GEMV / Triton prefill: 28672x8192 int8_fp16 69.4 / 79.2 / 130.4 µs,
+#: int8_affine_g128 66.5 / 72.3 / 120.2, MXINT8 66.7 / 76.4 / 139.5; 8192x8192 28.0 / 23.8 / 43.2,
+#: 26.6 / 23.2 / 45.1, 26.4 / 22.8 / 45.8 (cuBLAS 110.5 / 33.9)
+DECODE_TMA_SMALL_MIN_M_INT8 = 5
 #: affine 4-bit integers go to :func:`decode_tma` from this many tokens (2 tokens: the GEMV), signed
 #: ones (no zero points) from ``DECODE_TMA_MIN_M_INT4_SYM``. H200, graphs, weights past L2
 #: (twenty-seventh session, ``h200_2026-12-03/s27/a/``), 28672x8192 at 2 / 3 / 4 tokens:
@@ -1664,7 +1701,7 @@ DECODE_TMA_MIN_M_8BIT = 4
 #: 59.2 against 54.7 / 54.8 / 55.1
 DECODE_TMA_MIN_M_INT4 = 3
 DECODE_TMA_MIN_M_INT4_SYM = 4
-#: :func:`decode_tma` on affine 4-bit integers with one block per K step (blocks of a multiple of 64)
+#: :func:`decode_tma` on integers with fp16 scales and one block per K step (blocks of a multiple of 64)
 #: and at most ``_DT_POST_MAX_TOK`` token columns multiplies each step's fp32 MMA result by the rows'
 #: fp16 scales instead of scaling every weight pair in bf16 (``MICROSCALE_DT_POST_SCALE``, read at
 #: import; ``0``: per-pair scaling, each weight the bf16 of ``(code - z) * s`` as in
@@ -1679,10 +1716,9 @@ _DT_POST_MAX_TOK = 16
 
 def _dt_post(q: QTensor, tok: int) -> bool:
     """Whether :func:`decode_tma` with ``tok`` token columns applies ``q``'s block scales to the
-    MMA results (``_DT_POST_SCALE``)."""
-    # (affine codes only: the signed variant's decode is checked in the PTX emulator, not yet on a GPU)
-    return (_DT_POST_SCALE and q.fmt.element.kind == "int" and q.fmt.scale.name == "fp16" and q.fmt.zero_point
-            and _dt_nps(q) == 1 and tok <= _DT_POST_MAX_TOK)
+    MMA results (``_DT_POST_SCALE``): integer codes with fp16 scales in blocks of a multiple of 64."""
+    return (_DT_POST_SCALE and q.fmt.element.kind == "int" and q.fmt.scale.name == "fp16" and _dt_nps(q) == 1
+            and tok <= _DT_POST_MAX_TOK)
 
 
 def _dt_tokens(m: int) -> int:
@@ -1700,8 +1736,8 @@ _DT_SBOX = _DT_CHUNK
 
 
 def _dt_nps(q: QTensor) -> int:
-    """int32 block scales per row and K step in :func:`decode_tma`'s step-major copy of a 4-bit
-    integer weight (fp16 scales): 2 for blocks of 32, else 1 (E2M1 weights: 1, four bytes)."""
+    """int32 block scales per row and K step in :func:`decode_tma`'s step-major copy of an
+    integer weight with fp16 scales: 2 for blocks of 32, else 1 (E8M0 / UE4M3 scales: 1, four bytes)."""
     return 2 if q.fmt.scale.name == "fp16" and q.fmt.block_size == 32 else 1
 
 
@@ -1710,12 +1746,12 @@ def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
     256]`` uint8, where row tile ``t`` (``rows`` weight rows, zero-padded) and K step ``s`` (64
     elements) hold ``[rows, 4]`` bytes at row ``(t * steps + s) * rows / 64``: one byte per 16
     elements (E8M0 scales of 32 repeated), so that one TMA box brings a step's scales. For
-    4-bit integers with fp16 scales a step holds ``[nps, rows]`` int32 (:func:`_dt_nps`: 1 for
+    integers with fp16 scales a step holds ``[nps, rows]`` int32 (:func:`_dt_nps`: 1 for
     blocks of a multiple of 64, the same bytes; 2 for blocks of 32), the fp16 scale bits of
     elements ``64 s + 32 j ..`` | the zero point << 16 (8 for two's-complement codes)."""
     n, k = q.shape
     tiles = cdiv(n, rows)
-    if q.fmt.scale.name == "fp16":  # 4-bit integers: fp16 bits | zero point << 16, _dt_nps(q) int32 a step
+    if q.fmt.scale.name == "fp16":  # integers: fp16 bits | zero point << 16, _dt_nps(q) int32 a step
         nps = _dt_nps(q)
         zp = q.zero_points.to(torch.int32) if q.zero_points is not None else 8
         pk = (q.scales.reshape(n, -1).view(torch.int16).to(torch.int32) & 0xFFFF) | (zp << 16)
@@ -1778,7 +1814,7 @@ def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
     if q.fmt.element.bits == 8 and x.shape[0] > DECODE_TMA_MAX_M_8BIT:
         return f"serves 1 to {DECODE_TMA_MAX_M_8BIT} tokens with 8-bit codes, got {x.shape[0]}"
     if q.fmt.scale.name == "fp16" and q.fmt.block_size % 64 and q.fmt.block_size != 32:
-        return f"serves 4-bit integer weights with blocks of 32 or a multiple of 64, not {q.fmt.block_size}"
+        return f"serves integer weights with fp16 scales in blocks of 32 or a multiple of 64, not {q.fmt.block_size}"
     if not 1 <= x.shape[0] <= DECODE_TMA_MAX_M:
         return f"serves 1 to {DECODE_TMA_MAX_M} tokens, got {x.shape[0]}"
     if q.shape[1] % (64 * _DT_CHUNK):
@@ -1818,8 +1854,9 @@ def _dt_parts(tiles: int, nct: int, programs: int) -> int:
 def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
                programs: int | None = None, tokens: int | None = None) -> torch.Tensor:
     """``x2 [M <= 64, K] @ dequant(q)^T (+ bias)`` for bf16 activations on Hopper and an E2M1
-    weight (NVFP4, MXFP4), a 4-bit integer weight with fp16 scales in blocks of 32 or a multiple
-    of 64 (``int4_affine_g*``, ``int4_fp16``) or MXFP8 (E4M3 codes; ``M <= 32``), with the
+    weight (NVFP4, MXFP4), a 4/8-bit integer weight with fp16 scales in blocks of 32 or a multiple
+    of 64 (``int4_affine_g*``, ``int4_fp16``, ``int8_affine_g*``, ``int8_fp16``), MXFP8 or MXINT8
+    (8-bit codes: ``M <= 32``), with the
     warp-specialized Gluon kernel
     (:mod:`microscale.kernels._decode_tma`: a producer warp brings each K step's code words,
     block scales and activations by TMA into a shared-memory ring, eight consumer warps
@@ -1869,6 +1906,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
            out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=_DT_CHUNK, SK=sk,
            STAGES=_DT_STAGES_8BIT if cb == 8 else _DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q), CB=cb,
+           EI=_gluon_int8_e8m0(q),
            POST=_dt_post(q, tok),
            num_warps=rows // 16, maxnreg=80)
     return out

@@ -1,4 +1,4 @@
-"""Tensor-core decode for 2-64 tokens on Hopper (E2M1, 4-bit integers with fp16 scales, MXFP8), in
+"""Tensor-core decode for 2-64 tokens on Hopper (E2M1, 4/8-bit integers with fp16 scales, MXFP8, MXINT8), in
 Gluon (private).
 
 Why: the Triton tensor-core decode kernel (:mod:`._gemv_mma`) stalls on its loads: each warp
@@ -14,7 +14,7 @@ decode and issue ``mma.sync``:
 * per ring chunk of ``C`` K steps of 64 (``BK``) the producer loads the tile's code words
   (``[ROWS, 8 CW]`` int32 boxes of the canonical layout, ``CW`` steps each), its block scales
   from a step-major copy made once per weight (:func:`microscale.qlinear._step_scales`:
-  ``[ROWS, 4]`` bytes a step, one per 16 elements; for 4-bit integers with fp16 scales ``NPS``
+  ``[ROWS, 4]`` bytes a step, one per 16 elements; for integers with fp16 scales ``NPS``
   int32 per row and step, fp16 bits | zero point << 16; ``SW`` steps a box) and per step the
   activations (``[TOK, 64]``, ``TOK`` 8, 16, 32 or 64, rows past ``M`` zero-filled by TMA) into
   a slot of a ring of ``STAGES`` chunks (``ready`` / ``empty`` mbarriers);
@@ -84,7 +84,8 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
 @gluon.jit
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp,
               ke, post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
-              HAS_BIAS: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr, POST: gl.constexpr):
+              HAS_BIAS: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr, POST: gl.constexpr,
+              EI: gl.constexpr):
     """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
     ``mma.sync`` its ``C`` steps, free the slot (``POST``: see :func:`_decode_tma_kernel`). Per
     tile it touches: the epilogue (a shared tile's part to the workspace; the tile's last part
@@ -141,10 +142,10 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
                 if POST:  # one block per row and step: (code - z) @ x (exact products, fp32 sums), times the scale
                     sv = sb.slice(0, ROWS // 64, dim=0)._reinterpret(gl.int32, [ROWS], s32_sl)
                     srow = (sv.load(gl.SliceLayout(1, mma_l)) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
-                    part = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB, True), b, zero)
+                    part = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB, True, EI), b, zero)
                     acc = gl.fma(part, gl.expand_dims(srow.to(gl.float32), 1), acc)
                 else:
-                    acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB), b, acc)
+                    acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI), b, acc)
             mbarrier.arrive(empty.index(slot), count=1)
             it += 1
         ok = gl.full([ROWS, 1], 1, gl.int1, mma_l)
@@ -178,7 +179,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
 def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp, ke,
                        post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
                        HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, NPS: gl.constexpr = 1, CB: gl.constexpr = 4,
-                       POST: gl.constexpr = False):
+                       POST: gl.constexpr = False, EI: gl.constexpr = False):
     """``out[M <= TOK, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K CB / 32]`` (``CB``: 4-bit codes, or 8 for E4M3; block ``[ROWS, 2 CB CW]``,
     ``CW`` dividing ``C``);
@@ -189,7 +190,8 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     programs (module docstring). ``SK`` / ``ke`` / ``post``: as :mod:`._prefill_gluon`. Partial
     sums of shared tiles in ``ws_ptr`` (``tiles x maxp x ROWS x TOK`` floats, ``maxp`` the most
     programs sharing a tile), int32 counters ``cnt_ptr`` (``ROWS x 4`` per tile; zero on entry,
-    left zero). ``POST`` (4-bit integers with one block per row and K step, ``NPS`` = 1): each
+    left zero). ``EI``: 8-bit integer codes with E8M0 scales (MXINT8). ``POST`` (integers with fp16
+    scales, one block per row and K step, ``NPS`` = 1): each
     step's codes go to the MMA as the exact ``code - z`` and its fp32 result is multiplied by the
     row's fp16 scale (one ``fma`` per accumulator element instead of two bf16 ops per weight pair)."""
     ROWS: gl.constexpr = w_desc.block_type.shape[0]
@@ -203,7 +205,7 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB, POST)),
+                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB, POST, EI)),
         (_producer, (w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT, C, NPS, CB)),
     ], [1], [40])
 

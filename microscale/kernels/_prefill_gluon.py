@@ -1,4 +1,4 @@
-"""Warp-specialized prefill for 4-bit and E4M3 weights on Hopper, in Gluon (private).
+"""Warp-specialized prefill for 4-bit, E4M3 and 8-bit integer weights on Hopper, in Gluon (private).
 
 Why: the Triton prefill kernel (:mod:`._linear_kernels`, ``swap`` + ``pair``) reaches
 0.78x cuBLAS bf16 at 4096 tokens (this kernel: 0.79-0.93x in short timings; NOTES_linear.md,
@@ -40,9 +40,13 @@ multiple of 16 (a thread's 16 elements of a row never straddle a block).
 8-bit E4M3 codes with E8M0 scales (MXFP8, ``CB`` = 8): a thread owns 4 code words (16 bytes) of
 each row and step; word ``a``'s pair ``h`` (bytes ``2 h``, ``2 h + 1``) fills K slots
 ``16 a + 8 h + 2 t + {0, 1}`` (:func:`e4m3_decode_asm`; :func:`_xperm_kernel` with ``CB=8``).
+8-bit integers take the same layout (:func:`int8_decode_asm`: each byte under the bf16 exponent of
+128, its top bit apart, two exact subtractions): with E8M0 scales (MXINT8, ``EI``) the products are
+exact; with fp16 scales (``int8_fp16``, ``int8_affine_g*``) the ``hi`` / ``lo`` split leaves a weight
+the bf16 of ``(code - z) * s`` except within 2^-15 of a rounding tie.
 
-``ms.linear`` routes NVFP4 / MXFP4, those int4 weights and MXFP8 here from ``qlinear.PREFILL_WS_MIN_M`` (65) tokens
-(MXFP8 from ``PREFILL_WS_MIN_M_8BIT``, 33)
+``ms.linear`` routes NVFP4 / MXFP4, those integer weights, MXFP8 and MXINT8 here from ``qlinear.PREFILL_WS_MIN_M``
+(65) tokens (8-bit codes from ``PREFILL_WS_MIN_M_8BIT``, 33, but integers with fp16 scales in blocks of 32)
 (H200 timings: ``benchmarks/run_gpu_prefill.py``, ``WS=1``). Gluon kernels do not run under
 the Triton interpreter; CI compiles this one for sm_90 and checks its structure and its
 decode (``tests/kernels/test_prefill_gluon.py``).
@@ -58,8 +62,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ._gemv_mma import SK_E8M0, SK_UE4M3, _word_lines_select
 
-#: scale kinds of the 4-bit integer weights (``SK``): fp16 scale and uint8 zero point per block
-#: (unsigned codes), fp16 scale alone (two's-complement codes)
+#: scale kinds of the integer weights with fp16 scales (``SK``): fp16 scale and uint8 zero point per
+#: block (unsigned codes), fp16 scale alone (two's-complement codes)
 SK_F16Z, SK_F16 = 3, 4
 _SKZ = gl.constexpr(SK_F16Z)  # (as the kernels see them)
 _SKS = gl.constexpr(SK_F16)
@@ -160,6 +164,52 @@ INT4Z_DECODE_ASM = gl.constexpr(int4_decode_asm(False))
 INT4S_DECODE_ASM = gl.constexpr(int4_decode_asm(True))
 INT4Z_CODE_ASM = gl.constexpr(int4_decode_asm(False, False))
 INT4S_CODE_ASM = gl.constexpr(int4_decode_asm(True, False))
+def int8_decode_asm(signed: bool, scale: str) -> str:
+    """PTX: 8-bit integer code word ``$4`` (element ``i`` in byte ``i``) -> 4 bf16 outputs, ``$2h``
+    / ``$2h+1`` the elements ``2h`` / ``2h+1`` (the K order of :func:`e4m3_decode_asm`). Each byte
+    goes under the bf16 exponent of 128 (``prmt``): its low 7 bits as ``128 + (b & 127)``, its top
+    bit as 128 or 256 (``256 - 128 b7`` for unsigned codes); one exact ``sub`` leaves the
+    two's-complement value (signed) or ``u - 128`` (unsigned), one more the zero point. Operands
+    after the word, by ``scale``:
+
+    * ``"none"``: ``$5`` bf16x2 ``z - 128`` (unsigned; unused when signed): the exact ``code - z``
+      (for :mod:`._decode_tma`'s scale after the MMA);
+    * ``"bf16"``: ``$5`` the bf16x2 scale (an E8M0 power of two: the products are exact);
+    * ``"f16"``: ``$5`` / ``$6`` bf16x2 ``hi`` / ``lo`` of an fp16 scale (:data:`F16Z_SCALE_ASM`),
+      ``$7`` bf16x2 ``z - 128``: ``fma(d, hi, d * lo)``. With up to 8 significant bits in ``d`` the
+      product ``d * lo`` is rounded (``|lo| < 2^-7 |s|``: an error below 2^-15 of ``d * s``), so a
+      weight is the bf16 of ``(code - z) * s`` except where that lies within 2^-15 of a rounding
+      tie, where it may be the neighbouring bf16 value (4-bit codes are exact:
+      :func:`int4_decode_asm`)."""
+    kz = {"none": "$5", "bf16": None, "f16": "$7"}[scale]
+    lines = []
+    for h, sel in ((0, "0x4140"), (1, "0x4342")):  # bytes (0, 1) / (2, 3) to the low bytes of the halves
+        # (the bytes under 0x43 by lop3, not by the prmt: a constant prmt operand costs a move each)
+        lines += [f"prmt.b32 x, $4, 0, {sel};", "lop3.b32 a, x, 0x007F007F, 0x43004300, 0xEA;"]  # 128 + (b & 127)
+        if signed:
+            lines.append("lop3.b32 b, x, 0x00800080, 0x43004300, 0xEA;")  # 128, or 256 for a set sign bit
+        else:
+            lines.append("lop3.b32 b, x, 0x00800080, 0x43004300, 0xAE;")  # 256, or 128 for a set top bit
+        d = f"p{h}"
+        lines.append(f"sub.rn.bf16x2 {d}, a, b;")
+        if not signed:
+            lines.append(f"sub.rn.bf16x2 {d}, {d}, {kz};")
+        if scale == "bf16":
+            lines.append(f"mul.rn.bf16x2 {d}, {d}, $5;")
+        elif scale == "f16":
+            lines += [f"mul.rn.bf16x2 x, {d}, $6;", f"fma.rn.bf16x2 {d}, {d}, $5, x;"]
+        lines.append(f"mov.b32 {{${2 * h}, ${2 * h + 1}}}, {d};")
+    return "{\n.reg .b32 x, a, b, p0, p1;\n" + "\n".join(lines) + "\n}"
+
+
+INT8S_E8M0_ASM = gl.constexpr(int8_decode_asm(True, "bf16"))
+INT8Z_DECODE_ASM = gl.constexpr(int8_decode_asm(False, "f16"))
+INT8S_DECODE_ASM = gl.constexpr(int8_decode_asm(True, "f16"))
+INT8Z_CODE_ASM = gl.constexpr(int8_decode_asm(False, "none"))
+INT8S_CODE_ASM = gl.constexpr(int8_decode_asm(True, "none"))
+#: packed ``$1`` = fp16 scale bits | zero point << 16 -> bf16x2 ``z - 128`` (exact for z <= 255)
+Z8_ASM = gl.constexpr("{\n.reg .b32 z;\n.reg .f32 f;\nshr.u32 z, $1, 16;\nsub.s32 z, z, 128;\n"
+                      "cvt.rn.f32.s32 f, z;\ncvt.rn.bf16x2.f32 $0, f, f;\n}")
 #: packed ``$3`` = fp16 scale bits | zero point << 16 -> ``$0`` bf16x2 ``hi`` (the f32 of the
 #: scale truncated to bf16), ``$1`` bf16x2 ``lo`` (the exact rest, <= 3 significant bits),
 #: ``$2`` bf16x2 ``128 + z`` (bits ``0x4300 + z``; exact for z <= 127)
@@ -167,6 +217,12 @@ F16Z_SCALE_ASM = gl.constexpr("{\n.reg .b16 h;\n.reg .b32 t, z;\n.reg .f32 f, fh
                   "cvt.f32.f16 f, h;\nmov.b32 t, f;\nand.b32 t, t, 0xFFFF0000;\nmov.b32 fh, t;\n"
                   "sub.f32 f, f, fh;\ncvt.rn.bf16x2.f32 $1, f, f;\nprmt.b32 $0, t, 0, 0x3232;\n"
                   "shr.u32 z, $3, 16;\nadd.u32 z, z, 0x4300;\nprmt.b32 $2, z, 0, 0x1010;\n}")
+
+
+#: :data:`F16Z_SCALE_ASM` for 8-bit integer codes: ``$2`` is the bf16x2 ``z - 128`` (exact for z <= 255)
+F16Z8_SCALE_ASM = gl.constexpr(F16Z_SCALE_ASM.value.replace(
+    "add.u32 z, z, 0x4300;\nprmt.b32 $2, z, 0, 0x1010;", "sub.s32 z, z, 128;\ncvt.rn.f32.s32 f, z;\n"
+    "cvt.rn.bf16x2.f32 $2, f, f;"))
 
 
 @gluon.constexpr_function
@@ -299,11 +355,27 @@ def _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, nk, r_w, w_col, s_col, tq, N, 
 
 @gluon.jit
 def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.constexpr, CB: gl.constexpr = 4,
-            UNSCALED: gl.constexpr = False):
+            UNSCALED: gl.constexpr = False, EI: gl.constexpr = False):
     """Code words and scale bytes of one K step -> the ``[rows, BK]`` bf16 wgmma (or mma.sync) A operand
     (K slots permuted, see the module docstring); the layout change is asserted free. ``UNSCALED``
-    (4-bit integers): ``code - z`` only, the block scale left to the caller."""
-    if (SK == _SKZ or SK == _SKS) and UNSCALED:
+    (integers with fp16 scales): ``code - z`` only, the block scale left to the caller. ``EI``:
+    8-bit integer codes with E8M0 scales (MXINT8; the fp16 scale kinds imply integer codes)."""
+    if (SK == _SKZ or SK == _SKS) and CB == 8:  # 8-bit integers, fp16 scales
+        if UNSCALED:
+            kz = gl.inline_asm_elementwise(Z8_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)
+            kz3 = gl.broadcast(gl.expand_dims(kz, 2), words)[0]
+            e = gl.inline_asm_elementwise(INT8Z_CODE_ASM if SK == _SKZ else INT8S_CODE_ASM, "=h,=h,=h,=h,r,r",
+                                          [words, kz3], dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
+        else:
+            hi, lo, kz = gl.inline_asm_elementwise(F16Z8_SCALE_ASM, "=r,=r,=r,r", [sraw], dtype=(gl.int32,) * 3,
+                                                   is_pure=True, pack=1)
+            hi3 = gl.broadcast(gl.expand_dims(hi, 2), words)[0]
+            lo3 = gl.broadcast(gl.expand_dims(lo, 2), words)[0]
+            kz3 = gl.broadcast(gl.expand_dims(kz, 2), words)[0]
+            e = gl.inline_asm_elementwise(INT8Z_DECODE_ASM if SK == _SKZ else INT8S_DECODE_ASM,
+                                          "=h,=h,=h,=h,r,r,r,r", [words, hi3, lo3, kz3],
+                                          dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
+    elif (SK == _SKZ or SK == _SKS) and UNSCALED:
         kz = ((sraw >> 16) + 0x4300) * 0x10001  # bf16x2 128 + z
         kz3 = gl.broadcast(gl.expand_dims(kz, 2), words)[0]
         e = gl.inline_asm_elementwise(INT4Z_CODE_ASM if SK == _SKZ else INT4S_CODE_ASM,
@@ -325,8 +397,8 @@ def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.conste
             sc = gl.inline_asm_elementwise(E8M0_ASM, "=r,r,r", [sraw, gl.full(sraw.shape, 0, gl.int32, s_l) + ke],
                                            dtype=gl.int32, is_pure=True, pack=1)
         sc3 = gl.broadcast(gl.expand_dims(sc, 2), words)[0]
-        if CB == 8:  # E4M3: [rows, t, a] words of 4 elements 16 t + 4 a + 2 h + e
-            e = gl.inline_asm_elementwise(E4M3_DECODE_ASM, "=h,=h,=h,=h,r,r", [words, sc3],
+        if CB == 8:  # E4M3 or MXINT8: [rows, t, a] words of 4 elements 16 t + 4 a + 2 h + e
+            e = gl.inline_asm_elementwise(INT8S_E8M0_ASM if EI else E4M3_DECODE_ASM, "=h,=h,=h,=h,r,r", [words, sc3],
                                           dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
         else:
             e = gl.inline_asm_elementwise(DECODE_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, sc3],
@@ -428,7 +500,8 @@ def _epilogue(acc, ok, e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, N, M,
 def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr, n_t,
               n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
               GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
-              HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr, CB: gl.constexpr):
+              HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr, CB: gl.constexpr,
+              EI: gl.constexpr):
     """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T`` per tile, for each
     of this program's segments (:func:`_plan`). Per K step it decodes its code words
     (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``W t + a`` with ``W`` = ``CB / 2``
@@ -463,13 +536,13 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
         # predecessor two steps back has just decoded (no register moves that wait for a load
         # issued one step earlier): loads land two steps ahead (~1 us at 256 tokens)
         for i in range(0, nk, 2):
-            a = _decode(words, sraw, ke, SK, s_l, a_l, CB)
+            a = _decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI)
             words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 2, nk - 1), k_lo, tq2, TPS, SK,
                                  CB)
             acc = _mma_step(a, x_bufs, ready, empty, acc, it)
             it += 1
             if i + 1 < nk:
-                a = _decode(words_n, sraw_n, ke, SK, s_l, a_l, CB)
+                a = _decode(words_n, sraw_n, ke, SK, s_l, a_l, CB, False, EI)
                 words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 3, nk - 1), k_lo, tq2,
                                          TPS, SK, CB)
                 acc = _mma_step(a, x_bufs, ready, empty, acc, it)
@@ -515,14 +588,15 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
                        stride_wn, stride_sn, stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr,
                        GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
                        HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr,
-                       CB: gl.constexpr = 4):
+                       CB: gl.constexpr = 4, EI: gl.constexpr = False):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
     ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K CB / 32]`` (``CB``: 4, or 8 for E4M3 codes
-    with E8M0 scales, ``ke = 120 - D'``); ``s_ptr``: block scales
+    with E8M0 scales, ``ke = 120 - D'``, and 8-bit integers); ``s_ptr``: block scales
     ``[N, K / G]`` (``TPS = G / 16`` quad members share one: a thread's 16 elements of a row
     lie in one block); ``SK``: UE4M3 / E8M0 scale bytes (``ke = 126 - D`` for E8M0, see
-    ``_gemv_mma``) with E2M1 codes, or int16 bits of fp16 scales with 4-bit integer codes
+    ``_gemv_mma``) with E2M1 codes (or 8-bit integer codes, ``EI``: ``ke = -D``), or int16 bits of fp16
+    scales with integer codes
     (``SK_F16Z``: unsigned, uint8 zero points at ``z_ptr`` in the scales' shape; ``SK_F16``:
     two's complement; ``z_ptr`` unused otherwise); ``post``: the power of two the scale
     placement leaves out. Tile
@@ -546,10 +620,10 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
     gl.warp_specialize([
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI)),
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI)),
         (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T, SPLIT_TAIL)),
     ], [4, 1], [232, 40])
 

@@ -127,6 +127,12 @@ class Warp:
             regs[ops[0]] = v(ops[1]) | v(ops[2])
         elif op == "add.u32":
             regs[ops[0]] = (v(ops[1]).astype(np.uint64) + v(ops[2])).astype(u32)
+        elif op == "sub.s32":
+            regs[ops[0]] = ((v(ops[1]).astype(np.int64) - v(ops[2]).astype(np.int64)) & 0xFFFFFFFF).astype(u32)
+        elif op == "cvt.rn.f32.s32":  # (exact for the small integers the generators convert)
+            val = v(ops[1]).view(np.int32).astype(np.float64)
+            assert (np.abs(val) < 2 ** 24).all()
+            regs[ops[0]] = _bits32(val)
         elif op == "prmt.b32":
             a, b, sel = v(ops[1]), v(ops[2]), int(ops[3], 0)
             src = np.stack([(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)])

@@ -51,6 +51,8 @@ def emulate(x: torch.Tensor, q) -> np.ndarray:
     n, k = q.shape
     f = q.fmt
     cb = f.element.bits
+    if cb == 8 and f.element.kind == "int":
+        return _emulate_int8(x, q)[0]
     if cb == 8:
         return _emulate_e4m3(x, q)
     words = q.data.contiguous().view(torch.int32).numpy().view(np.uint32).reshape(n, k // 8)
@@ -117,6 +119,142 @@ def _emulate_e4m3(x: torch.Tensor, q) -> np.ndarray:
                 a[r[sl], 64 * c[sl] + 16 * av[sl] + 8 * h + 2 * t[sl] + e] = \
                     (bits << 16).view(np.float32).astype(np.float64)
     return _xperm(x, 8).double().numpy() @ a.T * 2.0 ** d
+
+
+def _emulate_int8(x: torch.Tensor, q) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`emulate` for 8-bit integer codes (the K order of :func:`_emulate_e4m3`): fp16 block
+    scales (``hi`` / ``lo`` and ``z - 128`` by :data:`F16Z8_SCALE_ASM`) or E8M0 (MXINT8: the
+    scale ``2^(e - D - 127)``, the output times ``2^(D - 6)``). Also returns the decoded weights
+    in natural K order (times that power of two)."""
+    n, k = q.shape
+    f = q.fmt
+    words = q.data.contiguous().view(torch.int32).numpy().view(np.uint32).reshape(n, k // 4)
+    warp = Warp(np.zeros(1, np.uint8))
+    if f.scale.name == "e8m0":
+        d = L._e8m0_window(q)
+        scales = q.scales.contiguous().view(torch.uint8).numpy().astype(np.uint32)
+        post = 2.0 ** (d - 6)
+    else:
+        zp = q.zero_points.numpy().astype(np.uint32) if f.zero_point else 8
+        scales = (q.scales.contiguous().view(torch.int16).numpy().astype(np.uint32) & 0xFFFF) | (zp << 16)
+        dasm = (pg.INT8Z_DECODE_ASM if f.zero_point else pg.INT8S_DECODE_ASM).value
+        post = 1.0
+    a = np.zeros((n, k))
+    nat = np.zeros((n, k))
+    r, c, t, av = (v.reshape(-1) for v in np.meshgrid(np.arange(n), np.arange(k // 64), np.arange(4), np.arange(4),
+                                                      indexing="ij"))
+    for lo in range(0, r.size, 32):
+        sl = slice(lo, lo + 32)
+        w = words[r[sl], 16 * c[sl] + 4 * t[sl] + av[sl]]
+        sb = scales[r[sl], (64 * c[sl] + 16 * t[sl]) // f.block_size]
+        if f.scale.name == "e8m0":
+            sc = warp.run(pg.E8M0_ASM.value, "=r,r,r", [sb, np.full(32, -d).astype(np.int64) & 0xFFFFFFFF])[0]
+            outs = warp.run(pg.INT8S_E8M0_ASM.value, "=h,=h,=h,=h,r,r", [w, sc])
+        else:
+            hi, lo_, kz = warp.run(pg.F16Z8_SCALE_ASM.value, "=r,=r,=r,r", [sb])
+            outs = warp.run(dasm, "=h,=h,=h,=h,r,r,r,r", [w, hi, lo_, kz])
+        for h in range(2):
+            for e in range(2):
+                bits = outs[2 * h + e].astype(np.uint32) & 0xFFFF
+                val = (bits << 16).view(np.float32).astype(np.float64)
+                a[r[sl], 64 * c[sl] + 16 * av[sl] + 8 * h + 2 * t[sl] + e] = val
+                nat[r[sl], 64 * c[sl] + 16 * t[sl] + 4 * av[sl] + 2 * h + e] = val * post
+    return _xperm(x, 8).double().numpy() @ a.T * post, nat
+
+
+def _int8_weight(name: str, gen, n: int = 24, k: int = 512):
+    """An 8-bit integer weight with every code (-128 too), scales over many binades (fp16:
+    subnormal, normal with low mantissa bits set, the largest; E8M0: the ends of the widest
+    window) and, for affine codes, every zero point."""
+    w = torch.randn(n, k, generator=gen) * torch.logspace(-6, 2, n).reshape(n, 1)
+    q = ms.quantize(w, name)
+    q.data[1, :] = torch.arange(256, dtype=torch.uint8).repeat(k // 256 + 1)[:k]  # every code
+    if q.fmt.scale.name == "e8m0":
+        q.data[2:4, :] = q.data[1, :]
+        q.scales.view(torch.uint8)[2, :] = 63  # every code at the lowest scale of the widest window (D + 2) ...
+        q.scales.view(torch.uint8)[3, :] = 63 + 126  # ... and the highest (D + 128)
+        return q
+    sc = q.scales.view(torch.int16)
+    extremes = torch.tensor([0x0001, 0x03FF, 0x0401, 0x7BFF, 0x3C01, 0x3FFF], dtype=torch.int16)
+    sc[0, :] = extremes.repeat(sc.shape[1] // extremes.numel() + 1)[: sc.shape[1]]
+    sc[1, :] = extremes.flip(0).repeat(sc.shape[1] // extremes.numel() + 1)[: sc.shape[1]]
+    if q.zero_points is not None:
+        q.zero_points[1:4, :] = (torch.arange(3 * q.zero_points.shape[1]) * 37 % 256).to(torch.uint8).view(3, -1)
+    return q
+
+
+@pytest.mark.parametrize("name", ["mxint8", "int8_fp16", "int8_affine_g128", "int8_affine_g32"])
+def test_int8_arithmetic_matches_float64(name, gen):
+    """8-bit integers: each decoded weight, placed in its K slot and multiplied by the permuted
+    activations, against float64. MXINT8 (E8M0 powers of two) is exact; with fp16 scales each
+    weight is the bf16 of ``(code - z) * s`` or, within 2^-15 of a rounding tie, its neighbour."""
+    q = _int8_weight(name, gen)
+    _check_int8(q, (torch.randn(5, q.shape[1], generator=gen) * 2).to(torch.bfloat16))
+
+
+def _check_int8(q, x: torch.Tensor) -> None:
+    out, nat = _emulate_int8(x, q)
+    exact = q.dequantize(torch.float64)
+    if q.fmt.scale.name == "e8m0":
+        assert L._e8m0_window(q) is not None
+        assert np.array_equal(nat, exact.numpy())
+    else:
+        rounded = exact.to(torch.bfloat16).double().numpy()
+        off = nat != rounded
+        assert off.mean() < 0.01  # only near ties
+        assert (np.abs(nat - exact.numpy()) <= (2.0 ** -8 + 2.0 ** -15) * np.abs(exact.numpy())).all()
+        exact = torch.from_numpy(nat)
+    ref = (x.double() @ exact.T).numpy()
+    cond = (x.double().abs() @ exact.abs().T).numpy()
+    assert (np.abs(out - ref) <= 2.0 ** -40 * cond + 1e-300).all()
+
+
+def test_int8_emulation_catches_a_lost_scale_part(gen, monkeypatch):
+    """The check can fail: fp16 scales without their ``lo`` part are caught, and so is MXINT8's
+    top bit read as a magnitude bit."""
+    q = _int8_weight("int8_affine_g128", gen)
+    x = (torch.randn(3, q.shape[1], generator=gen) * 2).to(torch.bfloat16)
+    with monkeypatch.context() as mp:
+        mp.setattr(pg, "F16Z8_SCALE_ASM", pg.gl.constexpr(pg.F16Z8_SCALE_ASM.value.replace(
+            "cvt.rn.bf16x2.f32 $1, f, f;", "mov.b32 $1, 0;")))
+        with pytest.raises(AssertionError):
+            _check_int8(q, x)
+    monkeypatch.setattr(pg, "INT8S_E8M0_ASM", pg.gl.constexpr(pg.INT8S_E8M0_ASM.value.replace("0x00800080",
+                                                                                              "0x00000000")))
+    with pytest.raises(AssertionError):
+        _check_int8(_int8_weight("mxint8", gen), x)
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_int8_unscaled_decode_is_exact(signed, gen):
+    """``decode_tma``'s unscaled 8-bit decode: output ``2h + e`` of a word holds byte ``2h + e`` as
+    exactly ``code - z`` in bf16 (unsigned: every zero point 0-255; signed: the two's-complement
+    value), every byte value in every slot."""
+    every = np.array([v * 0x01010101 for v in range(256)], dtype=np.uint32)
+    rnd = torch.randint(-2**31, 2**31, (256,), generator=gen, dtype=torch.int64).numpy().astype(np.uint32)
+    w = np.concatenate([every, every, rnd])  # 768 words, 24 warps
+    z = (np.arange(w.size) * 7 % 256).astype(np.uint32)
+    asm = (pg.INT8S_CODE_ASM if signed else pg.INT8Z_CODE_ASM).value
+    warp = Warp(np.zeros(1, np.uint8))
+    cons = "=h,=h,=h,=h,r,r"
+    for lo in range(0, w.size, 32):
+        ww, zz = w[lo:lo + 32], z[lo:lo + 32]
+        kz = warp.run(pg.Z8_ASM.value, "=r,r", [zz << np.uint32(16)])[0]
+        outs = warp.run(asm, cons, [ww, kz])
+        for i in range(4):
+            byte = ((ww >> np.uint32(8 * i)) & np.uint32(0xFF)).astype(np.int64)
+            want = np.where(byte >= 128, byte - 256, byte) if signed else byte - zz.astype(np.int64)
+            got = ((outs[i].astype(np.uint32) & 0xFFFF) << 16).view(np.float32)
+            assert (got.astype(np.float64) == want).all(), i
+    # the check can fail: a zero point off by one moves every unsigned value; a lost top bit the signed ones
+    wr, zr = w[-32:], z[-32:]  # random words
+    kz = warp.run(pg.Z8_ASM.value, "=r,r", [zr << np.uint32(16)])[0]
+    good = warp.run(asm, cons, [wr, kz])
+    if signed:
+        bad = warp.run(asm.replace("0x00800080", "0x00000000"), cons, [wr, kz])
+    else:
+        bad = warp.run(asm, cons, [wr, warp.run(pg.Z8_ASM.value, "=r,r", [(zr + 1) << np.uint32(16)])[0]])
+    assert not np.array_equal(bad[1], good[1])
 
 
 def _e4m3_weight(gen, n: int = 24, k: int = 512):
@@ -258,7 +396,7 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, tmp_path, run_tool
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 @pytest.mark.parametrize("name,lead", [("nvfp4", (2, 160)), ("nvfp4", (1, 65)), ("int4_affine_g128", (3, 32)),
-                                       ("mxfp8_e4m3", (3, 11))])
+                                       ("mxfp8_e4m3", (3, 11)), ("int8_affine_g128", (3, 11)), ("mxint8", (1, 40))])
 def test_gpu_routing_switch(name, lead, monkeypatch):
     """``ms.linear`` routes from ``PREFILL_WS_MIN_M`` tokens (MXFP8: ``PREFILL_WS_MIN_M_8BIT``; leading
     batch dims) to ``prefill_ws``."""
@@ -276,12 +414,15 @@ def test_gpu_routing_switch(name, lead, monkeypatch):
 
 def test_ws_token_thresholds():
     """From 65 tokens (the first count ``decode_tma`` does not serve) ``prefill_ws``; 8-bit codes,
-    which ``decode_tma`` serves up to 32 tokens, from 33."""
+    which ``decode_tma`` serves up to 32 tokens, from 33, but 8-bit integers with fp16 scales in
+    blocks of 32 (the Triton prefill kernel is ahead up to 64 tokens)."""
     from types import SimpleNamespace as NS
 
     assert L._ws_min_m(NS(fmt=ms.get_format("nvfp4"))) == L.PREFILL_WS_MIN_M == L.DECODE_TMA_MAX_M + 1
     assert L._ws_min_m(NS(fmt=ms.get_format("int4_affine_g128"))) == L.PREFILL_WS_MIN_M
     assert L._ws_min_m(NS(fmt=ms.get_format("mxfp8_e4m3"))) == L.PREFILL_WS_MIN_M_8BIT == L.DECODE_TMA_MAX_M_8BIT + 1
+    assert [L._ws_min_m(NS(fmt=ms.get_format(n))) for n in ("mxint8", "int8_affine_g128", "int8_affine_g32",
+                                                            "int8_fp16")] == [33, 33, 65, 65]
 
 
 def test_small_weight_routing(monkeypatch):
@@ -343,7 +484,8 @@ def test_gpu_small_weight_route_in_a_graph(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "int4_affine_g128", "int4_affine_g32", "int4_fp16", "mxfp8_e4m3"])
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "int4_affine_g128", "int4_affine_g32", "int4_fp16", "mxfp8_e4m3",
+                                  "mxint8", "int8_fp16", "int8_affine_g128"])
 @pytest.mark.parametrize("programs", [None, 3])
 @pytest.mark.parametrize("split_tail", [True, False])
 def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
@@ -356,8 +498,9 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
     have taken the split path (its workspace requested), the same output on a second call
     (the parts are added in a fixed order; the counters were left at zero). The reference
     weights: the exact dequantization for E2M1 (code times block scale is exact in bf16); the
-    int4 decode rounds ``(code - z) * s`` once; NVFP4's global scale is applied in float32 after
-    the sums, so its reference weights stay exact)."""
+    int4 decode rounds ``(code - z) * s`` once, the int8 one too but near ties (a looser bound);
+    NVFP4's global scale is applied in float32 after the sums, so its reference weights stay
+    exact)."""
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) != (9, 0):
         pytest.skip("sm_90 (wgmma)")
@@ -374,7 +517,7 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
         k = k if k % ms.get_format(name).block_size == 0 else k + 64  # (g128: an even K step count)
         q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
         wd = q.dequantize(torch.float64)
-        if q.fmt.scale.name == "fp16":  # the int4 decode's weights: rounded once to bf16
+        if q.fmt.scale.name == "fp16":  # the integer decode's weights: rounded once to bf16
             wd = wd.to(torch.bfloat16).double()
         x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
         bias = torch.randn(n, device=dev, generator=g)
@@ -384,7 +527,9 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
         cond = x.double().abs() @ wd.abs().T + bias.double().abs()
         assert out.dtype == torch.bfloat16 and out.shape == (m, n)
         assert torch.isfinite(out).all()
-        assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, n, k)
+        # 8-bit integers with fp16 scales: a weight within 2^-15 of a rounding tie may be the other neighbour
+        tol = 2.0 ** -12 if q.fmt.scale.name == "fp16" and q.fmt.element.bits == 8 else 2.0 ** -16
+        assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + tol * cond).all(), (m, n, k)
     assert any(parts) == split_tail
 
 
@@ -417,9 +562,14 @@ def test_reasons():
     q.zero_points[3, 1] = 16  # 128 + z and (code - z) * lo no longer exact in bf16
     with pytest.raises(ValueError, match="zero points of at most 15"):
         L.prefill_ws(x, q)
-    for name in ("int4_fp32", "mxint4", "int8_affine_g128", "fp8_e4m3_fp16"):
-        with pytest.raises(ValueError, match="4-bit integers with fp16"):
+    for name in ("int4_fp32", "mxint4", "int8_fp32", "fp8_e4m3_fp16"):
+        with pytest.raises(ValueError, match="4/8-bit integers with fp16"):
             L.prefill_ws(x, ms.quantize(torch.randn(64, 256), name))
+    for name in ("int8_affine_g128", "int8_fp16", "mxint8"):  # 8-bit integers: any zero point
+        q = ms.quantize(torch.randn(64, 256), name)
+        if q.zero_points is not None:
+            q.zero_points[3, 1] = 255
+        assert L._prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)", name
     q = ms.quantize(torch.randn(64, 256), "mxfp8_e4m3")
     assert L._prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)"
     q.data[5, 7] = 0x7F  # a NaN code: the bit-placement decode has no NaN
