@@ -1305,8 +1305,8 @@ def _int_weight_reason(q: QTensor) -> str | None:
     """Why ``q`` is not an integer weight the Gluon kernels (:func:`prefill_ws`,
     :func:`decode_tma`) take, or None: 4- or 8-bit codes with fp16 block scales of a multiple of
     16, unsigned with uint8 zero points (affine, ``int*_affine_g*``; 4-bit ones at most 15) or two's
-    complement (``int4_fp16``, ``int8_fp16``), or 8-bit two's complement with E8M0 scales of 32
-    (MXINT8); an unpadded 2-D weight with row-major scales."""
+    complement (``int4_fp16``, ``int8_fp16``), or two's complement with E8M0 scales of 32 (MXINT4,
+    MXINT8); an unpadded 2-D weight with row-major scales."""
     from .kernels import _gemv_kernels as kern
 
     f = q.fmt
@@ -1314,10 +1314,10 @@ def _int_weight_reason(q: QTensor) -> str | None:
     kind = _gemv_kind(f)
     f16 = kind in (kern.U4Z, kern.I4, kern.U8Z, kern.I8) and el.frac_bits == 0 and f.scale.name == "fp16" \
         and f.block_size % 16 == 0
-    mx = kind == kern.I8 and f.scale.name == "e8m0" and f.block_size == 32
+    mx = kind in (kern.I8, kern.I4) and f.scale.name == "e8m0" and f.block_size == 32
     if not ((f16 or mx) and f.block_rows == 1):
-        return (f"serves 4/8-bit integers with fp16 block scales (a multiple of 16) and 8-bit ones with E8M0 "
-                f"scales of 32, not {f.name}")
+        return (f"serves 4/8-bit integers with fp16 block scales (a multiple of 16) or E8M0 scales of 32, "
+                f"not {f.name}")
     kb = q.shape[1] // f.block_size if len(q.shape) == 2 else -1
     if len(q.shape) != 2 or tuple(q.padded_shape) != tuple(q.shape) or tuple(q.scales.shape) != (q.shape[0], kb) \
             or (f.zero_point and tuple(q.zero_points.shape) != (q.shape[0], kb)):
@@ -1330,19 +1330,21 @@ def _int_weight_reason(q: QTensor) -> str | None:
 
 
 def _e4m3_weight_reason(q: QTensor) -> str | None:
-    """Why ``q`` is not an 8-bit weight :func:`prefill_ws` takes, or None: E4M3 codes with E8M0
-    block scales of 32 (``mxfp8_e4m3``) and no NaN code (scanned once; assumed present while a
-    CUDA graph is captured unscanned), an unpadded 2-D weight with row-major scales."""
+    """Why ``q`` is not an 8-bit float weight :func:`prefill_ws` takes, or None: E4M3 or E5M2 codes
+    with E8M0 block scales of 32 (``mxfp8_e4m3``, ``mxfp8_e5m2``) and no Inf / NaN code (scanned
+    once; assumed present while a CUDA graph is captured unscanned), an unpadded 2-D weight with
+    row-major scales."""
     from .kernels import _gemv_kernels as kern
 
     f = q.fmt
-    if not (_gemv_kind(f) == kern.E4M3 and f.scale.name == "e8m0" and f.block_size == 32 and f.block_rows == 1):
-        return f"serves E4M3 weights with E8M0 block scales of 32, not {f.name}"
+    if not (_gemv_kind(f) in (kern.E4M3, kern.E5M2) and f.scale.name == "e8m0" and f.block_size == 32
+            and f.block_rows == 1):
+        return f"serves E4M3 / E5M2 weights with E8M0 block scales of 32, not {f.name}"
     if len(q.shape) != 2 or tuple(q.padded_shape) != tuple(q.shape) or \
             tuple(q.scales.shape) != (q.shape[0], q.shape[1] // 32):
         return "needs an unpadded 2-D weight with row-major scales"
     if _weight_has_specials(q):
-        return "needs E4M3 codes without NaN (scanned once; unscanned during a CUDA graph capture)"
+        return "needs 8-bit float codes without Inf / NaN (scanned once; unscanned during a CUDA graph capture)"
     return None
 
 
@@ -1479,6 +1481,10 @@ def _gluon_scale_args(q: QTensor) -> tuple[int, int, float]:
         # MXINT8: the exact integer code times 2^(e - D - 127), in [2^-125, 2^8] in magnitude
         d = _e8m0_window(q)
         return pg.SK_E8M0, -d, 2.0 ** (d - f.element.frac_bits)
+    if f.scale.name == "e8m0" and f.element.bits == 8 and f.element.mbits == 2:
+        # E5M2 placed as v * 2^-112: its least subnormal (2^-16) times the smallest scale is 2^-133
+        d = _e8m0_window(q)
+        return pg.SK_E8M0, 120 - d, 2.0 ** (d - 8)
     if f.scale.name == "e8m0":
         # E2M1 placed as v * 2^-126, E4M3 as v * 2^-120 with D one binade lower: the products of
         # subnormal codes and the smallest scales stay >= 2^-133, bf16's least subnormal
@@ -1488,9 +1494,14 @@ def _gluon_scale_args(q: QTensor) -> tuple[int, int, float]:
     return (pg.SK_F16Z if f.zero_point else pg.SK_F16), 0, 1.0  # integers, fp16 scales
 
 
-def _gluon_int8_e8m0(q: QTensor) -> bool:
-    """Whether ``q`` has integer codes with E8M0 scales (MXINT8): the Gluon kernels' ``EI``."""
-    return q.fmt.element.kind == "int" and q.fmt.scale.name == "e8m0"
+def _gluon_elem_kind(q: QTensor) -> int:
+    """The Gluon kernels' ``EI`` for ``q``: the element kind under E8M0 scales where the code
+    width leaves it open (1 two's-complement integers: MXINT4 / MXINT8; 2 E5M2; else 0)."""
+    from .kernels import _gemv_kernels as kern
+
+    if q.fmt.scale.name != "e8m0":
+        return 0
+    return 1 if q.fmt.element.kind == "int" else 2 if _gemv_kind(q.fmt) == kern.E5M2 else 0
 
 
 #: direct launch of the Gluon kernel (its TMA descriptor is no key for ``launch``'s cache;
@@ -1570,7 +1581,7 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
                    bias if bias is not None else out, out, out_desc, ws, cnt, n, m, k, wv.words.stride(0),
                    scales.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
                    SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
-                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=_gluon_int8_e8m0(q), num_warps=4)
+                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=_gluon_elem_kind(q), num_warps=4)
     return out
 
 
@@ -1906,7 +1917,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
            out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=_DT_CHUNK, SK=sk,
            STAGES=_DT_STAGES_8BIT if cb == 8 else _DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q), CB=cb,
-           EI=_gluon_int8_e8m0(q),
+           EI=_gluon_elem_kind(q),
            POST=_dt_post(q, tok),
            num_warps=rows // 16, maxnreg=80)
     return out

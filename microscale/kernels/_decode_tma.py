@@ -179,7 +179,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
 def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp, ke,
                        post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
                        HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, NPS: gl.constexpr = 1, CB: gl.constexpr = 4,
-                       POST: gl.constexpr = False, EI: gl.constexpr = False):
+                       POST: gl.constexpr = False, EI: gl.constexpr = 0):
     """``out[M <= TOK, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K CB / 32]`` (``CB``: 4-bit codes, or 8 for E4M3; block ``[ROWS, 2 CB CW]``,
     ``CW`` dividing ``C``);
@@ -190,7 +190,7 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     programs (module docstring). ``SK`` / ``ke`` / ``post``: as :mod:`._prefill_gluon`. Partial
     sums of shared tiles in ``ws_ptr`` (``tiles x maxp x ROWS x TOK`` floats, ``maxp`` the most
     programs sharing a tile), int32 counters ``cnt_ptr`` (``ROWS x 4`` per tile; zero on entry,
-    left zero). ``EI``: 8-bit integer codes with E8M0 scales (MXINT8). ``POST`` (integers with fp16
+    left zero). ``EI``: the element kind under E8M0 scales (:func:`._prefill_gluon._decode`). ``POST`` (integers with fp16
     scales, one block per row and K step, ``NPS`` = 1): each
     step's codes go to the MMA as the exact ``code - z`` and its fp32 result is multiplied by the
     row's fp16 scale (one ``fma`` per accumulator element instead of two bf16 ops per weight pair)."""

@@ -115,33 +115,40 @@ UE4M3_ASM = gl.constexpr("{\n.reg .b16 lo, hi;\n.reg .b32 sc;\n.reg .f32 fa;\ncv
 E8M0_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nshl.b32 t, t, 7;\nprmt.b32 $0, t, 0, 0x1010;\n}")
 
 
-def e4m3_decode_asm() -> str:
+def e4m3_decode_asm(mbits: int = 3) -> str:
     """PTX: E4M3 code word ``$4`` (element ``i`` in byte ``i``) and bf16x2 scale ``$5`` -> 4 bf16
     outputs ``$0..$3``, element ``i`` times the scale times ``2^-120``: each byte's sign to bit
     15 and its 7 exponent|mantissa bits to bits 4..10 of a bf16 (subnormals included; NaN codes
-    are not decoded: :func:`microscale.qlinear.prefill_ws` refuses weights holding them)."""
+    are not decoded: :func:`microscale.qlinear.prefill_ws` refuses weights holding them).
+    ``mbits=2``: E5M2 codes, their 7 bits to bits 5..11, times ``2^-112`` (no Inf / NaN either)."""
+    sh = mbits + 1  # E4M3: bits 14..8 of the half down 4 to 10..4; E5M2: down 3 to 11..5
+    mask = (0x7F << (8 - sh)) * 0x10001
     lines = []
     for h, sel in ((0, "0x1404"), (1, "0x3424")):  # bytes (0, 1) / (2, 3) to the high bytes of the halves
-        lines += [f"prmt.b32 x, $4, 0, {sel};", "shr.u32 m, x, 4;", "and.b32 m, m, 0x07F007F0;",
+        lines += [f"prmt.b32 x, $4, 0, {sel};", f"shr.u32 m, x, {sh};", f"and.b32 m, m, 0x{mask:08X};",
                   "lop3.b32 x, x, 0x80008000, m, 0xEA;", f"mul.rn.bf16x2 p{h}, x, $5;",
                   f"mov.b32 {{${2 * h}, ${2 * h + 1}}}, p{h};"]
     return "{\n.reg .b32 x, m, p0, p1;\n" + "\n".join(lines) + "\n}"
 
 
 E4M3_DECODE_ASM = gl.constexpr(e4m3_decode_asm())
+E5M2_DECODE_ASM = gl.constexpr(e4m3_decode_asm(2))
 
 
-def int4_decode_asm(signed: bool, scaled: bool = True) -> str:
+def int4_decode_asm(signed: bool, scaled: bool = True, e8m0: bool = False) -> str:
     """PTX: 4-bit integer code word ``$8`` -> 8 bf16 outputs, ``$2j`` / ``$2j+1`` the
     elements ``j`` / ``j+4`` of the word as ``(code - z) * s`` rounded once; ``$9`` / ``$10``:
     bf16x2 ``hi`` / ``lo`` of the block scale, ``$11``: bf16x2 ``128 + z`` (see
     :data:`F16Z_SCALE_ASM`). ``signed``: two's-complement codes (the word XORed with
     0x88888888 first: ``code + 8``, with ``z = 8``). ``scaled=False``: the exact ``code - z``,
     with ``$9`` the bf16x2 ``128 + z`` (for a kernel that applies the block scale to the MMA's
-    fp32 result: ``decode_tma`` with one block per K step)."""
+    fp32 result: ``decode_tma`` with one block per K step). ``e8m0`` (signed codes, MXINT4): the
+    exact code times ``$9``, a bf16x2 power of two."""
     w = "$8"
-    kz = "$11" if scaled else "$9"
-    lines = []
+    if e8m0:
+        assert signed and scaled
+    kz = "k" if e8m0 else "$11" if scaled else "$9"
+    lines = ["mov.b32 k, 0x43084308;"] if e8m0 else []  # bf16x2 128 + 8 (bf16x2 ops take no immediates)
     if signed:
         lines.append("xor.b32 w, $8, 0x88888888;")
         w = "w"
@@ -152,18 +159,21 @@ def int4_decode_asm(signed: bool, scaled: bool = True) -> str:
             src = "m"
         # (src & 0x000F000F) | 0x43004300: the nibbles j, j+4 as bf16 128 + code (exact)
         lines.append(f"lop3.b32 m, {src}, 0x000F000F, 0x43004300, 0xEA;")
-        if scaled:
+        if e8m0:
+            lines += [f"sub.rn.bf16x2 m, m, {kz};", f"mul.rn.bf16x2 p{j}, m, $9;"]
+        elif scaled:
             lines += [f"sub.rn.bf16x2 m, m, {kz};", f"mul.rn.bf16x2 p{j}, m, $10;", f"fma.rn.bf16x2 p{j}, m, $9, p{j};"]
         else:
             lines.append(f"sub.rn.bf16x2 p{j}, m, {kz};")
     lines += [f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, p{j};" for j in range(4)]
-    return "{\n.reg .b32 w, m, p0, p1, p2, p3;\n" + "\n".join(lines) + "\n}"
+    return "{\n.reg .b32 w, m, k, p0, p1, p2, p3;\n" + "\n".join(lines) + "\n}"
 
 
 INT4Z_DECODE_ASM = gl.constexpr(int4_decode_asm(False))
 INT4S_DECODE_ASM = gl.constexpr(int4_decode_asm(True))
 INT4Z_CODE_ASM = gl.constexpr(int4_decode_asm(False, False))
 INT4S_CODE_ASM = gl.constexpr(int4_decode_asm(True, False))
+INT4S_E8M0_ASM = gl.constexpr(int4_decode_asm(True, True, True))
 def int8_decode_asm(signed: bool, scale: str) -> str:
     """PTX: 8-bit integer code word ``$4`` (element ``i`` in byte ``i``) -> 4 bf16 outputs, ``$2h``
     / ``$2h+1`` the elements ``2h`` / ``2h+1`` (the K order of :func:`e4m3_decode_asm`). Each byte
@@ -355,11 +365,12 @@ def _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, nk, r_w, w_col, s_col, tq, N, 
 
 @gluon.jit
 def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.constexpr, CB: gl.constexpr = 4,
-            UNSCALED: gl.constexpr = False, EI: gl.constexpr = False):
+            UNSCALED: gl.constexpr = False, EI: gl.constexpr = 0):
     """Code words and scale bytes of one K step -> the ``[rows, BK]`` bf16 wgmma (or mma.sync) A operand
     (K slots permuted, see the module docstring); the layout change is asserted free. ``UNSCALED``
     (integers with fp16 scales): ``code - z`` only, the block scale left to the caller. ``EI``:
-    8-bit integer codes with E8M0 scales (MXINT8; the fp16 scale kinds imply integer codes)."""
+    the element kind under E8M0 scales where ``CB`` leaves it open: 0 the minifloat (E2M1, E4M3),
+    1 two's-complement integers (MXINT4, MXINT8), 2 E5M2 (the fp16 scale kinds imply integers)."""
     if (SK == _SKZ or SK == _SKS) and CB == 8:  # 8-bit integers, fp16 scales
         if UNSCALED:
             kz = gl.inline_asm_elementwise(Z8_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)
@@ -397,9 +408,18 @@ def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.conste
             sc = gl.inline_asm_elementwise(E8M0_ASM, "=r,r,r", [sraw, gl.full(sraw.shape, 0, gl.int32, s_l) + ke],
                                            dtype=gl.int32, is_pure=True, pack=1)
         sc3 = gl.broadcast(gl.expand_dims(sc, 2), words)[0]
-        if CB == 8:  # E4M3 or MXINT8: [rows, t, a] words of 4 elements 16 t + 4 a + 2 h + e
-            e = gl.inline_asm_elementwise(INT8S_E8M0_ASM if EI else E4M3_DECODE_ASM, "=h,=h,=h,=h,r,r", [words, sc3],
-                                          dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
+        if CB == 8 and EI == 1:  # MXINT8: [rows, t, a] words of 4 elements 16 t + 4 a + 2 h + e
+            e = gl.inline_asm_elementwise(INT8S_E8M0_ASM, "=h,=h,=h,=h,r,r", [words, sc3], dtype=(gl.bfloat16,) * 4,
+                                          is_pure=True, pack=1)
+        elif CB == 8 and EI == 2:  # E5M2
+            e = gl.inline_asm_elementwise(E5M2_DECODE_ASM, "=h,=h,=h,=h,r,r", [words, sc3], dtype=(gl.bfloat16,) * 4,
+                                          is_pure=True, pack=1)
+        elif CB == 8:  # E4M3
+            e = gl.inline_asm_elementwise(E4M3_DECODE_ASM, "=h,=h,=h,=h,r,r", [words, sc3], dtype=(gl.bfloat16,) * 4,
+                                          is_pure=True, pack=1)
+        elif EI == 1:  # MXINT4
+            e = gl.inline_asm_elementwise(INT4S_E8M0_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, sc3],
+                                          dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
         else:
             e = gl.inline_asm_elementwise(DECODE_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, sc3],
                                           dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
@@ -588,7 +608,7 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
                        stride_wn, stride_sn, stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr,
                        GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
                        HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr,
-                       CB: gl.constexpr = 4, EI: gl.constexpr = False):
+                       CB: gl.constexpr = 4, EI: gl.constexpr = 0):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
     ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K CB / 32]`` (``CB``: 4, or 8 for E4M3 codes

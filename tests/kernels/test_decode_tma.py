@@ -162,7 +162,7 @@ def test_step_scales_layout_int4(name, n, nps, gen):
 
 
 def test_reasons(monkeypatch):
-    q = ms.quantize(torch.randn(64, 512), "mxfp8_e5m2")
+    q = ms.quantize(torch.randn(64, 512), "mxfp6_e2m3")
     x = torch.randn(16, 512).to(torch.bfloat16)
     with pytest.raises(ValueError, match="serves E2M1"):
         L.decode_tma(x, q)
@@ -248,7 +248,8 @@ def _gpu():
                                        ("int4_affine_g32", True), ("int4_fp16", True), ("int4_fp16@128", True),
                                        ("mxfp8_e4m3", True), ("mxint8", True), ("int8_fp16", True),
                                        ("int8_fp16@128", True), ("int8_affine_g128", True),
-                                       ("int8_affine_g128", False), ("int8_affine_g32", True)])
+                                       ("int8_affine_g128", False), ("int8_affine_g32", True),
+                                       ("mxfp8_e5m2", True), ("mxint4", True)])
 def test_gpu_decode_tma(name, post, monkeypatch):
     """The kernel on an H200: 1-64 tokens (8, 16, 32 and 64 token columns), ragged rows, bias,
     whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each

@@ -65,8 +65,12 @@ def emulate(x: torch.Tensor, q) -> np.ndarray:
         post = 1.0
     else:
         scales = q.scales.contiguous().view(torch.uint8).numpy().astype(np.uint32)
+    mxint = f.element.kind == "int" and f.scale.name == "e8m0"  # MXINT4: the exact code times 2^(e - D - 127)
     if f.scale.name == "ue4m3":
         sasm, extra, post = pg.UE4M3_ASM.value, [], 2.0 ** 7
+    elif mxint:
+        d = L._e8m0_window(q)
+        sasm, extra, post = pg.E8M0_ASM.value, [np.full(32, -d).astype(np.int64) & 0xFFFFFFFF], 2.0 ** (d - 2)
     elif f.scale.name == "e8m0":
         d = L._e8m0_window(q)
         sasm, extra, post = pg.E8M0_ASM.value, [np.full(32, 126 - d)], 2.0 ** d
@@ -82,7 +86,8 @@ def emulate(x: torch.Tensor, q) -> np.ndarray:
             outs = warp.run(dasm, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [w, hi, lo, kz])
         else:
             sc = warp.run(sasm, "=r,r" + ",r" * len(extra), [sb] + extra)[0]
-            outs = warp.run(pg.DECODE_ASM.value, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w, sc])
+            dasm = pg.INT4S_E8M0_ASM.value if mxint else pg.DECODE_ASM.value
+            outs = warp.run(dasm, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w, sc])
         for jj in range(4):
             for e in range(2):
                 h = outs[2 * jj + e].astype(np.uint32) & 0xFFFF
@@ -96,14 +101,17 @@ def emulate(x: torch.Tensor, q) -> np.ndarray:
 
 
 def _emulate_e4m3(x: torch.Tensor, q) -> np.ndarray:
-    """:func:`emulate` for E4M3 codes (E8M0 scales): thread ``t`` of a row owns code words
+    """:func:`emulate` for E4M3 / E5M2 codes (E8M0 scales): thread ``t`` of a row owns code words
     ``4 t + a`` of each 64-element K chunk; output ``2 h + e`` of word ``a`` fills K slot
-    ``16 a + 8 h + 2 t + e``."""
+    ``16 a + 8 h + 2 t + e``. E4M3 is placed as ``v 2^-120`` with the window one binade lower
+    (``ke = 120 - (D - 1)``), E5M2 as ``v 2^-112`` with ``ke = 120 - D``."""
     n, k = q.shape
     words = q.data.contiguous().view(torch.int32).numpy().view(np.uint32).reshape(n, k // 4)
     scales = q.scales.contiguous().view(torch.uint8).numpy().astype(np.uint32)
     warp = Warp(np.zeros(1, np.uint8))
-    d = L._e8m0_window(q) - 1  # as prefill_ws: one binade lower for E4M3
+    e5m2 = q.fmt.element.mbits == 2
+    d = L._e8m0_window(q) - (0 if e5m2 else 1)
+    dasm, post = (pg.E5M2_DECODE_ASM.value, 2.0 ** (d - 8)) if e5m2 else (pg.E4M3_DECODE_ASM.value, 2.0 ** d)
     a = np.zeros((n, k))
     r, c, t, av = (v.reshape(-1) for v in np.meshgrid(np.arange(n), np.arange(k // 64), np.arange(4), np.arange(4),
                                                       indexing="ij"))
@@ -112,13 +120,13 @@ def _emulate_e4m3(x: torch.Tensor, q) -> np.ndarray:
         w = words[r[sl], 16 * c[sl] + 4 * t[sl] + av[sl]]
         sb = scales[r[sl], (64 * c[sl] + 16 * t[sl]) // 32]
         sc = warp.run(pg.E8M0_ASM.value, "=r,r,r", [sb, np.full(32, 120 - d)])[0]
-        outs = warp.run(pg.E4M3_DECODE_ASM.value, "=h,=h,=h,=h,r,r", [w, sc])
+        outs = warp.run(dasm, "=h,=h,=h,=h,r,r", [w, sc])
         for h in range(2):
             for e in range(2):
                 bits = outs[2 * h + e].astype(np.uint32) & 0xFFFF
                 a[r[sl], 64 * c[sl] + 16 * av[sl] + 8 * h + 2 * t[sl] + e] = \
                     (bits << 16).view(np.float32).astype(np.float64)
-    return _xperm(x, 8).double().numpy() @ a.T * 2.0 ** d
+    return _xperm(x, 8).double().numpy() @ a.T * post
 
 
 def _emulate_int8(x: torch.Tensor, q) -> tuple[np.ndarray, np.ndarray]:
@@ -257,20 +265,24 @@ def test_int8_unscaled_decode_is_exact(signed, gen):
     assert not np.array_equal(bad[1], good[1])
 
 
-def _e4m3_weight(gen, n: int = 24, k: int = 512):
-    """An MXFP8 weight with every finite E4M3 code (subnormals too) and scales 126 binades apart."""
-    q = ms.quantize(torch.randn(n, k, generator=gen) * torch.logspace(-10, 10, n).reshape(n, 1), "mxfp8_e4m3")
-    codes = torch.cat([torch.arange(0, 127), torch.arange(128, 255)]).to(torch.uint8)  # no NaN (0x7F, 0xFF)
+def _e4m3_weight(gen, n: int = 24, k: int = 512, name: str = "mxfp8_e4m3"):
+    """An MXFP8 weight with every finite E4M3 (E5M2) code (subnormals too) and scales 126 binades apart."""
+    q = ms.quantize(torch.randn(n, k, generator=gen) * torch.logspace(-10, 10, n).reshape(n, 1), name)
+    if name == "mxfp8_e5m2":  # no Inf / NaN (exponent 31: 0x7C-0x7F, 0xFC-0xFF)
+        codes = torch.cat([torch.arange(0, 0x7C), torch.arange(128, 0xFC)]).to(torch.uint8)
+    else:  # no NaN (0x7F, 0xFF)
+        codes = torch.cat([torch.arange(0, 127), torch.arange(128, 255)]).to(torch.uint8)
     q.data[1:3, :] = codes.repeat(k // codes.numel() + 1)[:k]
     q.scales.view(torch.uint8)[2, :] = 63  # every code at the lowest scale of the widest window (D + 2) ...
     q.scales.view(torch.uint8)[3, :] = 63 + 126  # ... and the highest (D + 128)
     return q
 
 
-def test_e4m3_arithmetic_matches_float64(gen):
-    """E4M3 codes: every decoded weight (code times its E8M0 scale, exact in bf16 down to its
-    subnormals) against float64."""
-    q = _e4m3_weight(gen)
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp8_e5m2"])
+def test_e4m3_arithmetic_matches_float64(name, gen):
+    """E4M3 / E5M2 codes: every decoded weight (code times its E8M0 scale, exact in bf16 down to
+    its subnormals) against float64."""
+    q = _e4m3_weight(gen, name=name)
     assert L._e8m0_window(q) is not None
     x = (torch.randn(5, q.shape[1], generator=gen) * 2).to(torch.bfloat16)
     out = emulate(x, q)
@@ -280,9 +292,10 @@ def test_e4m3_arithmetic_matches_float64(gen):
     assert (np.abs(out - ref) <= 2.0 ** -40 * cond + 1e-300).all()
 
 
-def test_e4m3_emulation_catches_a_wrong_binade(gen, monkeypatch):
-    """The check can fail: the E8M0 window as for E2M1 (D not lowered) loses the subnormal products."""
-    q = _e4m3_weight(gen)
+@pytest.mark.parametrize("name", ["mxfp8_e4m3", "mxfp8_e5m2"])
+def test_e4m3_emulation_catches_a_wrong_binade(name, gen, monkeypatch):
+    """The check can fail: the E8M0 window one binade higher loses the subnormal products."""
+    q = _e4m3_weight(gen, name=name)
     x = (torch.randn(3, q.shape[1], generator=gen) * 2).to(torch.bfloat16)
     wd = q.dequantize(torch.float64)
     ref = (x.double() @ wd.T).numpy()
@@ -291,9 +304,13 @@ def test_e4m3_emulation_catches_a_wrong_binade(gen, monkeypatch):
     assert not (np.abs(emulate(x, q) - ref) <= 2.0 ** -40 * cond + 1e-300).all()
 
 
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxint4"])
 def test_kernel_arithmetic_matches_float64(name, gen):
     q = ms.quantize(torch.randn(24, 256, generator=gen), name)
+    if name == "mxint4":  # every code, at both ends of the widest E8M0 window
+        q.data[1:4, :] = torch.arange(256, dtype=torch.uint8).repeat(2)[:128]
+        q.scales.view(torch.uint8)[2, :] = 63
+        q.scales.view(torch.uint8)[3, :] = 63 + 126
     x = (torch.randn(5, 256, generator=gen) * 2).to(torch.bfloat16)
     out = emulate(x, q)
     wd = q.dequantize(torch.float64)
@@ -485,7 +502,7 @@ def test_gpu_small_weight_route_in_a_graph(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "int4_affine_g128", "int4_affine_g32", "int4_fp16", "mxfp8_e4m3",
-                                  "mxint8", "int8_fp16", "int8_affine_g128"])
+                                  "mxint8", "int8_fp16", "int8_affine_g128", "mxfp8_e5m2", "mxint4"])
 @pytest.mark.parametrize("programs", [None, 3])
 @pytest.mark.parametrize("split_tail", [True, False])
 def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
@@ -548,7 +565,7 @@ def test_gpu_bad_tile_arguments():
 
 
 def test_reasons():
-    q = ms.quantize(torch.randn(64, 256), "mxfp8_e5m2")
+    q = ms.quantize(torch.randn(64, 256), "mxfp6_e2m3")
     x = torch.randn(4, 256).to(torch.bfloat16)
     with pytest.raises(ValueError, match="serves E2M1"):
         L.prefill_ws(x, q)
@@ -562,7 +579,7 @@ def test_reasons():
     q.zero_points[3, 1] = 16  # 128 + z and (code - z) * lo no longer exact in bf16
     with pytest.raises(ValueError, match="zero points of at most 15"):
         L.prefill_ws(x, q)
-    for name in ("int4_fp32", "mxint4", "int8_fp32", "fp8_e4m3_fp16"):
+    for name in ("int4_fp32", "mxint6", "int8_fp32", "fp8_e4m3_fp16"):
         with pytest.raises(ValueError, match="4/8-bit integers with fp16"):
             L.prefill_ws(x, ms.quantize(torch.randn(64, 256), name))
     for name in ("int8_affine_g128", "int8_fp16", "mxint8"):  # 8-bit integers: any zero point
@@ -573,7 +590,14 @@ def test_reasons():
     q = ms.quantize(torch.randn(64, 256), "mxfp8_e4m3")
     assert L._prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)"
     q.data[5, 7] = 0x7F  # a NaN code: the bit-placement decode has no NaN
-    with pytest.raises(ValueError, match="without NaN"):
+    with pytest.raises(ValueError, match="without Inf / NaN"):
+        L.prefill_ws(x, q)
+    for name in ("mxfp8_e5m2", "mxint4"):
+        q = ms.quantize(torch.randn(64, 256), name)
+        assert L._prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)", name
+    q = ms.quantize(torch.randn(64, 256), "mxfp8_e5m2")
+    q.data[5, 7] = 0xFC
+    with pytest.raises(ValueError, match="without Inf / NaN"):
         L.prefill_ws(x, q)
 
 
