@@ -371,36 +371,33 @@ def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.conste
     (integers with fp16 scales): ``code - z`` only, the block scale left to the caller. ``EI``:
     the element kind under E8M0 scales where ``CB`` leaves it open: 0 the minifloat (E2M1, E4M3),
     1 two's-complement integers (MXINT4, MXINT8), 2 E5M2 (the fp16 scale kinds imply integers)."""
-    if (SK == _SKZ or SK == _SKS) and CB == 8:  # 8-bit integers, fp16 scales
-        if UNSCALED:
-            kz = gl.inline_asm_elementwise(Z8_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)
-            kz3 = gl.broadcast(gl.expand_dims(kz, 2), words)[0]
+    if (SK == _SKZ or SK == _SKS) and UNSCALED:
+        if CB == 8:
+            kz = gl.inline_asm_elementwise(Z8_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)  # z - 128
+        else:
+            kz = ((sraw >> 16) + 0x4300) * 0x10001  # bf16x2 128 + z
+        kz3 = gl.broadcast(gl.expand_dims(kz, 2), words)[0]
+        if CB == 8:
             e = gl.inline_asm_elementwise(INT8Z_CODE_ASM if SK == _SKZ else INT8S_CODE_ASM, "=h,=h,=h,=h,r,r",
                                           [words, kz3], dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
         else:
-            hi, lo, kz = gl.inline_asm_elementwise(F16Z8_SCALE_ASM, "=r,=r,=r,r", [sraw], dtype=(gl.int32,) * 3,
-                                                   is_pure=True, pack=1)
-            hi3 = gl.broadcast(gl.expand_dims(hi, 2), words)[0]
-            lo3 = gl.broadcast(gl.expand_dims(lo, 2), words)[0]
-            kz3 = gl.broadcast(gl.expand_dims(kz, 2), words)[0]
-            e = gl.inline_asm_elementwise(INT8Z_DECODE_ASM if SK == _SKZ else INT8S_DECODE_ASM,
-                                          "=h,=h,=h,=h,r,r,r,r", [words, hi3, lo3, kz3],
-                                          dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
-    elif (SK == _SKZ or SK == _SKS) and UNSCALED:
-        kz = ((sraw >> 16) + 0x4300) * 0x10001  # bf16x2 128 + z
-        kz3 = gl.broadcast(gl.expand_dims(kz, 2), words)[0]
-        e = gl.inline_asm_elementwise(INT4Z_CODE_ASM if SK == _SKZ else INT4S_CODE_ASM,
-                                      "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, kz3],
-                                      dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+            e = gl.inline_asm_elementwise(INT4Z_CODE_ASM if SK == _SKZ else INT4S_CODE_ASM,
+                                          "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, kz3],
+                                          dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
     elif SK == _SKZ or SK == _SKS:
-        hi, lo, kz = gl.inline_asm_elementwise(F16Z_SCALE_ASM, "=r,=r,=r,r", [sraw], dtype=(gl.int32,) * 3,
-                                               is_pure=True, pack=1)
+        hi, lo, kz = gl.inline_asm_elementwise(F16Z8_SCALE_ASM if CB == 8 else F16Z_SCALE_ASM, "=r,=r,=r,r", [sraw],
+                                               dtype=(gl.int32,) * 3, is_pure=True, pack=1)
         hi3 = gl.broadcast(gl.expand_dims(hi, 2), words)[0]
         lo3 = gl.broadcast(gl.expand_dims(lo, 2), words)[0]
         kz3 = gl.broadcast(gl.expand_dims(kz, 2), words)[0]
-        e = gl.inline_asm_elementwise(INT4Z_DECODE_ASM if SK == _SKZ else INT4S_DECODE_ASM,
-                                      "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [words, hi3, lo3, kz3],
-                                      dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+        if CB == 8:
+            e = gl.inline_asm_elementwise(INT8Z_DECODE_ASM if SK == _SKZ else INT8S_DECODE_ASM,
+                                          "=h,=h,=h,=h,r,r,r,r", [words, hi3, lo3, kz3],
+                                          dtype=(gl.bfloat16,) * 4, is_pure=True, pack=1)
+        else:
+            e = gl.inline_asm_elementwise(INT4Z_DECODE_ASM if SK == _SKZ else INT4S_DECODE_ASM,
+                                          "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [words, hi3, lo3, kz3],
+                                          dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
     else:
         if SK == 2:
             sc = gl.inline_asm_elementwise(UE4M3_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)
