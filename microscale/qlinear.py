@@ -494,7 +494,7 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     ``GEMV_MAX_M`` tokens (4/8-bit codes); the prefill kernel from ``PREFILL_MIN_M`` tokens
     (4/8-bit codes); the split-K tensor-core kernel otherwise (any format). On the CPU the
     float64 reference. The weights the warp-specialized kernel (:func:`prefill_ws`) takes
-    (NVFP4 / MXFP4, 4/8-bit integers with fp16 scales, MXFP8, MXINT8) with bf16 activations go to it
+    (NVFP4 / MXFP4, 4/8-bit integers with fp16 or E8M0 scales, MXFP8 E4M3 / E5M2) with bf16 activations go to it
     instead of the prefill kernel on Hopper from ``PREFILL_WS_MIN_M`` (65) tokens, 8-bit codes from
     ``PREFILL_WS_MIN_M_8BIT`` (33; 8-bit integers with fp16 scales in blocks of 32 from 65)
     (``MICROSCALE_PREFILL_WS=0``: the prefill kernel), and so do
@@ -1350,14 +1350,14 @@ def _e4m3_weight_reason(q: QTensor) -> str | None:
 
 def _ws_weight_reason(q: QTensor) -> str | None:
     """Why :func:`prefill_ws` has no decode for weight ``q``, or None: E2M1 codes
-    (:func:`_e2m1_weight_reason`), 4/8-bit integers (:func:`_int_weight_reason`) or E4M3 codes
-    with E8M0 scales (:func:`_e4m3_weight_reason`)."""
+    (:func:`_e2m1_weight_reason`), 4/8-bit integers (:func:`_int_weight_reason`) or E4M3 / E5M2
+    codes with E8M0 scales (:func:`_e4m3_weight_reason`)."""
     whys = [r(q) for r in (_e2m1_weight_reason, _int_weight_reason, _e4m3_weight_reason)]
     if None in whys:
         return None
     if all(w.startswith("serves") for w in whys):
         return ("serves E2M1 weights with UE4M3 (16) or E8M0 (32) block scales, 4/8-bit integers with fp16 block "
-                f"scales (a multiple of 16), E4M3 and 8-bit integers with E8M0 scales of 32, not {q.fmt.name}")
+                f"scales (a multiple of 16), E4M3 / E5M2 and 4/8-bit integers with E8M0 scales of 32, not {q.fmt.name}")
     return next(w for w in whys if not w.startswith("serves"))  # the format is served: why not this weight
 
 
@@ -1517,8 +1517,8 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     E2M1 weight (NVFP4, MXFP4), 4-bit integers with fp16 block scales (``int4_affine_g*`` with
     zero points of at most 15, ``int4_fp16``), 8-bit integers with fp16 block scales
     (``int8_affine_g*``, ``int8_fp16``: each weight the bf16 of ``(code - z) * s`` but within 2^-15
-    of a rounding tie, see :func:`microscale.kernels._prefill_gluon.int8_decode_asm`), MXFP8 (E4M3
-    codes without NaN, E8M0 scales) or MXINT8,
+    of a rounding tie, relative, see :func:`microscale.kernels._prefill_gluon.int8_decode_asm`), MXFP8
+    (E4M3 / E5M2 codes without Inf / NaN, E8M0 scales), MXINT4 or MXINT8,
     with the warp-specialized Gluon kernel
     (:mod:`microscale.kernels._prefill_gluon`: TMA ring for the activations, two consumer
     warpgroups decoding the codes straight into the wgmma register operand). :func:`linear`
@@ -1586,7 +1586,8 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
 
 
 #: :func:`linear` routes E2M1 weights (NVFP4, MXFP4), 4/8-bit integers with fp16 scales in blocks of 32
-#: or a multiple of 64, MXFP8 and MXINT8 (8-bit codes up to ``DECODE_TMA_MAX_M_8BIT`` tokens; eager calls of 5-16 tokens
+#: or a multiple of 64, MXFP8 (E4M3, E5M2), MXINT4 and MXINT8 (8-bit codes up to ``DECODE_TMA_MAX_M_8BIT`` tokens;
+#: eager calls of 5-16 tokens
 #: on small weights of these too, which have no ``gemv_mma``) with ``DECODE_TMA_MIN_M`` (weights of at
 #: least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``DECODE_TMA_SMALL_MIN_M`` for smaller ones; 4-bit
 #: integers from ``DECODE_TMA_MIN_M_INT4`` / ``DECODE_TMA_MIN_M_INT4_SYM``, MXFP8 from
@@ -1866,8 +1867,8 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
                programs: int | None = None, tokens: int | None = None) -> torch.Tensor:
     """``x2 [M <= 64, K] @ dequant(q)^T (+ bias)`` for bf16 activations on Hopper and an E2M1
     weight (NVFP4, MXFP4), a 4/8-bit integer weight with fp16 scales in blocks of 32 or a multiple
-    of 64 (``int4_affine_g*``, ``int4_fp16``, ``int8_affine_g*``, ``int8_fp16``), MXFP8 or MXINT8
-    (8-bit codes: ``M <= 32``), with the
+    of 64 (``int4_affine_g*``, ``int4_fp16``, ``int8_affine_g*``, ``int8_fp16``), MXFP8 (E4M3, E5M2),
+    MXINT4 or MXINT8 (8-bit codes: ``M <= 32``), with the
     warp-specialized Gluon kernel
     (:mod:`microscale.kernels._decode_tma`: a producer warp brings each K step's code words,
     block scales and activations by TMA into a shared-memory ring, eight consumer warps

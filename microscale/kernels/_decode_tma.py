@@ -1,4 +1,4 @@
-"""Tensor-core decode for 2-64 tokens on Hopper (E2M1, 4/8-bit integers with fp16 scales, MXFP8, MXINT8), in
+"""Tensor-core decode for 2-64 tokens on Hopper (E2M1, 4/8-bit integers with fp16 or E8M0 scales, MXFP8), in
 Gluon (private).
 
 Why: the Triton tensor-core decode kernel (:mod:`._gemv_mma`) stalls on its loads: each warp
@@ -181,7 +181,7 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
                        HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, NPS: gl.constexpr = 1, CB: gl.constexpr = 4,
                        POST: gl.constexpr = False, EI: gl.constexpr = 0):
     """``out[M <= TOK, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
-    int32 code words ``[N, K CB / 32]`` (``CB``: 4-bit codes, or 8 for E4M3; block ``[ROWS, 2 CB CW]``,
+    int32 code words ``[N, K CB / 32]`` (``CB``: 4-bit codes, or 8; block ``[ROWS, 2 CB CW]``,
     ``CW`` dividing ``C``);
     ``s_desc``: of the step-major scales (block ``[SW NPS ROWS / 64, 256]`` bytes, ``SW`` steps
     dividing ``C``; ``NPS`` = 1 but for int4 weights with blocks of 32, 2: their ``[NPS, ROWS]``

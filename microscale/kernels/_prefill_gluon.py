@@ -43,7 +43,7 @@ each row and step; word ``a``'s pair ``h`` (bytes ``2 h``, ``2 h + 1``) fills K 
 8-bit integers take the same layout (:func:`int8_decode_asm`: each byte under the bf16 exponent of
 128, its top bit apart, two exact subtractions): with E8M0 scales (MXINT8, ``EI``) the products are
 exact; with fp16 scales (``int8_fp16``, ``int8_affine_g*``) the ``hi`` / ``lo`` split leaves a weight
-the bf16 of ``(code - z) * s`` except within 2^-15 of a rounding tie.
+the bf16 of ``(code - z) * s`` except within 2^-15 (relative) of a rounding tie.
 
 ``ms.linear`` routes NVFP4 / MXFP4, those integer weights, MXFP8 and MXINT8 here from ``qlinear.PREFILL_WS_MIN_M``
 (65) tokens (8-bit codes from ``PREFILL_WS_MIN_M_8BIT``, 33, but integers with fp16 scales in blocks of 32)
@@ -110,8 +110,9 @@ DECODE_ASM = gl.constexpr(decode_asm())
 UE4M3_ASM = gl.constexpr("{\n.reg .b16 lo, hi;\n.reg .b32 sc;\n.reg .f32 fa;\ncvt.u16.u32 lo, $1;\n"
              "cvt.rn.f16x2.e4m3x2 sc, lo;\nmov.b32 {lo, hi}, sc;\ncvt.f32.f16 fa, lo;\n"
              "mul.f32 fa, fa, 0f7B000000;\ncvt.rn.bf16x2.f32 $0, fa, fa;\n}")
-#: E8M0 scale byte ``$1`` -> bf16x2 ``2^(e - 1 - D)`` in both halves (bf16 bits ``(e + 126 - D) << 7``; ``$2``
-#: is ``126 - D``)
+#: E8M0 scale byte ``$1`` and ``$2`` = ``ke`` -> bf16x2 ``2^(e + ke - 127)`` in both halves (bf16 bits
+#: ``(e + ke) << 7``; ``ke``: ``126 - D`` for E2M1, ``120 - D'`` for E4M3, ``120 - D`` for E5M2, ``-D`` for
+#: integers: :func:`microscale.qlinear._gluon_scale_args`)
 E8M0_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nshl.b32 t, t, 7;\nprmt.b32 $0, t, 0, 0x1010;\n}")
 
 
@@ -174,6 +175,8 @@ INT4S_DECODE_ASM = gl.constexpr(int4_decode_asm(True))
 INT4Z_CODE_ASM = gl.constexpr(int4_decode_asm(False, False))
 INT4S_CODE_ASM = gl.constexpr(int4_decode_asm(True, False))
 INT4S_E8M0_ASM = gl.constexpr(int4_decode_asm(True, True, True))
+
+
 def int8_decode_asm(signed: bool, scale: str) -> str:
     """PTX: 8-bit integer code word ``$4`` (element ``i`` in byte ``i``) -> 4 bf16 outputs, ``$2h``
     / ``$2h+1`` the elements ``2h`` / ``2h+1`` (the K order of :func:`e4m3_decode_asm`). Each byte
@@ -608,11 +611,11 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
                        CB: gl.constexpr = 4, EI: gl.constexpr = 0):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
-    ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K CB / 32]`` (``CB``: 4, or 8 for E4M3 codes
-    with E8M0 scales, ``ke = 120 - D'``, and 8-bit integers); ``s_ptr``: block scales
+    ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K CB / 32]`` (``CB``: 4, or 8 for E4M3 / E5M2
+    codes and 8-bit integers); ``s_ptr``: block scales
     ``[N, K / G]`` (``TPS = G / 16`` quad members share one: a thread's 16 elements of a row
-    lie in one block); ``SK``: UE4M3 / E8M0 scale bytes (``ke = 126 - D`` for E8M0, see
-    ``_gemv_mma``) with E2M1 codes (or 8-bit integer codes, ``EI``: ``ke = -D``), or int16 bits of fp16
+    lie in one block); ``SK``: UE4M3 / E8M0 scale bytes (``ke`` for E8M0: see :data:`E8M0_ASM`;
+    ``EI`` the element kind under them, see :func:`_decode`), or int16 bits of fp16
     scales with integer codes
     (``SK_F16Z``: unsigned, uint8 zero points at ``z_ptr`` in the scales' shape; ``SK_F16``:
     two's complement; ``z_ptr`` unused otherwise); ``post``: the power of two the scale

@@ -203,7 +203,8 @@ def test_reasons(monkeypatch):
 
 @pytest.mark.parametrize("fmt,n,m", [("nvfp4", 256, 16), ("mxfp4", 1000, 16), ("nvfp4", 1000, 5), ("nvfp4", 1000, 32),
                                      ("nvfp4", 1000, 64), ("int4_affine_g128", 1000, 16), ("int4_fp16", 1000, 16),
-                                     ("int4_affine_g32", 1000, 64), ("mxfp8_e4m3", 1000, 16), ("mxfp8_e4m3", 264, 32)])
+                                     ("int4_affine_g32", 1000, 64), ("mxfp8_e4m3", 1000, 16), ("mxfp8_e4m3", 264, 32),
+                                     ("int8_fp16", 1000, 16), ("mxint8", 264, 32), ("mxint4", 1000, 16)])
 def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_tool):
     """Compiled as ``decode_tma`` launches it: the code words reach the ``mma.sync`` operand
     with no layout conversion (``assert_trivial``: a failure would stop the compile), codes,
@@ -254,8 +255,8 @@ def test_gpu_decode_tma(name, post, monkeypatch):
     """The kernel on an H200: 1-64 tokens (8, 16, 32 and 64 token columns), ragged rows, bias,
     whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each
     output element within bf16 rounding of float64 plus an fp32 accumulation bound, a second
-    call bit-identical (parts added in a fixed order, counters left at zero). 4-bit integers
-    with one block per K step scale the MMA result (``post``: against the exact weights),
+    call bit-identical (parts added in a fixed order, counters left at zero). Integers with fp16
+    scales and one block per K step scale the MMA result (``post``: against the exact weights),
     or with ``MICROSCALE_DT_POST_SCALE=0`` each pair (against the bf16-rounded weights; 8-bit
     integers within 2^-15 of a rounding tie may take the other neighbour: a looser bound).
     ``name@B``: the format with blocks of ``B``."""
