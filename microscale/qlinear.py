@@ -1477,21 +1477,20 @@ def _gluon_scale_args(q: QTensor) -> tuple[int, int, float]:
     f = q.fmt
     if f.scale.name == "ue4m3":
         return pg.SK_UE4M3, 0, 2.0 ** 7
-    if f.scale.name == "e8m0" and f.element.kind == "int":
-        # MXINT8: the exact integer code times 2^(e - D - 127), in [2^-125, 2^8] in magnitude
-        d = _e8m0_window(q)
-        return pg.SK_E8M0, -d, 2.0 ** (d - f.element.frac_bits)
-    if f.scale.name == "e8m0" and f.element.bits == 8 and f.element.mbits == 2:
-        # E5M2 placed as v * 2^-112: its least subnormal (2^-16) times the smallest scale is 2^-133
-        d = _e8m0_window(q)
-        return pg.SK_E8M0, 120 - d, 2.0 ** (d - 8)
     if f.scale.name == "e8m0":
-        # E2M1 placed as v * 2^-126, E4M3 as v * 2^-120 with D one binade lower: the products of
-        # subnormal codes and the smallest scales stay >= 2^-133, bf16's least subnormal
-        f8 = f.element.bits == 8
-        d = _e8m0_window(q) - (1 if f8 else 0)
-        return pg.SK_E8M0, (120 if f8 else 126) - d, 2.0 ** d
+        # the decode gives v * 2^-B and the E8M0 scale is 2^(e + C - D - 127) (ke = C - D), so the sums
+        # want 2^(B - C + D) (times the integers' 2^-frac); C keeps each element's least nonzero code
+        # times the smallest scale at or above 2^-133, bf16's least subnormal
+        b, c = _E8M0_PLACEMENT[(_gluon_elem_kind(q), f.element.bits)]
+        d = _e8m0_window(q)
+        return pg.SK_E8M0, c - d, 2.0 ** (b - c + d - f.element.frac_bits)
     return (pg.SK_F16Z if f.zero_point else pg.SK_F16), 0, 1.0  # integers, fp16 scales
+
+
+#: ``(B, C)`` per Gluon element kind and code width (:func:`_gluon_scale_args`): E2M1 placed as
+#: ``v * 2^-126``; E4M3 as ``v * 2^-120`` with the window one binade lower; E5M2 as ``v * 2^-112``;
+#: integers (MXINT4, MXINT8) exact, their products in [2^-125, 2^8]
+_E8M0_PLACEMENT = {(0, 4): (126, 126), (0, 8): (120, 121), (2, 8): (112, 120), (1, 4): (0, 0), (1, 8): (0, 0)}
 
 
 def _gluon_elem_kind(q: QTensor) -> int:

@@ -136,20 +136,21 @@ E4M3_DECODE_ASM = gl.constexpr(e4m3_decode_asm())
 E5M2_DECODE_ASM = gl.constexpr(e4m3_decode_asm(2))
 
 
-def int4_decode_asm(signed: bool, scaled: bool = True, e8m0: bool = False) -> str:
+def int4_decode_asm(signed: bool, scale: str = "f16") -> str:
     """PTX: 4-bit integer code word ``$8`` -> 8 bf16 outputs, ``$2j`` / ``$2j+1`` the
-    elements ``j`` / ``j+4`` of the word as ``(code - z) * s`` rounded once; ``$9`` / ``$10``:
-    bf16x2 ``hi`` / ``lo`` of the block scale, ``$11``: bf16x2 ``128 + z`` (see
-    :data:`F16Z_SCALE_ASM`). ``signed``: two's-complement codes (the word XORed with
-    0x88888888 first: ``code + 8``, with ``z = 8``). ``scaled=False``: the exact ``code - z``,
-    with ``$9`` the bf16x2 ``128 + z`` (for a kernel that applies the block scale to the MMA's
-    fp32 result: ``decode_tma`` with one block per K step). ``e8m0`` (signed codes, MXINT4): the
-    exact code times ``$9``, a bf16x2 power of two."""
+    elements ``j`` / ``j+4`` of the word. ``signed``: two's-complement codes (the word XORed with
+    0x88888888 first: ``code + 8``, with ``z = 8``). Operands after the word, by ``scale`` (as
+    :func:`int8_decode_asm`):
+
+    * ``"f16"``: ``$9`` / ``$10`` bf16x2 ``hi`` / ``lo`` of the block scale, ``$11`` bf16x2
+      ``128 + z`` (see :data:`F16Z_SCALE_ASM`): ``(code - z) * s`` rounded once;
+    * ``"none"``: ``$9`` bf16x2 ``128 + z``: the exact ``code - z`` (for a kernel that applies the
+      block scale to the MMA's fp32 result: ``decode_tma`` with one block per K step);
+    * ``"bf16"`` (signed codes, MXINT4): the exact code times ``$9``, a bf16x2 power of two."""
+    assert scale in ("f16", "none", "bf16") and (signed or scale != "bf16")
+    kz = {"f16": "$11", "none": "$9", "bf16": "k"}[scale]
+    lines = ["mov.b32 k, 0x43084308;"] if scale == "bf16" else []  # bf16x2 128 + 8 (bf16x2 ops take no immediates)
     w = "$8"
-    if e8m0:
-        assert signed and scaled
-    kz = "k" if e8m0 else "$11" if scaled else "$9"
-    lines = ["mov.b32 k, 0x43084308;"] if e8m0 else []  # bf16x2 128 + 8 (bf16x2 ops take no immediates)
     if signed:
         lines.append("xor.b32 w, $8, 0x88888888;")
         w = "w"
@@ -160,21 +161,21 @@ def int4_decode_asm(signed: bool, scaled: bool = True, e8m0: bool = False) -> st
             src = "m"
         # (src & 0x000F000F) | 0x43004300: the nibbles j, j+4 as bf16 128 + code (exact)
         lines.append(f"lop3.b32 m, {src}, 0x000F000F, 0x43004300, 0xEA;")
-        if e8m0:
-            lines += [f"sub.rn.bf16x2 m, m, {kz};", f"mul.rn.bf16x2 p{j}, m, $9;"]
-        elif scaled:
-            lines += [f"sub.rn.bf16x2 m, m, {kz};", f"mul.rn.bf16x2 p{j}, m, $10;", f"fma.rn.bf16x2 p{j}, m, $9, p{j};"]
-        else:
+        if scale == "none":
             lines.append(f"sub.rn.bf16x2 p{j}, m, {kz};")
+        else:
+            lines.append(f"sub.rn.bf16x2 m, m, {kz};")
+            lines += ([f"mul.rn.bf16x2 p{j}, m, $9;"] if scale == "bf16" else
+                      [f"mul.rn.bf16x2 p{j}, m, $10;", f"fma.rn.bf16x2 p{j}, m, $9, p{j};"])
     lines += [f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, p{j};" for j in range(4)]
     return "{\n.reg .b32 w, m, k, p0, p1, p2, p3;\n" + "\n".join(lines) + "\n}"
 
 
 INT4Z_DECODE_ASM = gl.constexpr(int4_decode_asm(False))
 INT4S_DECODE_ASM = gl.constexpr(int4_decode_asm(True))
-INT4Z_CODE_ASM = gl.constexpr(int4_decode_asm(False, False))
-INT4S_CODE_ASM = gl.constexpr(int4_decode_asm(True, False))
-INT4S_E8M0_ASM = gl.constexpr(int4_decode_asm(True, True, True))
+INT4Z_CODE_ASM = gl.constexpr(int4_decode_asm(False, "none"))
+INT4S_CODE_ASM = gl.constexpr(int4_decode_asm(True, "none"))
+INT4S_E8M0_ASM = gl.constexpr(int4_decode_asm(True, "bf16"))
 
 
 def int8_decode_asm(signed: bool, scale: str) -> str:
@@ -220,9 +221,10 @@ INT8Z_DECODE_ASM = gl.constexpr(int8_decode_asm(False, "f16"))
 INT8S_DECODE_ASM = gl.constexpr(int8_decode_asm(True, "f16"))
 INT8Z_CODE_ASM = gl.constexpr(int8_decode_asm(False, "none"))
 INT8S_CODE_ASM = gl.constexpr(int8_decode_asm(True, "none"))
-#: packed ``$1`` = fp16 scale bits | zero point << 16 -> bf16x2 ``z - 128`` (exact for z <= 255)
-Z8_ASM = gl.constexpr("{\n.reg .b32 z;\n.reg .f32 f;\nshr.u32 z, $1, 16;\nsub.s32 z, z, 128;\n"
-                      "cvt.rn.f32.s32 f, z;\ncvt.rn.bf16x2.f32 $0, f, f;\n}")
+#: zero point ``z`` -> bf16x2 ``{}`` = ``z - 128`` (exact for z <= 255), PTX lines with registers ``z``, ``f``
+_Z8_LINES = "sub.s32 z, z, 128;\ncvt.rn.f32.s32 f, z;\ncvt.rn.bf16x2.f32 {}, f, f;"
+#: packed ``$1`` = fp16 scale bits | zero point << 16 -> bf16x2 ``z - 128``
+Z8_ASM = gl.constexpr("{\n.reg .b32 z;\n.reg .f32 f;\nshr.u32 z, $1, 16;\n" + _Z8_LINES.format("$0") + "\n}")
 #: packed ``$3`` = fp16 scale bits | zero point << 16 -> ``$0`` bf16x2 ``hi`` (the f32 of the
 #: scale truncated to bf16), ``$1`` bf16x2 ``lo`` (the exact rest, <= 3 significant bits),
 #: ``$2`` bf16x2 ``128 + z`` (bits ``0x4300 + z``; exact for z <= 127)
@@ -233,9 +235,8 @@ F16Z_SCALE_ASM = gl.constexpr("{\n.reg .b16 h;\n.reg .b32 t, z;\n.reg .f32 f, fh
 
 
 #: :data:`F16Z_SCALE_ASM` for 8-bit integer codes: ``$2`` is the bf16x2 ``z - 128`` (exact for z <= 255)
-F16Z8_SCALE_ASM = gl.constexpr(F16Z_SCALE_ASM.value.replace(
-    "add.u32 z, z, 0x4300;\nprmt.b32 $2, z, 0, 0x1010;", "sub.s32 z, z, 128;\ncvt.rn.f32.s32 f, z;\n"
-    "cvt.rn.bf16x2.f32 $2, f, f;"))
+F16Z8_SCALE_ASM = gl.constexpr(F16Z_SCALE_ASM.value.replace("add.u32 z, z, 0x4300;\nprmt.b32 $2, z, 0, 0x1010;",
+                                                             _Z8_LINES.format("$2")))
 
 
 @gluon.constexpr_function

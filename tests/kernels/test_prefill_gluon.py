@@ -44,17 +44,30 @@ def test_xperm_layout(gen):
     assert torch.equal(got, want)
 
 
+def _emulated_e8m0(q) -> tuple[int, float]:
+    """The emulator's own ``(ke, post)`` for an E8M0-scaled weight (the scale is ``2^(e + ke - 127)``,
+    the sums are multiplied by ``post``), from the decodes' placements: E2M1 as ``v 2^-126``
+    (``ke = 126 - D``), E4M3 as ``v 2^-120`` one binade lower (``121 - D``), E5M2 as ``v 2^-112``
+    (``120 - D``), integers exact (``-D``, their ``2^-frac`` in ``post``)."""
+    el = q.fmt.element
+    d = L._e8m0_window(q)
+    if el.kind == "int":
+        return -d, 2.0 ** (d - el.frac_bits)
+    if el.bits == 4:
+        return 126 - d, 2.0 ** d
+    if el.mbits == 2:
+        return 120 - d, 2.0 ** (d - 8)
+    return 121 - d, 2.0 ** (d - 1)
+
+
 def emulate(x: torch.Tensor, q) -> np.ndarray:
     """``x @ dequant(q)^T`` as the kernel computes it: every code word through the decode
     PTX with its block scale through the scale PTX, placed in the K slot its thread and
     register hold, against the permuted activations; fp32-exact products summed in float64."""
     n, k = q.shape
     f = q.fmt
-    cb = f.element.bits
-    if cb == 8 and f.element.kind == "int":
-        return _emulate_int8(x, q)[0]
-    if cb == 8:
-        return _emulate_e4m3(x, q)
+    if f.element.bits == 8:
+        return _emulate_8bit(x, q)[0]
     words = q.data.contiguous().view(torch.int32).numpy().view(np.uint32).reshape(n, k // 8)
     warp = Warp(np.zeros(1, np.uint8))
     int4 = f.scale.name == "fp16"
@@ -65,15 +78,12 @@ def emulate(x: torch.Tensor, q) -> np.ndarray:
         post = 1.0
     else:
         scales = q.scales.contiguous().view(torch.uint8).numpy().astype(np.uint32)
-    mxint = f.element.kind == "int" and f.scale.name == "e8m0"  # MXINT4: the exact code times 2^(e - D - 127)
+    mxint = f.element.kind == "int" and f.scale.name == "e8m0"  # MXINT4: the exact code times the power of two
     if f.scale.name == "ue4m3":
         sasm, extra, post = pg.UE4M3_ASM.value, [], 2.0 ** 7
-    elif mxint:
-        d = L._e8m0_window(q)
-        sasm, extra, post = pg.E8M0_ASM.value, [np.full(32, -d).astype(np.int64) & 0xFFFFFFFF], 2.0 ** (d - 2)
     elif f.scale.name == "e8m0":
-        d = L._e8m0_window(q)
-        sasm, extra, post = pg.E8M0_ASM.value, [np.full(32, 126 - d)], 2.0 ** d
+        ke, post = _emulated_e8m0(q)
+        sasm, extra = pg.E8M0_ASM.value, [np.full(32, ke).astype(np.int64) & 0xFFFFFFFF]
     a = np.zeros((n, k))
     r, c, t, av = (v.reshape(-1) for v in np.meshgrid(np.arange(n), np.arange(k // 64), np.arange(4), np.arange(2),
                                                       indexing="ij"))
@@ -100,48 +110,22 @@ def emulate(x: torch.Tensor, q) -> np.ndarray:
     return out
 
 
-def _emulate_e4m3(x: torch.Tensor, q) -> np.ndarray:
-    """:func:`emulate` for E4M3 / E5M2 codes (E8M0 scales): thread ``t`` of a row owns code words
-    ``4 t + a`` of each 64-element K chunk; output ``2 h + e`` of word ``a`` fills K slot
-    ``16 a + 8 h + 2 t + e``. E4M3 is placed as ``v 2^-120`` with the window one binade lower
-    (``ke = 120 - (D - 1)``), E5M2 as ``v 2^-112`` with ``ke = 120 - D``."""
-    n, k = q.shape
-    words = q.data.contiguous().view(torch.int32).numpy().view(np.uint32).reshape(n, k // 4)
-    scales = q.scales.contiguous().view(torch.uint8).numpy().astype(np.uint32)
-    warp = Warp(np.zeros(1, np.uint8))
-    e5m2 = q.fmt.element.mbits == 2
-    d = L._e8m0_window(q) - (0 if e5m2 else 1)
-    dasm, post = (pg.E5M2_DECODE_ASM.value, 2.0 ** (d - 8)) if e5m2 else (pg.E4M3_DECODE_ASM.value, 2.0 ** d)
-    a = np.zeros((n, k))
-    r, c, t, av = (v.reshape(-1) for v in np.meshgrid(np.arange(n), np.arange(k // 64), np.arange(4), np.arange(4),
-                                                      indexing="ij"))
-    for lo in range(0, r.size, 32):
-        sl = slice(lo, lo + 32)
-        w = words[r[sl], 16 * c[sl] + 4 * t[sl] + av[sl]]
-        sb = scales[r[sl], (64 * c[sl] + 16 * t[sl]) // 32]
-        sc = warp.run(pg.E8M0_ASM.value, "=r,r,r", [sb, np.full(32, 120 - d)])[0]
-        outs = warp.run(dasm, "=h,=h,=h,=h,r,r", [w, sc])
-        for h in range(2):
-            for e in range(2):
-                bits = outs[2 * h + e].astype(np.uint32) & 0xFFFF
-                a[r[sl], 64 * c[sl] + 16 * av[sl] + 8 * h + 2 * t[sl] + e] = \
-                    (bits << 16).view(np.float32).astype(np.float64)
-    return _xperm(x, 8).double().numpy() @ a.T * post
-
-
-def _emulate_int8(x: torch.Tensor, q) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`emulate` for 8-bit integer codes (the K order of :func:`_emulate_e4m3`): fp16 block
-    scales (``hi`` / ``lo`` and ``z - 128`` by :data:`F16Z8_SCALE_ASM`) or E8M0 (MXINT8: the
-    scale ``2^(e - D - 127)``, the output times ``2^(D - 6)``). Also returns the decoded weights
-    in natural K order (times that power of two)."""
+def _emulate_8bit(x: torch.Tensor, q) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`emulate` for 8-bit codes: thread ``t`` of a row owns code words ``4 t + a`` of each
+    64-element K chunk; output ``2 h + e`` of word ``a`` fills K slot ``16 a + 8 h + 2 t + e``.
+    E4M3 / E5M2 / MXINT8 under E8M0 scales (:func:`_emulated_e8m0`), or 8-bit integers with fp16
+    scales (``hi`` / ``lo`` and ``z - 128`` by :data:`F16Z8_SCALE_ASM`). Also returns the decoded
+    weights in natural K order (times ``post``)."""
     n, k = q.shape
     f = q.fmt
     words = q.data.contiguous().view(torch.int32).numpy().view(np.uint32).reshape(n, k // 4)
     warp = Warp(np.zeros(1, np.uint8))
-    if f.scale.name == "e8m0":
-        d = L._e8m0_window(q)
+    e8m0 = f.scale.name == "e8m0"
+    if e8m0:
+        ke, post = _emulated_e8m0(q)
         scales = q.scales.contiguous().view(torch.uint8).numpy().astype(np.uint32)
-        post = 2.0 ** (d - 6)
+        dasm = (pg.INT8S_E8M0_ASM if f.element.kind == "int" else pg.E5M2_DECODE_ASM if f.element.mbits == 2
+                else pg.E4M3_DECODE_ASM).value
     else:
         zp = q.zero_points.numpy().astype(np.uint32) if f.zero_point else 8
         scales = (q.scales.contiguous().view(torch.int16).numpy().astype(np.uint32) & 0xFFFF) | (zp << 16)
@@ -155,9 +139,9 @@ def _emulate_int8(x: torch.Tensor, q) -> tuple[np.ndarray, np.ndarray]:
         sl = slice(lo, lo + 32)
         w = words[r[sl], 16 * c[sl] + 4 * t[sl] + av[sl]]
         sb = scales[r[sl], (64 * c[sl] + 16 * t[sl]) // f.block_size]
-        if f.scale.name == "e8m0":
-            sc = warp.run(pg.E8M0_ASM.value, "=r,r,r", [sb, np.full(32, -d).astype(np.int64) & 0xFFFFFFFF])[0]
-            outs = warp.run(pg.INT8S_E8M0_ASM.value, "=h,=h,=h,=h,r,r", [w, sc])
+        if e8m0:
+            sc = warp.run(pg.E8M0_ASM.value, "=r,r,r", [sb, np.full(32, ke).astype(np.int64) & 0xFFFFFFFF])[0]
+            outs = warp.run(dasm, "=h,=h,=h,=h,r,r", [w, sc])
         else:
             hi, lo_, kz = warp.run(pg.F16Z8_SCALE_ASM.value, "=r,=r,=r,r", [sb])
             outs = warp.run(dasm, "=h,=h,=h,=h,r,r,r,r", [w, hi, lo_, kz])
@@ -201,7 +185,7 @@ def test_int8_arithmetic_matches_float64(name, gen):
 
 
 def _check_int8(q, x: torch.Tensor) -> None:
-    out, nat = _emulate_int8(x, q)
+    out, nat = _emulate_8bit(x, q)
     exact = q.dequantize(torch.float64)
     if q.fmt.scale.name == "e8m0":
         assert L._e8m0_window(q) is not None
@@ -239,24 +223,14 @@ def test_int8_emulation_catches_a_lost_scale_part(gen, monkeypatch):
 
 def test_scale_args_are_the_emulated_ones(gen):
     """The kernels' ``(SK, ke, post)`` and element kind per format are the ones the emulator
-    above hard-codes (so a routing slip there is caught without a GPU)."""
-    d = {}
-    for name in ("nvfp4", "mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "mxint4", "int4_affine_g128", "int4_fp16",
-                 "int8_fp16", "int8_affine_g32"):
-        q = ms.quantize(torch.randn(8, 256, generator=gen), name)
-        w = L._e8m0_window(q) if q.fmt.scale.name == "e8m0" else None
-        d[name] = (L._gluon_scale_args(q), L._gluon_elem_kind(q), w)
-    want = {"nvfp4": ((pg.SK_UE4M3, 0, 2.0 ** 7), 0), "int4_affine_g128": ((pg.SK_F16Z, 0, 1.0), 0),
-            "int4_fp16": ((pg.SK_F16, 0, 1.0), 0), "int8_fp16": ((pg.SK_F16, 0, 1.0), 0),
-            "int8_affine_g32": ((pg.SK_F16Z, 0, 1.0), 0)}
-    for name, (ke, post, ei) in {"mxfp4": (lambda w: 126 - w, lambda w: 2.0 ** w, 0),
-                                 "mxfp8_e4m3": (lambda w: 120 - (w - 1), lambda w: 2.0 ** (w - 1), 0),
-                                 "mxfp8_e5m2": (lambda w: 120 - w, lambda w: 2.0 ** (w - 8), 2),
-                                 "mxint8": (lambda w: -w, lambda w: 2.0 ** (w - 6), 1),
-                                 "mxint4": (lambda w: -w, lambda w: 2.0 ** (w - 2), 1)}.items():
-        w = d[name][2]
-        want[name] = ((pg.SK_E8M0, ke(w), post(w)), ei)
-    assert {k: v[:2] for k, v in d.items()} == want
+    uses (:func:`_emulated_e8m0`; so a routing slip there is caught without a GPU)."""
+    fixed = {"nvfp4": (pg.SK_UE4M3, 0, 2.0 ** 7), "int4_affine_g128": (pg.SK_F16Z, 0, 1.0),
+             "int4_fp16": (pg.SK_F16, 0, 1.0), "int8_fp16": (pg.SK_F16, 0, 1.0), "int8_affine_g32": (pg.SK_F16Z, 0, 1.0)}
+    kinds = {"mxfp8_e5m2": 2, "mxint8": 1, "mxint4": 1}  # the rest 0
+    for name in (*fixed, "mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "mxint4"):
+        q = ms.quantize(torch.randn(8, 256, generator=gen) * 2.0 ** (len(name) - 8), name)  # windows differ
+        want = fixed[name] if name in fixed else (pg.SK_E8M0, *_emulated_e8m0(q))
+        assert (L._gluon_scale_args(q), L._gluon_elem_kind(q)) == (want, kinds.get(name, 0)), name
 
 
 @pytest.mark.parametrize("signed", [False, True])
