@@ -1,4 +1,4 @@
-"""``prefill_ws`` knobs at many tokens against cuBLAS bf16, timed like the matrix suite (H200).
+"""``prefill_ws`` knobs at many tokens against cuBLAS (bf16, or fp16), timed like the matrix suite (H200).
 
 Per shape and format: every variant (``group_t`` token tiles sweeping the row tiles together,
 ``stages`` activation ring slots, ``block_t``) checked against float64 once, then ROUNDS
@@ -7,8 +7,10 @@ alternated rounds in which cuBLAS and each variant are timed as CUDA-graph repla
 board has left any power cap (``Monitor.settle``), as the suite does. Prints each variant's
 time and its ratio to the same round's cuBLAS time, and a median-ratio table last.
 
-    [M=4096] [FMTS=nvfp4,mxfp4] [ROUNDS=2] [VARIANTS="linear;g4 s4;g2 s4;g8 s4"] \\
+    [M=4096] [FMTS=nvfp4,mxfp4] [ROUNDS=2] [VARIANTS="linear;g4 s4;g2 s4;g8 s4"] [DTYPE=fp16] \\
         python benchmarks/exp_ws_knobs.py 8192x8192 8192x28672
+
+``DTYPE=fp16``: float16 activations, against cuBLAS fp16.
 
 A variant is ``linear`` (``ms.linear`` as routed; the timings replay CUDA graphs, so the routes
 taken while capturing), ``prefill`` (the Triton prefill kernel), ``ws`` (``prefill_ws`` as it
@@ -38,6 +40,7 @@ FMTS = os.environ.get("FMTS", "nvfp4,mxfp4").split(",")
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
 VARIANTS = os.environ.get("VARIANTS", "linear;g4 s4;g1 s4;g2 s4;g8 s4;g16 s4;g4 s3").split(";")
 SHAPES = [tuple(map(int, a.split("x"))) for a in sys.argv[1:]] or [(8192, 8192), (8192, 28672)]
+DT = torch.float16 if os.environ.get("DTYPE", "bf16") == "fp16" else torch.bfloat16
 
 
 def op(v: str, x: torch.Tensor, q) -> torch.Tensor:
@@ -91,8 +94,8 @@ def main() -> None:
     with _clocks.Monitor(dev) as mon:
         for M, (n, k) in [(m, s) for m in MS for s in SHAPES]:
             w = torch.randn(n, k, device=dev, generator=g)
-            x = torch.randn(M, k, device=dev, generator=g).to(torch.bfloat16)
-            wbs = copies(w.to(torch.bfloat16), 2 * n * k, torch.clone)
+            x = torch.randn(M, k, device=dev, generator=g).to(DT)
+            wbs = copies(w.to(DT), 2 * n * k, torch.clone)
             for fmt in FMTS:
                 q = ms.quantize(w, fmt)
                 qs = copies(q, q.nbytes, lambda q: dataclasses.replace(q, data=q.data.clone(),
@@ -114,7 +117,7 @@ def main() -> None:
                         ok.append(v)
                 for r in range(ROUNDS):
                     base = timed(lambda wb: F.linear(x, wb), wbs, mon)
-                    rows.append((f"{M}x{n}x{k}", "bf16", "cuBLAS", r, base, 1.0))
+                    rows.append((f"{M}x{n}x{k}", str(DT)[6:], "cuBLAS", r, base, 1.0))
                     print(*rows[-1], flush=True)
                     for v in ok:
                         us = timed(lambda q, v=v: op(v, x, q), qs, mon)

@@ -1011,6 +1011,26 @@ def _e8m0_window(q: QTensor) -> int | None:
     return _scan_once(q.scales, "_microscale_e8m0_window", scan, None)
 
 
+def _e8m0_range(q: QTensor) -> tuple[int, int] | None:
+    """``(least, largest)`` E8M0 scale byte of ``q`` (NaN, 255, excluded: None when present).
+    Scanned once per scales tensor version (:func:`_scan_once`); None while a CUDA graph is
+    captured unscanned."""
+    def scan(s: torch.Tensor) -> tuple[int, int] | None:
+        lo, hi = (int(v) for v in torch.aminmax(s.view(torch.uint8).reshape(-1)))
+        return (lo, hi) if hi < 255 else None
+
+    return _scan_once(q.scales, "_microscale_e8m0_range", scan, None)
+
+
+def _f16_scale_max(q: QTensor) -> float | None:
+    """The largest ``|s|`` of ``q``'s fp16 block scales (inf where one is not finite), scanned once
+    (:func:`_scan_once`); None while a CUDA graph is captured unscanned."""
+    def scan(s: torch.Tensor) -> float:
+        return float(s.float().abs().max()) if s.numel() else 0.0
+
+    return _scan_once(q.scales, "_microscale_f16_smax", scan, None)
+
+
 def _e2m1_weight_reason(q: QTensor) -> str | None:
     """Why ``q`` is not a weight the E2M1 tensor-core kernels (:func:`gemv_mma`,
     :func:`prefill_ws`) take, or None: E2M1 codes with UE4M3 (16) or E8M0 (32) block scales,
@@ -1370,14 +1390,36 @@ def _prefill_ws_reason(q: QTensor, x: torch.Tensor) -> str | None:
     k = q.shape[1]
     if x.dim() != 2 or x.shape[1] != k or k % 64:
         return f"needs [M, K] activations with K = {k} a multiple of 64"
-    if x.dtype != torch.bfloat16:
-        return f"needs bfloat16 activations, got {x.dtype}"
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return f"needs bfloat16 or float16 activations, got {x.dtype}"
     if not (x.is_cuda and q.data.is_cuda) or torch.cuda.get_device_capability(x.device) != (9, 0):
         return "needs a Hopper GPU (sm_90: wgmma)"
     if not (q.data.is_contiguous() and q.scales.is_contiguous() and q.data.data_ptr() % 16 == 0):
         return "needs contiguous, 16-byte aligned codes and contiguous scales"
+    if x.dtype == torch.float16:
+        return _f16_weight_reason(q)
     if f.scale.name == "e8m0" and _e8m0_window(q) is None:
         return "E8M0 scales span more than 126 binades or hold NaN"
+    return None
+
+
+def _f16_weight_reason(q: QTensor) -> str | None:
+    """Why the Gluon kernels' f16 decode (fp16 activations) cannot take weight ``q`` exactly, or
+    None: E8M0 scales within the element kind's window of :data:`_E8M0_F16_WINDOW` (NaN none), fp16
+    block scales small enough that ``(code - z) * s`` stays finite in f16 (both scanned once;
+    unscanned during a CUDA graph capture: refused)."""
+    f = q.fmt
+    if f.scale.name == "e8m0":
+        rng = _e8m0_range(q)
+        lo, hi, _ = _E8M0_F16_WINDOW[(_gluon_elem_kind(q), f.element.bits)]
+        if rng is None or rng[1] - rng[0] > hi - lo:
+            return (f"with float16 activations needs E8M0 scales within {hi - lo + 1} binades and none NaN "
+                    "(scanned once; unscanned during a CUDA graph capture)")
+    elif f.scale.name == "fp16":
+        smax = _f16_scale_max(q)
+        if smax is None or not smax * (1 << f.element.bits) <= 65504:
+            return (f"with float16 activations needs fp16 scales of at most {65504 / (1 << f.element.bits):g} in "
+                    "magnitude (scanned once; unscanned during a CUDA graph capture)")
     return None
 
 
@@ -1468,15 +1510,21 @@ def choose_prefill_ws_tile(m: int, n: int, num_sms: int, split_tail: bool = True
     return bt, _WS_STAGES[bt]
 
 
-def _gluon_scale_args(q: QTensor) -> tuple[int, int, float]:
+def _gluon_scale_args(q: QTensor, f16: bool = False) -> tuple[int, int, float]:
     """``(SK, ke, post)`` of the Gluon kernels' decode (:mod:`microscale.kernels._prefill_gluon`)
-    for weight ``q``: the scale kind, the E8M0 exponent offset and the power of two the scale
-    placement leaves to the epilogue."""
+    for weight ``q`` (``f16``: the f16 decode, for fp16 activations): the scale kind, the E8M0
+    exponent offset and the power of two the scale placement leaves to the epilogue."""
     from .kernels import _prefill_gluon as pg
 
     f = q.fmt
-    if f.scale.name == "ue4m3":
-        return pg.SK_UE4M3, 0, 2.0 ** 7
+    if f.scale.name == "ue4m3":  # bf16: E2M1 as v * 2^-126 and s * 2^119; f16: v * 2^-14 and s
+        return pg.SK_UE4M3, 0, 2.0 ** (14 if f16 else 7)
+    if f.scale.name == "e8m0" and f16:
+        # f16 scale bits (e + ke) << 10, the decode gives v * 2^-B: the sums want 2^(e - 127 + B - frac) /
+        # 2^(e + ke - 15); the largest scale goes to the top of the window
+        _, top, b = _E8M0_F16_WINDOW[(_gluon_elem_kind(q), f.element.bits)]
+        ke = top - _e8m0_range(q)[1]
+        return pg.SK_E8M0, ke, 2.0 ** (b - 112 - ke - f.element.frac_bits)
     if f.scale.name == "e8m0":
         # the decode gives v * 2^-B and the E8M0 scale is 2^(e + C - D - 127) (ke = C - D), so the sums
         # want 2^(B - C + D) (times the integers' 2^-frac); C keeps each element's least nonzero code
@@ -1491,6 +1539,11 @@ def _gluon_scale_args(q: QTensor) -> tuple[int, int, float]:
 #: ``v * 2^-126``; E4M3 as ``v * 2^-120`` with the window one binade lower; E5M2 as ``v * 2^-112``;
 #: integers (MXINT4, MXINT8) exact, their products in [2^-125, 2^8]
 _E8M0_PLACEMENT = {(0, 4): (126, 126), (0, 8): (120, 121), (2, 8): (112, 120), (1, 4): (0, 0), (1, 8): (0, 0)}
+#: ``(least, largest, B)`` per Gluon element kind and code width for the f16 decode (fp16 activations):
+#: the f16 exponent fields ``e + ke`` of the E8M0 scales for which every code times the scale is an exact,
+#: finite f16 (E2M1 decoded as ``v * 2^-14``: least product 2^-24; E4M3 / E5M2 / integers exact, ``B = 0``:
+#: E4M3 448 * 2^7, E5M2 57344 * 2^0 and 2^-16 * 2^-8, MXINT4 -8 * 2^12, MXINT8 -128 * 2^8)
+_E8M0_F16_WINDOW = {(0, 4): (6, 30, 14), (0, 8): (1, 22, 0), (2, 8): (7, 15, 0), (1, 4): (1, 27, 0), (1, 8): (1, 23, 0)}
 
 
 def _gluon_elem_kind(q: QTensor) -> int:
@@ -1555,13 +1608,14 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     f = q.fmt
     bk = int(pg.BK.value)
     cb = f.element.bits  # 4, or 8 (E4M3, 8-bit integers)
+    f16 = x2.dtype == torch.float16
+    gdt = gl.float16 if f16 else gl.bfloat16
     xp = torch.empty((m, k), dtype=x2.dtype, device=x2.device)  # activations in the consumers' K order
     launch(pg._xperm_kernel, (cdiv(m, 32), k // bk), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, CB=cb, num_warps=4)
-    desc = TensorDescriptor.from_tensor(xp, [block_t, bk], gl.NVMMASharedLayout.get_default_for([block_t, bk],
-                                                                                                  gl.bfloat16))
+    desc = TensorDescriptor.from_tensor(xp, [block_t, bk], gl.NVMMASharedLayout.get_default_for([block_t, bk], gdt))
     wv = _weight_views(q)
     scales, zps = wv.scales_u8, wv.scales_u8
-    sk, ke, post = _gluon_scale_args(q)
+    sk, ke, post = _gluon_scale_args(q, f16)
     if f.scale.name == "fp16":  # integers: fp16 scales as int16 bits, zero points
         scales = wv.scales_int
         zps = wv.zero_points if f.zero_point else scales
@@ -1570,7 +1624,7 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     rows = int(pg.WG_ROWS.value)
     tma_out = n % 8 == 0  # TMA needs 16-byte row strides
     out_desc = (TensorDescriptor.from_tensor(out, [block_t, rows], gl.NVMMASharedLayout.get_default_for(
-        [block_t, rows], gl.bfloat16)) if tma_out else desc)
+        [block_t, rows], gdt)) if tma_out else desc)
     tiles = cdiv(m, block_t) * cdiv(n, 2 * rows)
     grid = sms if split_tail else (min(tiles, sms) if persistent else tiles)
     split = split_tail and _tail_parts(tiles, grid) > 1  # a partial tile per program, counters per tail tile
@@ -1580,7 +1634,7 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
                    bias if bias is not None else out, out, out_desc, ws, cnt, n, m, k, wv.words.stride(0),
                    scales.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
                    SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
-                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=_gluon_elem_kind(q), num_warps=4)
+                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=_gluon_elem_kind(q), F16=f16, num_warps=4)
     return out
 
 
@@ -1669,9 +1723,11 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
     if torch.cuda.is_current_stream_capturing():
         return True
     m = x.numel() // x.shape[-1]
-    # (below 17 tokens small E2M1 weights keep gemv_mma; the other formats have no such kernel)
+    # (below 17 tokens small E2M1 weights keep gemv_mma with bf16 activations; the other formats and fp16
+    # activations have no such kernel)
+    mma_kernel = _fp4_codes(q) and x.dtype == torch.bfloat16
     return _DECODE_TMA == "auto" and _PLANS and (m > 16 or (m >= DECODE_TMA_EAGER_MIN_M and _dt_large(q))
-                                                 or (m > GEMV_MAX_M and not _fp4_codes(q)))
+                                                 or (m > GEMV_MAX_M and not mma_kernel))
 
 
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
@@ -1780,16 +1836,16 @@ def _step_scales(q: QTensor, rows: int) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _dt_layouts(wide: int, tok: int = 16) -> tuple:
+def _dt_layouts(wide: int, tok: int = 16, f16: bool = False) -> tuple:
     """Shared-memory layouts of :func:`decode_tma`'s TMA boxes: code words (``wide`` K steps a
     box) swizzled by their row width (conflict-free 8-byte reads of one K step's words by each
-    quad), scale bytes unswizzled (each warp reads its own rows), activations (``[tok, 64]``)
-    as the MMA operand wants them."""
+    quad), scale bytes unswizzled (each warp reads its own rows), activations (``[tok, 64]``,
+    bf16 or ``f16``) as the MMA operand wants them."""
     from triton.experimental.gluon import language as gl
 
     return (gl.NVMMASharedLayout(swizzle_byte_width=0 if wide == 1 else 32 * wide, element_bitwidth=32, rank=2),
             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2),
-            gl.NVMMASharedLayout.get_default_for([tok, 64], gl.bfloat16))
+            gl.NVMMASharedLayout.get_default_for([tok, 64], gl.float16 if f16 else gl.bfloat16))
 
 
 def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
@@ -1900,12 +1956,13 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     cb = q.fmt.element.bits
     xp = _scratch((m, k), x2.dtype, x2.device)  # activations in the consumers' K order
     launch(pg._xperm_kernel, (cdiv(m, 32), k // 64), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, CB=cb, num_warps=4)
-    sk, ke, post = _gluon_scale_args(q)
+    f16 = x2.dtype == torch.float16
+    sk, ke, post = _gluon_scale_args(q, f16)
     wv = _weight_views(q)
     rows = _DT_ROWS
     w_desc, s_desc = _dt_weight_descs(q, wv)
     tok = _dt_tokens(m) if tokens is None else tokens
-    x_desc = TensorDescriptor.from_tensor(xp, [tok, 64], _dt_layouts(_DT_WIDE, tok)[2])
+    x_desc = TensorDescriptor.from_tensor(xp, [tok, 64], _dt_layouts(_DT_WIDE, tok, f16)[2])
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     gs = wv.global_scale if wv.global_scale is not None else out
     tiles = cdiv(n, rows)
@@ -1917,7 +1974,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
            out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=_DT_CHUNK, SK=sk,
            STAGES=_DT_STAGES_8BIT if cb == 8 else _DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q), CB=cb,
-           EI=_gluon_elem_kind(q),
+           EI=_gluon_elem_kind(q), F16=f16,
            POST=_dt_post(q, tok),
            num_warps=rows // 16, maxnreg=80)
     return out

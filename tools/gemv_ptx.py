@@ -69,10 +69,11 @@ def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict, mma: bool = 
     return out
 
 
-def compile_gluon(fmt: str, m: int, n: int, k: int, overrides: dict, op: str = "prefill_ws") -> dict:
+def compile_gluon(fmt: str, m: int, n: int, k: int, overrides: dict, op: str = "prefill_ws",
+                  dtype: torch.dtype = torch.bfloat16) -> dict:
     """``{kernel name: compiled kernel}`` for one call's launches of a Gluon route, ``op``
     ``prefill_ws`` or ``decode_tma`` in ``qlinear`` (the K-permutation prep and the
-    warp-specialized kernel), sm_90a."""
+    warp-specialized kernel), sm_90a, for activations of ``dtype``."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from microscale.kernels import _decode_tma as dk
@@ -80,7 +81,7 @@ def compile_gluon(fmt: str, m: int, n: int, k: int, overrides: dict, op: str = "
 
     rows = n if n * k <= 1 << 24 else 1024 + n % 8  # what specializes: N % 8 (the TMA store), strides
     q = ms.quantize(torch.randn(rows, k), fmt)
-    x = torch.zeros(m, k, dtype=torch.bfloat16)
+    x = torch.zeros(m, k, dtype=dtype)
     cc.SPECS.clear()
     reason = "_prefill_ws_reason" if op == "prefill_ws" else "_decode_tma_reason"
     saved = L.launch, L._launch_direct, getattr(L, reason)
@@ -114,6 +115,7 @@ def main() -> None:
                     "--config then takes its keyword arguments")
     ap.add_argument("--dtma", action="store_true", help="the TMA-fed Gluon decode kernel (decode_tma) instead; "
                     "--config then takes its keyword arguments")
+    ap.add_argument("--fp16", action="store_true", help="float16 activations (--ws / --dtma)")
     ap.add_argument("--set", default="{}", help="qlinear module switches to set first, a Python dict literal "
                     "(e.g. \"{'_DT_WG': True}\")")
     a = ap.parse_args()
@@ -125,7 +127,8 @@ def main() -> None:
     cfg = ast.literal_eval(a.config)
     gluon_main = "_prefill_ws_kernel" if a.ws else "_decode_tma_kernel" if a.dtma else None
     if gluon_main:
-        kernels = compile_gluon(a.fmt, a.m, a.n, a.k, cfg, "prefill_ws" if a.ws else "decode_tma")
+        kernels = compile_gluon(a.fmt, a.m, a.n, a.k, cfg, "prefill_ws" if a.ws else "decode_tma",
+                                torch.float16 if a.fp16 else torch.bfloat16)
     else:
         kernels = compile_gemv(a.fmt, a.m, a.n, a.k, cfg, a.mma)
     if gluon_main:  # ptxas's own verdict: registers, spills, serialized wgmma (C7512)

@@ -85,7 +85,7 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp,
               ke, post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
               HAS_BIAS: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr, POST: gl.constexpr,
-              EI: gl.constexpr):
+              EI: gl.constexpr, F16: gl.constexpr):
     """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
     ``mma.sync`` its ``C`` steps, free the slot (``POST``: see :func:`_decode_tma_kernel`). Per
     tile it touches: the epilogue (a shared tile's part to the workspace; the tile's last part
@@ -142,10 +142,10 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
                 if POST:  # one block per row and step: (code - z) @ x (exact products, fp32 sums), times the scale
                     sv = sb.slice(0, ROWS // 64, dim=0)._reinterpret(gl.int32, [ROWS], s32_sl)
                     srow = (sv.load(gl.SliceLayout(1, mma_l)) & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True)
-                    part = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB, True, EI), b, zero)
+                    part = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB, True, EI, F16), b, zero)
                     acc = gl.fma(part, gl.expand_dims(srow.to(gl.float32), 1), acc)
                 else:
-                    acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI), b, acc)
+                    acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI, F16), b, acc)
             mbarrier.arrive(empty.index(slot), count=1)
             it += 1
         ok = gl.full([ROWS, 1], 1, gl.int1, mma_l)
@@ -179,7 +179,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
 def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp, ke,
                        post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
                        HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, NPS: gl.constexpr = 1, CB: gl.constexpr = 4,
-                       POST: gl.constexpr = False, EI: gl.constexpr = 0):
+                       POST: gl.constexpr = False, EI: gl.constexpr = 0, F16: gl.constexpr = False):
     """``out[M <= TOK, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K CB / 32]`` (``CB``: 4-bit codes, or 8; block ``[ROWS, 2 CB CW]``,
     ``CW`` dividing ``C``);
@@ -193,7 +193,8 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     left zero). ``EI``: the element kind under E8M0 scales (:func:`._prefill_gluon._decode`). ``POST`` (integers with fp16
     scales, one block per row and K step, ``NPS`` = 1): each
     step's codes go to the MMA as the exact ``code - z`` and its fp32 result is multiplied by the
-    row's fp16 scale (one ``fma`` per accumulator element instead of two bf16 ops per weight pair)."""
+    row's fp16 scale (one ``fma`` per accumulator element instead of two bf16 ops per weight pair).
+    ``F16``: fp16 activations and output, f16 decodes and fp16 MMAs (:func:`._prefill_gluon._decode`)."""
     ROWS: gl.constexpr = w_desc.block_type.shape[0]
     CW: gl.constexpr = w_desc.block_type.shape[1] // (2 * CB)  # K steps per code box (2 CB code words a step)
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * (C // CW), ROWS, 2 * CB * CW], w_desc.layout)
@@ -201,11 +202,11 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     SW: gl.constexpr = s_desc.block_type.shape[0] // SR  # K steps per scale box: 1 or C
     s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C, SR, 256], s_desc.layout)
     s_boxes = s_bufs._reinterpret(gl.uint8, [STAGES * C // SW, SW * SR, 256], s_desc.layout)
-    x_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * C, x_desc.block_type.shape[0], BK], x_desc.layout)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * C, x_desc.block_type.shape[0], BK], x_desc.layout)
     ready, empty = ring_barriers(STAGES, 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB, POST, EI)),
+                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB, POST, EI, F16)),
         (_producer, (w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT, C, NPS, CB)),
     ], [1], [40])
 

@@ -239,6 +239,147 @@ F16Z8_SCALE_ASM = gl.constexpr(F16Z_SCALE_ASM.value.replace("add.u32 z, z, 0x430
                                                              _Z8_LINES.format("$2")))
 
 
+def _i32(v: int) -> int:
+    """A 32-bit pattern as the signed int32 a kernel constant needs."""
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+#: f16x2 constants of :func:`f16_decode_asm`'s integer decodes: ``1/16`` (the 4-bit odd pairs' fma), the
+#: byte ``0x64`` (f16 exponent of 1024, under which ``prmt`` puts 8-bit codes), ``1024 + 128`` (signed
+#: 8-bit codes after the sign flip), ``1024 + 8`` / ``-(64 + 8)`` (signed 4-bit codes after theirs)
+F16_C16, F16_C64, F16_K_S8, F16_K_S4, F16_K2_S4 = (gl.constexpr(v) for v in (0x2C002C00, 0x64646464, 0x64806480,
+                                                                              0x64086408, _i32(0xD480D480)))
+
+
+def f16_decode_asm(kind: str, scaled: bool = True) -> str:
+    """PTX for fp16 activations (fp16 MMAs): code word ``$n`` -> ``n`` f16 outputs (8 for 4-bit codes,
+    4 for 8-bit ones) in the K order of the bf16 decodes (4-bit codes: ``$2j`` / ``$2j+1`` the elements
+    ``j`` / ``j+4``; 8-bit codes: ``$2h`` / ``$2h+1`` the elements ``2h`` / ``2h+1``). ``kind``:
+
+    * ``"e2m1"``: the sign and 3 magnitude bits placed as f16 ``v * 2^-14`` by the one-token GEMV's
+      select decode (:func:`._gemv_kernels._decode_word_ptx`);
+    * ``"e4m3"`` / ``"e5m2"``: ``cvt.rn.f16x2``, the exact value;
+    * ``"u4"`` / ``"s4"``: each nibble under the f16 exponent of 1024 (odd pairs 4 bits up, brought
+      down by an exact ``fma`` with 1/16), minus ``1024 + z`` (``s4``: two's-complement codes, their
+      sign bits flipped first: ``z = 8``): the exact ``code - z``;
+    * ``"u8"`` / ``"s8"``: each byte under 1024 by one ``prmt``, minus ``1024 + z`` (``s8``: sign bits
+      flipped first, ``z = 128``): the exact ``code - z``.
+
+    Operands after the word: with ``scaled`` the f16x2 scale (both halves equal) every value is
+    multiplied by, rounded once (exact for the float codes and E8M0-scaled integers within the windows
+    of :func:`microscale.qlinear._gluon_scale_args`; ``(code - z) * s`` rounded to f16 for fp16
+    scales); then for ``u4`` / ``s4`` the f16x2 ``1024 + z``, ``-(64 + z)`` and ``1/16``
+    (:data:`F16_C16`), for ``u8`` / ``s8`` the f16x2 ``1024 + z`` and ``0x64646464``
+    (:data:`F16_C64`)."""
+    from ._gemv_kernels import F4, _decode_word_ptx
+
+    n = 4 if kind[1:] in ("8", "4m3", "5m2") else 8
+    w = f"${n}"
+    ops = [f"${n + 1 + i}" for i in range(4)]
+    sc = ops.pop(0) if scaled else None
+    pairs = [f"p{j}" for j in range(n // 2)]
+    if kind == "e2m1":
+        lines = _decode_word_ptx(F4, 1, w, pairs, select=True)
+    elif kind in ("e4m3", "e5m2"):
+        lines = [f"mov.b32 {{lo, hi}}, {w};", f"cvt.rn.f16x2.{kind}x2 p0, lo;", f"cvt.rn.f16x2.{kind}x2 p1, hi;"]
+    elif kind in ("u8", "s8"):
+        lines = [f"xor.b32 x, {w}, 0x80808080;"] if kind == "s8" else []
+        src = "x" if kind == "s8" else w
+        for h, sel in ((0, "0x5140"), (1, "0x5342")):  # bytes (0, 1) / (2, 3) under the 0x64 bytes of ops[1]
+            lines += [f"prmt.b32 p{h}, {src}, {ops[1]}, {sel};", f"sub.rn.f16x2 p{h}, p{h}, {ops[0]};"]
+    elif kind in ("u4", "s4"):
+        lines = [f"xor.b32 x, {w}, 0x88888888;"] if kind == "s4" else []
+        src = "x" if kind == "s4" else w
+        for j in range(4):
+            if j == 2:
+                lines.append(f"shr.u32 m, {src}, 8;")
+                src = "m"
+            if j % 2:  # 1024 + 16 c -> (64 + c) - (64 + z)
+                lines += [f"lop3.b32 p{j}, {src}, 0x00F000F0, 0x64006400, 0xEA;",
+                          f"fma.rn.f16x2 p{j}, p{j}, {ops[2]}, {ops[1]};"]
+            else:
+                lines += [f"lop3.b32 p{j}, {src}, 0x000F000F, 0x64006400, 0xEA;", f"sub.rn.f16x2 p{j}, p{j}, {ops[0]};"]
+    else:
+        raise ValueError(f"unknown f16 decode kind {kind!r}")
+    if scaled:
+        lines += [f"mul.rn.f16x2 {p}, {p}, {sc};" for p in pairs]
+    lines += [f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, p{j};" for j in range(n // 2)]
+    return "{\n.reg .b32 u, m, k, s, x, p0, p1, p2, p3;\n.reg .b16 lo, hi;\n" + "\n".join(lines) + "\n}"
+
+
+F16_E2M1_ASM = gl.constexpr(f16_decode_asm("e2m1"))
+F16_E4M3_ASM = gl.constexpr(f16_decode_asm("e4m3"))
+F16_E5M2_ASM = gl.constexpr(f16_decode_asm("e5m2"))
+F16_U4_ASM = gl.constexpr(f16_decode_asm("u4"))
+F16_S4_ASM = gl.constexpr(f16_decode_asm("s4"))
+F16_U8_ASM = gl.constexpr(f16_decode_asm("u8"))
+F16_S8_ASM = gl.constexpr(f16_decode_asm("s8"))
+F16_U4_CODE_ASM = gl.constexpr(f16_decode_asm("u4", False))
+F16_S4_CODE_ASM = gl.constexpr(f16_decode_asm("s4", False))
+F16_U8_CODE_ASM = gl.constexpr(f16_decode_asm("u8", False))
+F16_S8_CODE_ASM = gl.constexpr(f16_decode_asm("s8", False))
+#: UE4M3 scale byte ``$1`` -> f16x2 ``s`` in both halves (exact; the E2M1 decode's ``2^-14`` and this
+#: leave products of at least 2^-24 with at most 5 significant bits: exact f16, the ``2^14`` in ``post``)
+UE4M3_F16_ASM = gl.constexpr("{\n.reg .b16 lo;\n.reg .b32 sc;\ncvt.u16.u32 lo, $1;\ncvt.rn.f16x2.e4m3x2 sc, lo;\n"
+                             "prmt.b32 $0, sc, 0, 0x1010;\n}")
+#: E8M0 scale byte ``$1`` and ``$2`` = ``ke`` -> f16x2 ``2^(e + ke - 15)`` in both halves (f16 bits
+#: ``(e + ke) << 10``; ``e + ke`` within the window of :func:`microscale.qlinear._gluon_scale_args`)
+E8M0_F16_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nshl.b32 t, t, 10;\nprmt.b32 $0, t, 0, 0x1010;\n}")
+
+
+@gluon.jit
+def _decode_f16(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, CB: gl.constexpr, UNSCALED: gl.constexpr,
+                EI: gl.constexpr):
+    """:func:`_decode`'s f16 outputs (before the K-slot reshuffle), for fp16 activations: the
+    block scale made an f16x2 and the word decoded by :func:`f16_decode_asm`."""
+    w_l: gl.constexpr = words.type.layout
+    if SK == _SKZ or SK == _SKS:
+        z = sraw >> 16
+        if CB == 8 and SK == _SKS:
+            k = gl.full(sraw.shape, F16_K_S8, gl.int32, s_l)
+        else:
+            k = (z + 0x6400) * 0x10001  # f16x2 1024 + z (z 8 for signed 4-bit codes)
+        sc = (sraw & 0xFFFF) * 0x10001  # the fp16 scale in both halves
+    else:
+        if SK == 2:
+            sc = gl.inline_asm_elementwise(UE4M3_F16_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)
+        else:
+            sc = gl.inline_asm_elementwise(E8M0_F16_ASM, "=r,r,r", [sraw, gl.full(sraw.shape, 0, gl.int32, s_l) + ke],
+                                           dtype=gl.int32, is_pure=True, pack=1)
+        k = gl.full(sraw.shape, F16_K_S8 if CB == 8 else F16_K_S4, gl.int32, s_l)  # MXINT8 / MXINT4
+        z = gl.full(sraw.shape, 8, gl.int32, s_l)
+    sc3 = gl.broadcast(gl.expand_dims(sc, 2), words)[0]
+    k3 = gl.broadcast(gl.expand_dims(k, 2), words)[0]
+    ints: gl.constexpr = (SK == _SKZ) or (SK == _SKS) or (EI == 1)
+    signed: gl.constexpr = SK != _SKZ
+    if CB == 8 and ints:
+        c64 = gl.full(words.shape, F16_C64, gl.int32, w_l)
+        if UNSCALED:
+            e = gl.inline_asm_elementwise(F16_S8_CODE_ASM if signed else F16_U8_CODE_ASM, "=h,=h,=h,=h,r,r,r",
+                                          [words, k3, c64], dtype=(gl.float16,) * 4, is_pure=True, pack=1)
+        else:
+            e = gl.inline_asm_elementwise(F16_S8_ASM if signed else F16_U8_ASM, "=h,=h,=h,=h,r,r,r,r",
+                                          [words, sc3, k3, c64], dtype=(gl.float16,) * 4, is_pure=True, pack=1)
+    elif ints:
+        k23 = gl.broadcast(gl.expand_dims((z * 16 + 0xD400) * 0x10001, 2), words)[0]  # f16x2 -(64 + z)
+        c16 = gl.full(words.shape, F16_C16, gl.int32, w_l)
+        if UNSCALED:
+            e = gl.inline_asm_elementwise(F16_S4_CODE_ASM if signed else F16_U4_CODE_ASM,
+                                          "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [words, k3, k23, c16],
+                                          dtype=(gl.float16,) * 8, is_pure=True, pack=1)
+        else:
+            e = gl.inline_asm_elementwise(F16_S4_ASM if signed else F16_U4_ASM,
+                                          "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r", [words, sc3, k3, k23, c16],
+                                          dtype=(gl.float16,) * 8, is_pure=True, pack=1)
+    elif CB == 8:
+        e = gl.inline_asm_elementwise(F16_E5M2_ASM if EI == 2 else F16_E4M3_ASM, "=h,=h,=h,=h,r,r", [words, sc3],
+                                      dtype=(gl.float16,) * 4, is_pure=True, pack=1)
+    else:
+        e = gl.inline_asm_elementwise(F16_E2M1_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, sc3],
+                                      dtype=(gl.float16,) * 8, is_pure=True, pack=1)
+    return e
+
+
 @gluon.constexpr_function
 def code_word_layout(rows, warp_bases, CB, shape3=True):
     """The register layout of a step's code words as :func:`_decode` takes them: ``[rows, t, a]``
@@ -369,13 +510,15 @@ def _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, nk, r_w, w_col, s_col, tq, N, 
 
 @gluon.jit
 def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.constexpr, CB: gl.constexpr = 4,
-            UNSCALED: gl.constexpr = False, EI: gl.constexpr = 0):
-    """Code words and scale bytes of one K step -> the ``[rows, BK]`` bf16 wgmma (or mma.sync) A operand
-    (K slots permuted, see the module docstring); the layout change is asserted free. ``UNSCALED``
-    (integers with fp16 scales): ``code - z`` only, the block scale left to the caller. ``EI``:
-    the element kind under E8M0 scales where ``CB`` leaves it open: 0 the minifloat (E2M1, E4M3),
+            UNSCALED: gl.constexpr = False, EI: gl.constexpr = 0, F16: gl.constexpr = False):
+    """Code words and scale bytes of one K step -> the ``[rows, BK]`` bf16 (``F16``: f16) wgmma (or
+    mma.sync) A operand (K slots permuted, see the module docstring); the layout change is asserted free.
+    ``UNSCALED`` (integers with fp16 scales): ``code - z`` only, the block scale left to the caller.
+    ``EI``: the element kind under E8M0 scales where ``CB`` leaves it open: 0 the minifloat (E2M1, E4M3),
     1 two's-complement integers (MXINT4, MXINT8), 2 E5M2 (the fp16 scale kinds imply integers)."""
-    if (SK == _SKZ or SK == _SKS) and UNSCALED:
+    if F16:
+        e = _decode_f16(words, sraw, ke, SK, s_l, CB, UNSCALED, EI)
+    elif (SK == _SKZ or SK == _SKS) and UNSCALED:
         if CB == 8:
             kz = gl.inline_asm_elementwise(Z8_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)  # z - 128
         else:
@@ -522,7 +665,7 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
               n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
               GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
               HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr, CB: gl.constexpr,
-              EI: gl.constexpr):
+              EI: gl.constexpr, F16: gl.constexpr):
     """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T`` per tile, for each
     of this program's segments (:func:`_plan`). Per K step it decodes its code words
     (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``W t + a`` with ``W`` = ``CB / 2``
@@ -557,13 +700,13 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
         # predecessor two steps back has just decoded (no register moves that wait for a load
         # issued one step earlier): loads land two steps ahead (~1 us at 256 tokens)
         for i in range(0, nk, 2):
-            a = _decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI)
+            a = _decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI, F16)
             words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 2, nk - 1), k_lo, tq2, TPS, SK,
                                  CB)
             acc = _mma_step(a, x_bufs, ready, empty, acc, it)
             it += 1
             if i + 1 < nk:
-                a = _decode(words_n, sraw_n, ke, SK, s_l, a_l, CB, False, EI)
+                a = _decode(words_n, sraw_n, ke, SK, s_l, a_l, CB, False, EI, F16)
                 words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 3, nk - 1), k_lo, tq2,
                                          TPS, SK, CB)
                 acc = _mma_step(a, x_bufs, ready, empty, acc, it)
@@ -609,7 +752,7 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
                        stride_wn, stride_sn, stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr,
                        GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
                        HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr,
-                       CB: gl.constexpr = 4, EI: gl.constexpr = 0):
+                       CB: gl.constexpr = 4, EI: gl.constexpr = 0, F16: gl.constexpr = False):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
     ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K CB / 32]`` (``CB``: 4, or 8 for E4M3 / E5M2
@@ -628,7 +771,8 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
     (``P x 2 WG_ROWS x BT``) and int32 counters ``cnt_ptr`` (``2 WG_ROWS x 4`` per tail tile,
     zero on entry, left zero). ``TMA_OUT``: each consumer writes a whole tile's
     ``[BT, WG_ROWS]`` output through shared memory with one TMA store (``out_desc``, block
-    ``[BT, WG_ROWS]``; N a multiple of 8), else with masked 2-byte stores."""
+    ``[BT, WG_ROWS]``; N a multiple of 8), else with masked 2-byte stores. ``F16``: fp16
+    activations and output, f16 decodes (:func:`f16_decode_asm`) and fp16 MMAs."""
     n_t = gl.cdiv(M, BT)
     n_n = gl.cdiv(N, 2 * WG_ROWS)
     n_steps = K // BK
@@ -641,10 +785,10 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
     gl.warp_specialize([
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16)),
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16)),
         (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T, SPLIT_TAIL)),
     ], [4, 1], [232, 40])
 

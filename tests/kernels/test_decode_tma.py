@@ -167,8 +167,10 @@ def test_reasons(monkeypatch):
     with pytest.raises(ValueError, match="serves E2M1"):
         L.decode_tma(x, q)
     q = ms.quantize(torch.randn(64, 512), "nvfp4")
-    with pytest.raises(ValueError, match="bfloat16"):
+    with pytest.raises(ValueError, match="Hopper"):  # float16 activations are served (the f16 decodes)
         L.decode_tma(x.half(), q)
+    with pytest.raises(TypeError, match="bfloat16 or float16"):
+        L.decode_tma(x.float(), q)
     with pytest.raises(ValueError, match="Hopper"):
         L.decode_tma(x, q)
     for bad in (12, 8):  # not a tile width; fewer columns than tokens
@@ -402,10 +404,13 @@ def test_routing_switch(monkeypatch):
     f4 = ms.get_format("nvfp4")
     big, small = NS(shape=(28672, 8192), fmt=f4), NS(shape=(8192, 8192), fmt=f4)
     small_int4 = NS(shape=(8192, 8192), fmt=ms.get_format("int4_affine_g128"))  # no gemv_mma: 5-16 tokens too
-    gpu, cpu = NS(is_cuda=True, shape=(16, 8192), numel=lambda: 16 * 8192), NS(is_cuda=False)
-    gpu32 = NS(is_cuda=True, shape=(32, 8192), numel=lambda: 32 * 8192)  # past gemv_mma: no size limit
-    gpu8 = NS(is_cuda=True, shape=(8, 8192), numel=lambda: 8 * 8192)  # eager: large weights only
-    gpu1 = NS(is_cuda=True, shape=(1, 8192), numel=lambda: 8192)  # eager: below DECODE_TMA_EAGER_MIN_M
+    bf = torch.bfloat16
+    gpu, cpu = NS(is_cuda=True, dtype=bf, shape=(16, 8192), numel=lambda: 16 * 8192), NS(is_cuda=False)
+    gpu32 = NS(is_cuda=True, dtype=bf, shape=(32, 8192), numel=lambda: 32 * 8192)  # past gemv_mma: no size limit
+    gpu8 = NS(is_cuda=True, dtype=bf, shape=(8, 8192), numel=lambda: 8 * 8192)  # eager: large weights only
+    gpu8h = NS(is_cuda=True, dtype=torch.float16, shape=(8, 8192), numel=lambda: 8 * 8192)  # gemv_mma has no fp16
+    gpu4h = NS(is_cuda=True, dtype=torch.float16, shape=(4, 8192), numel=lambda: 4 * 8192)  # the GEMV's
+    gpu1 = NS(is_cuda=True, dtype=bf, shape=(1, 8192), numel=lambda: 8192)  # eager: below DECODE_TMA_EAGER_MIN_M
     capturing = [False]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
 
@@ -420,9 +425,10 @@ def test_routing_switch(monkeypatch):
     assert wanted("auto", gpu32, small) and not wanted("auto", gpu32, small, plans=False)
     assert not wanted("graph", gpu32, small) and not wanted("0", gpu32, big)
     assert wanted("auto", gpu8, big) and not wanted("auto", gpu8, small) and wanted("1", gpu8, small)
+    assert wanted("auto", gpu8h, small) and not wanted("auto", gpu4h, small)
     assert not wanted("auto", gpu1, big) and L.DECODE_TMA_EAGER_MIN_M > 1
     assert wanted("auto", gpu8, small_int4) and not wanted("auto", gpu8, small_int4, plans=False)
-    assert not wanted("auto", NS(is_cuda=True, shape=(4, 8192), numel=lambda: 4 * 8192), small_int4)  # the GEMV's
+    assert not wanted("auto", NS(is_cuda=True, dtype=bf, shape=(4, 8192), numel=lambda: 4 * 8192), small_int4)  # the GEMV's
     capturing[0] = True
     assert wanted("graph", gpu, small) and wanted("auto", gpu, small) and not wanted("0", gpu, big)
     assert wanted("auto", gpu8, big) and wanted("graph", gpu8, small)

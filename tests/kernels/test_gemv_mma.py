@@ -142,9 +142,10 @@ class Warp:
                 assert s < 8, "sign-replicate selectors are not emitted"
                 out |= src[s].astype(u32) << u32(8 * i)
             regs[ops[0]] = out
-        elif op == "cvt.rn.f16x2.e4m3x2":
+        elif op in ("cvt.rn.f16x2.e4m3x2", "cvt.rn.f16x2.e5m2x2"):
             h = v(ops[1])
-            f8 = lambda b: (b.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float16)  # noqa: E731
+            t8 = ml_dtypes.float8_e4m3fn if op.endswith("e4m3x2") else ml_dtypes.float8_e5m2
+            f8 = lambda b: (b.astype(np.uint8).view(t8).astype(np.float16)  # noqa: E731
                             .view(np.uint16).astype(u32))
             regs[ops[0]] = f8(h & 0xFF) | (f8((h >> 8) & 0xFF) << u32(16))
         elif op == "cvt.f32.f16":

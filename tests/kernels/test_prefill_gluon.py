@@ -586,8 +586,10 @@ def test_reasons():
     with pytest.raises(ValueError, match="serves E2M1"):
         L.prefill_ws(x, q)
     q = ms.quantize(torch.randn(64, 256), "nvfp4")
-    with pytest.raises(ValueError, match="bfloat16"):
+    with pytest.raises(ValueError, match="Hopper"):  # float16 activations are served (the f16 decodes)
         L.prefill_ws(x.half(), q)
+    with pytest.raises(TypeError, match="bfloat16 or float16"):
+        L.prefill_ws(x.float(), q)
     with pytest.raises(ValueError, match="Hopper"):
         L.prefill_ws(x, q)
     q = ms.quantize(torch.randn(64, 256), "int4_affine_g128")
