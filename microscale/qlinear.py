@@ -503,7 +503,11 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     :func:`decode_tma` (which also serves the 4-bit integers, from ``DECODE_TMA_MIN_M_INT4`` (3;
     signed codes ``DECODE_TMA_MIN_M_INT4_SYM``, 4) tokens on large weights, and MXFP8 and the 8-bit
     integers from ``DECODE_TMA_MIN_M_8BIT`` (4; 8-bit integers on small weights
-    ``DECODE_TMA_SMALL_MIN_M_INT8``, 5) to ``DECODE_TMA_MAX_M_8BIT`` (32)).
+    ``DECODE_TMA_SMALL_MIN_M_INT8``, 5) to ``DECODE_TMA_MAX_M_8BIT`` (32)). fp16 activations take the
+    same routes but :func:`gemv_mma` (bf16 only: :func:`decode_tma` serves small E2M1 weights from 5
+    eager tokens instead); the Gluon kernels then decode into f16 and run fp16 MMAs, for the weights
+    whose decode stays exact in f16 (:func:`_f16_weight_reason`; others take the GEMV or the prefill
+    kernel).
 
     On Hopper the f16x2 GEMV runs as a programmatic dependent launch chain: once a weight
     has been used and its tensors are unchanged (torch's version counters), the GEMV may
@@ -1424,7 +1428,7 @@ def _f16_weight_reason(q: QTensor) -> str | None:
 
 
 #: :func:`linear` routes the weights :func:`prefill_ws` takes with at least ``PREFILL_WS_MIN_M``
-#: bf16 tokens on Hopper (8-bit codes, which :func:`decode_tma` serves only up to
+#: tokens on Hopper (8-bit codes, which :func:`decode_tma` serves only up to
 #: ``DECODE_TMA_MAX_M_8BIT`` tokens: ``PREFILL_WS_MIN_M_8BIT``) to :func:`prefill_ws`;
 #: ``MICROSCALE_PREFILL_WS=0`` (read at import) sends them to :func:`prefill` instead (A/B
 #: runs). H200, graphs, weights past L2 (twenty-seventh session, ``h200_2026-12-03/s27/b/``):
@@ -1565,7 +1569,7 @@ def _launch_direct(fn, grid, *args, **kwargs) -> None:
 def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, block_t: int | None = None,
                stages: int | None = None, group_t: int = 4, persistent: bool = True,
                split_tail: bool | None = None) -> torch.Tensor:
-    """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens of bf16 activations on Hopper and an
+    """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens of bf16 or fp16 activations on Hopper and an
     E2M1 weight (NVFP4, MXFP4), 4-bit integers with fp16 block scales (``int4_affine_g*`` with
     zero points of at most 15, ``int4_fp16``), 8-bit integers with fp16 block scales
     (``int8_affine_g*``, ``int8_fp16``: each weight the bf16 of ``(code - z) * s`` but within 2^-15
@@ -1573,7 +1577,9 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     (E4M3 / E5M2 codes without Inf / NaN, E8M0 scales), MXINT4 or MXINT8,
     with the warp-specialized Gluon kernel
     (:mod:`microscale.kernels._prefill_gluon`: TMA ring for the activations, two consumer
-    warpgroups decoding the codes straight into the wgmma register operand). :func:`linear`
+    warpgroups decoding the codes straight into the wgmma register operand; fp16 activations: f16
+    decodes and fp16 MMAs, weights exact or the f16 of ``(code - z) * s``, within the limits of
+    :func:`_f16_weight_reason`). :func:`linear`
     routes here from ``PREFILL_WS_MIN_M`` tokens. ``block_t``: tokens per tile (the wgmma N:
     64, 128 or 256); ``stages``: activation ring slots (both default to
     :func:`choose_prefill_ws_tile`); ``group_t``: token tiles that sweep the row tiles together
@@ -1645,7 +1651,7 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
 #: least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``DECODE_TMA_SMALL_MIN_M`` for smaller ones; 4-bit
 #: integers from ``DECODE_TMA_MIN_M_INT4`` / ``DECODE_TMA_MIN_M_INT4_SYM``, MXFP8 from
 #: ``DECODE_TMA_MIN_M_8BIT``, at least: :func:`_dt_min_m`) to
-#: ``DECODE_TMA_MAX_M`` bf16 tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA``,
+#: ``DECODE_TMA_MAX_M`` tokens on Hopper to :func:`decode_tma` (``MICROSCALE_DECODE_TMA``,
 #: read at import): ``auto`` (the default) while a CUDA graph is being captured, and in eager
 #: calls with call plans on for more than 16 tokens, or from ``DECODE_TMA_EAGER_MIN_M`` tokens on
 #: weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements; ``graph`` only while capturing;
@@ -1920,14 +1926,15 @@ def _dt_parts(tiles: int, nct: int, programs: int) -> int:
 
 def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
                programs: int | None = None, tokens: int | None = None) -> torch.Tensor:
-    """``x2 [M <= 64, K] @ dequant(q)^T (+ bias)`` for bf16 activations on Hopper and an E2M1
+    """``x2 [M <= 64, K] @ dequant(q)^T (+ bias)`` for bf16 or fp16 activations on Hopper and an E2M1
     weight (NVFP4, MXFP4), a 4/8-bit integer weight with fp16 scales in blocks of 32 or a multiple
     of 64 (``int4_affine_g*``, ``int4_fp16``, ``int8_affine_g*``, ``int8_fp16``), MXFP8 (E4M3, E5M2),
     MXINT4 or MXINT8 (8-bit codes: ``M <= 32``), with the
     warp-specialized Gluon kernel
     (:mod:`microscale.kernels._decode_tma`: a producer warp brings each K step's code words,
     block scales and activations by TMA into a shared-memory ring, eight consumer warps
-    decode them into ``mma.sync``). :func:`linear` routes here from ``DECODE_TMA_MIN_M``
+    decode them into ``mma.sync``; fp16 activations as in :func:`prefill_ws`). :func:`linear` routes here
+    from ``DECODE_TMA_MIN_M``
     (``DECODE_TMA_SMALL_MIN_M``; per format :func:`_dt_min_m`) tokens while a CUDA graph is being
     captured and for large weights (``_decode_tma_wanted``). Work: the 128-row tiles' ring chunks (256 K elements) in
     tile-major order, split into ``programs`` contiguous shares of equal size (stream-K;

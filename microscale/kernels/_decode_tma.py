@@ -25,6 +25,7 @@ decode and issue ``mma.sync``:
 * a tile shared by several programs is added up by its last part in K order (per-element
   counters as in the prefill's split tail), so results are deterministic.
 
+fp16 activations (``F16``): f16 decodes and fp16 MMAs, as in :mod:`._prefill_gluon`.
 The activations are K-permuted as for :mod:`._prefill_gluon` (:func:`._prefill_gluon._xperm_kernel`).
 Gluon kernels do not run under the Triton interpreter; CI compiles this one for sm_90 and
 checks its structure and the scale repack; the GPU tests compare it with float64.

@@ -45,6 +45,12 @@ each row and step; word ``a``'s pair ``h`` (bytes ``2 h``, ``2 h + 1``) fills K 
 exact; with fp16 scales (``int8_fp16``, ``int8_affine_g*``) the ``hi`` / ``lo`` split leaves a weight
 the bf16 of ``(code - z) * s`` except within 2^-15 (relative) of a rounding tie.
 
+fp16 activations (``F16``) take the same kernel with f16 decodes (:func:`f16_decode_asm`: E2M1 as
+``v * 2^-14`` by the one-token GEMV's select decode, E4M3 / E5M2 by ``cvt``, integers under the f16
+exponent of 1024, then one ``mul.f16x2`` by the block scale) and fp16 MMAs: the weights exact (E8M0
+scales within an f16 window per element kind, ``microscale.qlinear._E8M0_F16_WINDOW``; UE4M3 scales
+always), or for fp16 scales the f16 of ``(code - z) * s``; the K order is the same.
+
 ``ms.linear`` routes NVFP4 / MXFP4, those integer weights, MXFP8 and MXINT8 here from ``qlinear.PREFILL_WS_MIN_M``
 (65) tokens (8-bit codes from ``PREFILL_WS_MIN_M_8BIT``, 33, but integers with fp16 scales in blocks of 32)
 (H200 timings: ``benchmarks/run_gpu_prefill.py``, ``WS=1``). Gluon kernels do not run under
