@@ -334,6 +334,20 @@ E8M0_F16_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nshl.b32 t, t, 
 
 
 @gluon.jit
+def _byte_scale(sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, F16: gl.constexpr):
+    """UE4M3 (``SK`` 2) or E8M0 scale bytes -> the bf16x2 (``F16``: f16x2) scale the decode multiplies by
+    (:data:`UE4M3_ASM`, :data:`E8M0_ASM` and their f16 twins)."""
+    if SK == 2:
+        sc = gl.inline_asm_elementwise(UE4M3_F16_ASM if F16 else UE4M3_ASM, "=r,r", [sraw], dtype=gl.int32,
+                                       is_pure=True, pack=1)
+    else:
+        sc = gl.inline_asm_elementwise(E8M0_F16_ASM if F16 else E8M0_ASM, "=r,r,r",
+                                       [sraw, gl.full(sraw.shape, 0, gl.int32, s_l) + ke], dtype=gl.int32,
+                                       is_pure=True, pack=1)
+    return sc
+
+
+@gluon.jit
 def _decode_f16(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, CB: gl.constexpr, UNSCALED: gl.constexpr,
                 EI: gl.constexpr):
     """:func:`_decode`'s f16 outputs (before the K-slot reshuffle), for fp16 activations: the
@@ -347,11 +361,7 @@ def _decode_f16(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, CB: gl.con
             k = (z + 0x6400) * 0x10001  # f16x2 1024 + z (z 8 for signed 4-bit codes)
         sc = (sraw & 0xFFFF) * 0x10001  # the fp16 scale in both halves
     else:
-        if SK == 2:
-            sc = gl.inline_asm_elementwise(UE4M3_F16_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)
-        else:
-            sc = gl.inline_asm_elementwise(E8M0_F16_ASM, "=r,r,r", [sraw, gl.full(sraw.shape, 0, gl.int32, s_l) + ke],
-                                           dtype=gl.int32, is_pure=True, pack=1)
+        sc = _byte_scale(sraw, ke, SK, s_l, True)
         k = gl.full(sraw.shape, F16_K_S8 if CB == 8 else F16_K_S4, gl.int32, s_l)  # MXINT8 / MXINT4
         z = gl.full(sraw.shape, 8, gl.int32, s_l)
     sc3 = gl.broadcast(gl.expand_dims(sc, 2), words)[0]
@@ -552,11 +562,7 @@ def _decode(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.conste
                                           "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [words, hi3, lo3, kz3],
                                           dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
     else:
-        if SK == 2:
-            sc = gl.inline_asm_elementwise(UE4M3_ASM, "=r,r", [sraw], dtype=gl.int32, is_pure=True, pack=1)
-        else:
-            sc = gl.inline_asm_elementwise(E8M0_ASM, "=r,r,r", [sraw, gl.full(sraw.shape, 0, gl.int32, s_l) + ke],
-                                           dtype=gl.int32, is_pure=True, pack=1)
+        sc = _byte_scale(sraw, ke, SK, s_l, False)
         sc3 = gl.broadcast(gl.expand_dims(sc, 2), words)[0]
         if CB == 8 and EI == 1:  # MXINT8: [rows, t, a] words of 4 elements 16 t + 4 a + 2 h + e
             e = gl.inline_asm_elementwise(INT8S_E8M0_ASM, "=h,=h,=h,=h,r,r", [words, sc3], dtype=(gl.bfloat16,) * 4,
