@@ -227,16 +227,18 @@ def _capturing(t: torch.Tensor | None) -> bool:
     return t is not None and t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _scan_once(t: torch.Tensor, attr: str, scan, capturing):
-    """``scan(t)`` once per tensor and version (a host sync on CUDA), the answer kept on
-    ``t`` as attribute ``attr``; ``capturing`` while a CUDA graph is captured unscanned."""
+def _scan_once(t: torch.Tensor, attr: str, scan, capturing, also: tuple = ()):
+    """``scan(t)`` once per tensor and version (a host sync on CUDA; and per version of the
+    tensors ``also`` the scan reads besides ``t``), the answer kept on ``t`` as attribute
+    ``attr``; ``capturing`` while a CUDA graph is captured unscanned."""
+    ver = (t._version, *(a._version for a in also))
     seen = getattr(t, attr, None)
-    if seen is not None and seen[0] == t._version:
+    if seen is not None and seen[0] == ver:
         return seen[1]
     if _capturing(t):
         return capturing
     ans = scan(t)
-    setattr(t, attr, (t._version, ans))
+    setattr(t, attr, (ver, ans))
     return ans
 
 
@@ -1009,6 +1011,8 @@ def _e8m0_window(q: QTensor) -> int | None:
     none NaN), or None. Scanned once per scales tensor version (:func:`_scan_once`); None
     while a CUDA graph is captured unscanned."""
     def scan(s: torch.Tensor) -> int | None:
+        if not s.numel():
+            return None
         lo, hi = (int(v) for v in torch.aminmax(s.view(torch.uint8).reshape(-1)))
         return hi - 128 if hi < 255 and lo >= hi - 126 else None
 
@@ -1016,14 +1020,25 @@ def _e8m0_window(q: QTensor) -> int | None:
 
 
 def _e8m0_range(q: QTensor) -> tuple[int, int] | None:
-    """``(least, largest)`` E8M0 scale byte of ``q`` (NaN, 255, excluded: None when present).
-    Scanned once per scales tensor version (:func:`_scan_once`); None while a CUDA graph is
+    """``(least, largest)`` E8M0 scale byte of ``q``'s blocks, the least over the blocks that hold a
+    nonzero code (the quantizer gives all-zero blocks the byte 0; the f16 decode flushes scales below
+    its window to zero, which leaves those blocks right); None with a NaN byte (255) or no scales.
+    Scanned once per version of the codes and scales (:func:`_scan_once`); None while a CUDA graph is
     captured unscanned."""
-    def scan(s: torch.Tensor) -> tuple[int, int] | None:
-        lo, hi = (int(v) for v in torch.aminmax(s.view(torch.uint8).reshape(-1)))
-        return (lo, hi) if hi < 255 else None
+    el = q.fmt.element
 
-    return _scan_once(q.scales, "_microscale_e8m0_range", scan, None)
+    def scan(s: torch.Tensor) -> tuple[int, int] | None:
+        b = s.view(torch.uint8).reshape(-1)
+        if not b.numel() or int(b.max()) == 255:
+            return None
+        codes = unpack_codes(q.data.contiguous().view(torch.uint8), el.bits, int(q.shape[-1]))
+        if el.kind == "float":  # +-0 (sign bit alone)
+            codes = codes & ((1 << (el.bits - 1)) - 1)
+        live = (codes.reshape(b.numel(), -1) != 0).any(dim=1)
+        lo = int(torch.where(live, b, 255).min())
+        return (min(lo, int(b.max())), int(b.max()))
+
+    return _scan_once(q.scales, "_microscale_e8m0_range", scan, None, (q.data,))
 
 
 def _f16_scale_max(q: QTensor) -> float | None:

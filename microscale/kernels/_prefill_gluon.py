@@ -245,16 +245,10 @@ F16Z8_SCALE_ASM = gl.constexpr(F16Z_SCALE_ASM.value.replace("add.u32 z, z, 0x430
                                                              _Z8_LINES.format("$2")))
 
 
-def _i32(v: int) -> int:
-    """A 32-bit pattern as the signed int32 a kernel constant needs."""
-    return v - (1 << 32) if v >= 1 << 31 else v
-
-
 #: f16x2 constants of :func:`f16_decode_asm`'s integer decodes: ``1/16`` (the 4-bit odd pairs' fma), the
 #: byte ``0x64`` (f16 exponent of 1024, under which ``prmt`` puts 8-bit codes), ``1024 + 128`` (signed
-#: 8-bit codes after the sign flip), ``1024 + 8`` / ``-(64 + 8)`` (signed 4-bit codes after theirs)
-F16_C16, F16_C64, F16_K_S8, F16_K_S4, F16_K2_S4 = (gl.constexpr(v) for v in (0x2C002C00, 0x64646464, 0x64806480,
-                                                                              0x64086408, _i32(0xD480D480)))
+#: 8-bit codes after the sign flip), ``1024 + 8`` (signed 4-bit codes after theirs)
+F16_C16, F16_C64, F16_K_S8, F16_K_S4 = (gl.constexpr(v) for v in (0x2C002C00, 0x64646464, 0x64806480, 0x64086408))
 
 
 def f16_decode_asm(kind: str, scaled: bool = True) -> str:
@@ -329,8 +323,10 @@ F16_S8_CODE_ASM = gl.constexpr(f16_decode_asm("s8", False))
 UE4M3_F16_ASM = gl.constexpr("{\n.reg .b16 lo;\n.reg .b32 sc;\ncvt.u16.u32 lo, $1;\ncvt.rn.f16x2.e4m3x2 sc, lo;\n"
                              "prmt.b32 $0, sc, 0, 0x1010;\n}")
 #: E8M0 scale byte ``$1`` and ``$2`` = ``ke`` -> f16x2 ``2^(e + ke - 15)`` in both halves (f16 bits
-#: ``(e + ke) << 10``; ``e + ke`` within the window of :func:`microscale.qlinear._gluon_scale_args`)
-E8M0_F16_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nshl.b32 t, t, 10;\nprmt.b32 $0, t, 0, 0x1010;\n}")
+#: ``(e + ke) << 10``; ``e + ke`` within the window of :func:`microscale.qlinear._gluon_scale_args`, or
+#: below it for blocks of zero codes only: clamped to 0, the f16 zero)
+E8M0_F16_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nmax.s32 t, t, 0;\nshl.b32 t, t, 10;\n"
+                            "prmt.b32 $0, t, 0, 0x1010;\n}")
 
 
 @gluon.jit

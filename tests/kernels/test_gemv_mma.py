@@ -129,6 +129,8 @@ class Warp:
             regs[ops[0]] = (v(ops[1]).astype(np.uint64) + v(ops[2])).astype(u32)
         elif op == "sub.s32":
             regs[ops[0]] = ((v(ops[1]).astype(np.int64) - v(ops[2]).astype(np.int64)) & 0xFFFFFFFF).astype(u32)
+        elif op == "max.s32":
+            regs[ops[0]] = np.maximum(v(ops[1]).view(np.int32), v(ops[2]).view(np.int32)).view(u32)
         elif op == "cvt.rn.f32.s32":  # (exact for the small integers the generators convert)
             val = v(ops[1]).view(np.int32).astype(np.float64)
             assert (np.abs(val) < 2 ** 24).all()

@@ -148,20 +148,20 @@ def _e8m0_weight(name: str, gen, n: int = 24, k: int = 512, span: int | None = N
 
 
 def _fp16_scaled_weight(name: str, gen, n: int = 24, k: int = 512):
-    """An integer weight with fp16 scales: every code (rows 1-3), every zero point (rows 1-3), scales
-    subnormal, with low mantissa bits set, and the largest the f16 decode takes (row 0)."""
+    """An integer weight with fp16 scales: every code and zero point (rows 0-3), scales subnormal, with
+    low mantissa bits set, and the largest the f16 decode takes (row 0)."""
     w = torch.randn(n, k, generator=gen) * torch.logspace(-6, 1, n).reshape(n, 1)
     q = ms.quantize(w, name)
     bits = q.fmt.element.bits
     every = torch.arange(256, dtype=torch.uint8)
-    q.data[1:4, :] = every.repeat(q.data.shape[1] // 256 + 1)[: q.data.shape[1]]
+    q.data[0:4, :] = every.repeat(q.data.shape[1] // 256 + 1)[: q.data.shape[1]]
     sc = q.scales.view(torch.int16)
     top = torch.tensor(65504 / (1 << bits), dtype=torch.float16).view(torch.int16)  # 0x6BFF (4094) / 0x5BFF (255.875)
     extremes = torch.tensor([0x0001, 0x03FF, 0x0401, int(top), 0x3C01, 0x3FFF], dtype=torch.int16)
     sc[0, :] = extremes.repeat(sc.shape[1] // extremes.numel() + 1)[: sc.shape[1]]
     if q.zero_points is not None:
         zmax = 15 if bits == 4 else 255
-        q.zero_points[1:4, :] = (torch.arange(3 * q.zero_points.shape[1]) * 7 % (zmax + 1)).to(torch.uint8).view(3, -1)
+        q.zero_points[0:4, :] = (torch.arange(4 * q.zero_points.shape[1]) * 7 % (zmax + 1)).to(torch.uint8).view(4, -1)
     return q
 
 
@@ -228,6 +228,22 @@ def test_windows_are_tight(name, gen, monkeypatch):
             mp.setitem(_TOP, _kind(q), (_TOP[_kind(q)][0] + shift, _TOP[_kind(q)][1]))
             with pytest.raises(AssertionError):
                 _check(q, x)
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "mxint8", "mxfp8_e4m3"])
+def test_zero_blocks_below_the_window(name, gen):
+    """Blocks of zero codes (the quantizer gives them the scale byte 0) do not narrow the window: their
+    scales, far below it, are flushed to zero (exact); a nonzero code in such a block is refused."""
+    w = torch.randn(24, 512, generator=gen)
+    w[4, :64] = 0
+    w[7, 448:] = 0
+    q = ms.quantize(w, name)
+    s = q.scales.view(torch.uint8)
+    assert int(s[4, 0]) < int(s.max()) - 40  # far below any f16 window
+    assert L._f16_weight_reason(q) is None
+    _check(q, (torch.randn(3, 512, generator=gen) * 2).to(torch.float16))
+    q.data[4, 3] = 0x11 if name == "mxfp4" else 0x01  # a nonzero code in a zero block
+    assert "within" in L._f16_weight_reason(q)
 
 
 def test_fp16_scale_bound(gen):
@@ -331,3 +347,32 @@ def test_gpu_f16_kernels(name):
         assert ((out.double() - ref).abs() <= 2.0 ** -11 * ref.abs() + 2.0 ** -16 * cond).all(), (m, n, k, op)
         got = ms.linear(x, q, bias)  # (whichever route: weights exact or rounded once)
         assert ((got.double() - ref).abs() <= 2.0 ** -11 * ref.abs() + 2.0 ** -10 * cond).all(), (m, n, k, "linear")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+@pytest.mark.parametrize("name", ["mxfp4", "int4_affine_g128", "nvfp4"])
+def test_gpu_f16_in_cuda_graphs(name, monkeypatch):
+    """fp16 calls captured in CUDA graphs: a weight whose f16 limits were never scanned (first used
+    inside the capture: E8M0 range, fp16 scale bound) takes another route there, right all the same;
+    once an eager call has scanned it, a capture takes ``decode_tma`` (NVFP4 needs no scan)."""
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        pytest.skip("sm_90")
+    g = torch.Generator(device=dev).manual_seed(17)
+    q = ms.quantize(torch.randn(1024, 2048, device=dev, generator=g) * 0.05, name)
+    x = torch.randn(16, 2048, device=dev, generator=g).half()
+    want = x.double() @ q.dequantize(torch.float64).T
+    calls = []
+    real = L.decode_tma
+    monkeypatch.setattr(L, "decode_tma", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for scanned in (False, True):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = ms.linear(x, q)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert y.dtype == torch.float16 and ((y.double() - want).norm() / want.norm()).item() < 2e-3
+        assert bool(calls) == (scanned or name == "nvfp4"), (name, scanned)
+        calls.clear()
+        ms.linear(x, q)  # eager: scans the weight's f16 limits
+        calls.clear()
