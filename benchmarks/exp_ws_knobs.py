@@ -17,7 +17,8 @@ taken while capturing), ``prefill`` (the Triton prefill kernel), ``ws`` (``prefi
 chooses), ``dtma`` (``decode_tma``; ``dtma t16``: with 16 token columns; ``dtma post`` / ``dtma nopost``: int4 with
 the MMA results scaled / each weight pair scaled), ``gemv_mma``, ``gemv``, ``xperm`` (``prefill_ws``'s K-permutation kernel
 alone, not checked) or ``g<group_t> s<stages> [t<block_t>] [nosplit]``
-(``prefill_ws`` with those arguments); the default set sweeps group_t 1-16 at the routed
+(``prefill_ws`` with those arguments), each optionally followed by ``+NAME`` words (a ``qlinear`` switch set to
+True for the variant); the default set sweeps group_t 1-16 at the routed
 stages. ``M`` may list several token counts (``M=64,128``).
 """
 from __future__ import annotations
@@ -44,7 +45,18 @@ DT = torch.float16 if os.environ.get("DTYPE", "bf16") == "fp16" else torch.bfloa
 
 
 def op(v: str, x: torch.Tensor, q) -> torch.Tensor:
-    """Variant ``v`` on ``x`` and ``q``: ``linear``, ``dtma``, or ``prefill_ws`` with ``"g4 s3 t256"``'s arguments."""
+    """Variant ``v`` on ``x`` and ``q``: ``linear``, ``dtma``, or ``prefill_ws`` with ``"g4 s3 t256"``'s arguments;
+    words ``+NAME`` set the ``qlinear`` switch ``NAME`` to True for the call (``"dtma +_DT_WARP_ARRIVE"``)."""
+    flags = [t[1:] for t in v.split() if t.startswith("+")]
+    if flags:
+        saved = {a: getattr(L, a) for a in flags}
+        for a in flags:
+            setattr(L, a, True)
+        try:
+            return op(" ".join(t for t in v.split() if not t.startswith("+")), x, q)
+        finally:
+            for a, val in saved.items():
+                setattr(L, a, val)
     if v == "linear":
         return ms.linear(x, q)
     if v == "dtma":
@@ -124,11 +136,11 @@ def main() -> None:
                         rows.append((f"{M}x{n}x{k}", fmt, v, r, us, base / us))
                         print(*rows[-1], flush=True)
     print(f"\nMedian over {ROUNDS} round(s) of each variant's ratio to its round's cuBLAS")
-    print(f"{'shape':17s} {'fmt':6s} {'variant':10s} {'us':>9s} {'vs cuBLAS':>9s}")
+    print(f"{'shape':17s} {'fmt':6s} {'variant':24s} {'us':>9s} {'vs cuBLAS':>9s}")
     keys = list(dict.fromkeys((s, f, v) for s, f, v, *_ in rows))
     for s, f, v in keys:
         sel = [(us, ra) for s2, f2, v2, _, us, ra in rows if (s2, f2, v2) == (s, f, v)]
-        print(f"{s:17s} {f:6s} {v:10s} {statistics.median(u for u, _ in sel):9.1f} "
+        print(f"{s:17s} {f:6s} {v:24s} {statistics.median(u for u, _ in sel):9.1f} "
               f"{statistics.median(r for _, r in sel):9.3f}")
 
 

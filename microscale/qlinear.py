@@ -1655,7 +1655,8 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
                    bias if bias is not None else out, out, out_desc, ws, cnt, n, m, k, wv.words.stride(0),
                    scales.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
                    SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
-                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=_gluon_elem_kind(q), F16=f16, num_warps=4)
+                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=_gluon_elem_kind(q), F16=f16,
+                   WARP_ARRIVE=_WS_WARP_ARRIVE, num_warps=4)
     return out
 
 
@@ -1821,6 +1822,11 @@ _DT_WIDE = 4
 #: K steps per TMA box of :func:`decode_tma`'s step-major scales: the ring chunk's (``[2 x chunk,
 #: 256]`` bytes, consecutive rows of the copy) or 1; divides the chunk
 _DT_SBOX = _DT_CHUNK
+#: :func:`decode_tma`'s consumer warps free ring slots each on its own, without the partition-wide
+#: barriers Gluon puts before each ``mbarrier`` wait and arrive (:mod:`microscale.kernels._ptx`)
+_DT_WARP_ARRIVE = False
+#: the same for :func:`prefill_ws`'s two consumer warpgroups
+_WS_WARP_ARRIVE = False
 
 
 def _dt_nps(q: QTensor) -> int:
@@ -1997,7 +2003,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
            STAGES=_DT_STAGES_8BIT if cb == 8 else _DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q), CB=cb,
            EI=_gluon_elem_kind(q), F16=f16,
-           POST=_dt_post(q, tok),
+           POST=_dt_post(q, tok), WARP_ARRIVE=_DT_WARP_ARRIVE,
            num_warps=rows // 16, maxnreg=80)
     return out
 

@@ -37,6 +37,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
+from . import _ptx
 from ._prefill_gluon import _SKS, _SKZ, ARRIVE_ASM, BK, _decode, code_word_layout, ring_barriers
 
 
@@ -86,7 +87,7 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp,
               ke, post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
               HAS_BIAS: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr, POST: gl.constexpr,
-              EI: gl.constexpr, F16: gl.constexpr):
+              EI: gl.constexpr, F16: gl.constexpr, WARP_ARRIVE: gl.constexpr):
     """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
     ``mma.sync`` its ``C`` steps, free the slot (``POST``: see :func:`_decode_tma_kernel`). Per
     tile it touches: the epilogue (a shared tile's part to the workspace; the tile's last part
@@ -111,6 +112,8 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
     s_zero = gl.full([ROWS, 4], 0, gl.int32, s_l)
     tq = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, s_l)), 0)
     r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma_l))
+    if WARP_ARRIVE:  # the PTX rewrite (._ptx): no partition barriers, each warp frees a slot
+        r = _ptx.marker(r)
     TOK: gl.constexpr = x_bufs.shape[1]  # token columns: 8, 16, 32 or 64
     c = gl.arange(0, TOK, layout=gl.SliceLayout(0, mma_l))
     TILE: gl.constexpr = ROWS * TOK
@@ -180,7 +183,8 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
 def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp, ke,
                        post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
                        HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, NPS: gl.constexpr = 1, CB: gl.constexpr = 4,
-                       POST: gl.constexpr = False, EI: gl.constexpr = 0, F16: gl.constexpr = False):
+                       POST: gl.constexpr = False, EI: gl.constexpr = 0, F16: gl.constexpr = False,
+                       WARP_ARRIVE: gl.constexpr = False):
     """``out[M <= TOK, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K CB / 32]`` (``CB``: 4-bit codes, or 8; block ``[ROWS, 2 CB CW]``,
     ``CW`` dividing ``C``);
@@ -204,10 +208,10 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C, SR, 256], s_desc.layout)
     s_boxes = s_bufs._reinterpret(gl.uint8, [STAGES * C // SW, SW * SR, 256], s_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * C, x_desc.block_type.shape[0], BK], x_desc.layout)
-    ready, empty = ring_barriers(STAGES, 1)
+    ready, empty = ring_barriers(STAGES, ROWS // 16 if WARP_ARRIVE else 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB, POST, EI, F16)),
+                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB, POST, EI, F16, WARP_ARRIVE)),
         (_producer, (w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT, C, NPS, CB)),
     ], [1], [40])
 

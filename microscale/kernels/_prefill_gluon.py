@@ -66,7 +66,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
+from . import _ptx
 from ._gemv_mma import SK_E8M0, SK_UE4M3, _word_lines_select
+
+_ptx.install()
 
 #: scale kinds of the integer weights with fp16 scales (``SK``): fp16 scale and uint8 zero point per
 #: block (unsigned codes), fp16 scale alone (two's-complement codes)
@@ -673,7 +676,7 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
               n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
               GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
               HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr, CB: gl.constexpr,
-              EI: gl.constexpr, F16: gl.constexpr):
+              EI: gl.constexpr, F16: gl.constexpr, WARP_ARRIVE: gl.constexpr = False):
     """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T`` per tile, for each
     of this program's segments (:func:`_plan`). Per K step it decodes its code words
     (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``W t + a`` with ``W`` = ``CB / 2``
@@ -688,6 +691,8 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
     w_l: gl.constexpr = code_word_layout(WG_ROWS, [[16, 0, 0], [32, 0, 0]], CB)
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
     r_w = WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_l))
+    if WARP_ARRIVE:  # the PTX rewrite (._ptx): no partition barriers, each warp frees a slot
+        r_w = _ptx.marker(r_w)
     tq = gl.arange(0, 4, layout=gl.SliceLayout(0, s_l))
     av = gl.arange(0, WPT, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_l)))
     w_col = WPT * tq[None, :, None] + av[None, None, :]
@@ -760,7 +765,8 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
                        stride_wn, stride_sn, stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr,
                        GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
                        HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr,
-                       CB: gl.constexpr = 4, EI: gl.constexpr = 0, F16: gl.constexpr = False):
+                       CB: gl.constexpr = 4, EI: gl.constexpr = 0, F16: gl.constexpr = False,
+                       WARP_ARRIVE: gl.constexpr = False):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
     ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K CB / 32]`` (``CB``: 4, or 8 for E4M3 / E5M2
@@ -789,14 +795,14 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
         c_bufs = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
     else:
         c_bufs = x_bufs  # unused
-    ready, empty = ring_barriers(STAGES, 2)  # both consumer warpgroups free a slot
+    ready, empty = ring_barriers(STAGES, 8 if WARP_ARRIVE else 2)  # both consumer warpgroups (or their warps)
     gl.warp_specialize([
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16, WARP_ARRIVE)),
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16, WARP_ARRIVE)),
         (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T, SPLIT_TAIL)),
     ], [4, 1], [232, 40])
 
