@@ -17,8 +17,8 @@ taken while capturing), ``prefill`` (the Triton prefill kernel), ``ws`` (``prefi
 chooses), ``dtma`` (``decode_tma``; ``dtma t16``: with 16 token columns; ``dtma post`` / ``dtma nopost``: int4 with
 the MMA results scaled / each weight pair scaled), ``gemv_mma``, ``gemv``, ``xperm`` (``prefill_ws``'s K-permutation kernel
 alone, not checked) or ``g<group_t> s<stages> [t<block_t>] [nosplit]``
-(``prefill_ws`` with those arguments), each optionally followed by ``+NAME`` words (a ``qlinear`` switch set to
-True for the variant); the default set sweeps group_t 1-16 at the routed
+(``prefill_ws`` with those arguments), each optionally followed by ``+NAME`` / ``-NAME`` words (a ``qlinear``
+switch set to True / False for the variant); the default set sweeps group_t 1-16 at the routed
 stages. ``M`` may list several token counts (``M=64,128``).
 """
 from __future__ import annotations
@@ -46,14 +46,15 @@ DT = torch.float16 if os.environ.get("DTYPE", "bf16") == "fp16" else torch.bfloa
 
 def op(v: str, x: torch.Tensor, q) -> torch.Tensor:
     """Variant ``v`` on ``x`` and ``q``: ``linear``, ``dtma``, or ``prefill_ws`` with ``"g4 s3 t256"``'s arguments;
-    words ``+NAME`` set the ``qlinear`` switch ``NAME`` to True for the call (``"dtma +_DT_WARP_ARRIVE"``)."""
-    flags = [t[1:] for t in v.split() if t.startswith("+")]
+    words ``+NAME`` / ``-NAME`` set the ``qlinear`` switch ``NAME`` to True / False for the call
+    (``"dtma -_DT_WARP_ARRIVE"``)."""
+    flags = {t[1:]: t[0] == "+" for t in v.split() if t[0] in "+-"}
     if flags:
         saved = {a: getattr(L, a) for a in flags}
-        for a in flags:
-            setattr(L, a, True)
+        for a, val in flags.items():
+            setattr(L, a, val)
         try:
-            return op(" ".join(t for t in v.split() if not t.startswith("+")), x, q)
+            return op(" ".join(t for t in v.split() if t[0] not in "+-"), x, q)
         finally:
             for a, val in saved.items():
                 setattr(L, a, val)

@@ -1041,6 +1041,31 @@ def _e8m0_range(q: QTensor) -> tuple[int, int] | None:
     return _scan_once(q.scales, "_microscale_e8m0_range", scan, None, (q.data,))
 
 
+def _ue4m3_normal(q: QTensor) -> bool:
+    """Whether ``q``'s UE4M3 block scales are all normal (bytes 8..126) but in blocks whose codes are all
+    zero, where any byte but NaN may stand: then the Gluon kernels' bf16 decode makes the scale by one
+    multiply-add (:data:`microscale.kernels._prefill_gluon.UE4M3_MUL`). Scanned once per version of
+    the codes and scales (:func:`_scan_once`); False while a CUDA graph is captured unscanned."""
+    el = q.fmt.element
+
+    def scan(s: torch.Tensor) -> bool:
+        b = s.view(torch.uint8).reshape(-1)
+        if not b.numel():
+            return True
+        if bool(((b & 0x7F) == 0x7F).any()):  # NaN scales: the asm conversion keeps them NaN
+            return False
+        low = (b < 8) | (b > 126)
+        if not bool(low.any()):
+            return True
+        codes = unpack_codes(q.data.contiguous().view(torch.uint8), el.bits, int(q.shape[-1]))
+        if el.kind == "float":  # +-0 (sign bit alone)
+            codes = codes & ((1 << (el.bits - 1)) - 1)
+        live = (codes.reshape(b.numel(), -1) != 0).any(dim=1)
+        return not bool((live & low).any())
+
+    return _scan_once(q.scales, "_microscale_ue4m3_normal", scan, False, (q.data,))
+
+
 def _f16_scale_max(q: QTensor) -> float | None:
     """The largest ``|s|`` of ``q``'s fp16 block scales (inf where one is not finite), scanned once
     (:func:`_scan_once`); None while a CUDA graph is captured unscanned."""
@@ -1537,7 +1562,8 @@ def _gluon_scale_args(q: QTensor, f16: bool = False) -> tuple[int, int, float]:
 
     f = q.fmt
     if f.scale.name == "ue4m3":  # bf16: E2M1 as v * 2^-126 and s * 2^119; f16: v * 2^-14 and s
-        return pg.SK_UE4M3, 0, 2.0 ** (14 if f16 else 7)
+        sk = pg.SK_UE4M3N if not f16 and _SCALE_IMAD and _ue4m3_normal(q) else pg.SK_UE4M3
+        return sk, 0, 2.0 ** (14 if f16 else 7)
     if f.scale.name == "e8m0" and f16:
         # f16 scale bits (e + ke) << 10, the decode gives v * 2^-B: the sums want 2^(e - 127 + B - frac) /
         # 2^(e + ke - 15); the largest scale goes to the top of the window
@@ -1550,10 +1576,13 @@ def _gluon_scale_args(q: QTensor, f16: bool = False) -> tuple[int, int, float]:
         # times the smallest scale at or above 2^-133, bf16's least subnormal
         b, c = _E8M0_PLACEMENT[(_gluon_elem_kind(q), f.element.bits)]
         d = _e8m0_window(q)
-        return pg.SK_E8M0, c - d, 2.0 ** (b - c + d - f.element.frac_bits)
+        return pg.SK_E8M0N if _SCALE_IMAD else pg.SK_E8M0, c - d, 2.0 ** (b - c + d - f.element.frac_bits)
     return (pg.SK_F16Z if f.zero_point else pg.SK_F16), 0, 1.0  # integers, fp16 scales
 
 
+#: the Gluon kernels' bf16 decodes make UE4M3 and E8M0 block scales by one integer multiply-add
+#: (``SK_UE4M3N`` for scanned weights, ``SK_E8M0N``) instead of the conversion sequences (A/B switch)
+_SCALE_IMAD = True
 #: ``(B, C)`` per Gluon element kind and code width (:func:`_gluon_scale_args`): E2M1 placed as
 #: ``v * 2^-126``; E4M3 as ``v * 2^-120`` with the window one binade lower; E5M2 as ``v * 2^-112``;
 #: integers (MXINT4, MXINT8) exact, their products in [2^-125, 2^8]
@@ -1655,8 +1684,7 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
                    bias if bias is not None else out, out, out_desc, ws, cnt, n, m, k, wv.words.stride(0),
                    scales.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
                    SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
-                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=_gluon_elem_kind(q), F16=f16,
-                   WARP_ARRIVE=_WS_WARP_ARRIVE, num_warps=4)
+                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=_gluon_elem_kind(q), F16=f16, num_warps=4)
     return out
 
 
@@ -1823,10 +1851,9 @@ _DT_WIDE = 4
 #: 256]`` bytes, consecutive rows of the copy) or 1; divides the chunk
 _DT_SBOX = _DT_CHUNK
 #: :func:`decode_tma`'s consumer warps free ring slots each on its own, without the partition-wide
-#: barriers Gluon puts before each ``mbarrier`` wait and arrive (:mod:`microscale.kernels._ptx`)
-_DT_WARP_ARRIVE = False
-#: the same for :func:`prefill_ws`'s two consumer warpgroups
-_WS_WARP_ARRIVE = False
+#: barriers Gluon puts before each ``mbarrier`` wait and arrive (:mod:`microscale.kernels._ptx`; 1-2%
+#: faster at 16 tokens, bit-identical; ``MICROSCALE_WARP_ARRIVE=0`` off)
+_DT_WARP_ARRIVE = os.environ.get("MICROSCALE_WARP_ARRIVE", "1") != "0"
 
 
 def _dt_nps(q: QTensor) -> int:

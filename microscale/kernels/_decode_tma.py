@@ -40,6 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from . import _ptx
 from ._prefill_gluon import _SKS, _SKZ, ARRIVE_ASM, BK, _decode, code_word_layout, ring_barriers
 
+_ptx.install()
+
 
 @gluon.jit
 def _chunks(n_tiles, NCT: gl.constexpr):

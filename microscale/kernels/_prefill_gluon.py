@@ -66,10 +66,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from . import _ptx
 from ._gemv_mma import SK_E8M0, SK_UE4M3, _word_lines_select
-
-_ptx.install()
 
 #: scale kinds of the integer weights with fp16 scales (``SK``): fp16 scale and uint8 zero point per
 #: block (unsigned codes), fp16 scale alone (two's-complement codes)
@@ -332,11 +329,32 @@ E8M0_F16_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nmax.s32 t, t, 
                             "prmt.b32 $0, t, 0, 0x1010;\n}")
 
 
+#: the bf16x2 scale of a UE4M3 byte ``b`` by one integer multiply-add, ``b * UE4M3_MUL + UE4M3_ADD``: ``b << 4``
+#: puts its 4 exponent and 3 mantissa bits under bf16's (a bf16 of ``s * 2^-120``) in both halves, and
+#: ``UE4M3_ADD`` adds 239 to both exponent fields: ``s * 2^119``, as :data:`UE4M3_ASM`, for normal scales
+#: (bytes 8..126); subnormal ones come out wrong, so ``SK_UE4M3N`` is for weights whose bytes below 8 only
+#: scale blocks of zero codes (scanned, :func:`microscale.qlinear._ue4m3_normal`)
+UE4M3_MUL, UE4M3_ADD = 0x00100010, 0x77807780
+_UE4M3_MUL, _UE4M3_ADD = gl.constexpr(UE4M3_MUL), gl.constexpr(UE4M3_ADD)
+#: the bf16x2 scale of an E8M0 byte ``e`` by one integer multiply-add, ``(e + ke) * E8M0_MUL``: the bits
+#: ``(e + ke) << 7`` in both halves (:data:`E8M0_ASM`; ``e + ke`` < 255, so no carry crosses the halves)
+E8M0_MUL = 0x00800080
+_E8M0_MUL = gl.constexpr(E8M0_MUL)
+#: scale kinds ``SK`` of the bf16 decodes with the scale by one multiply-add (UE4M3, E8M0); the f16
+#: decodes take them as ``SK_UE4M3`` / ``SK_E8M0``
+SK_UE4M3N, SK_E8M0N = 5, 6
+
+
 @gluon.jit
 def _byte_scale(sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, F16: gl.constexpr):
-    """UE4M3 (``SK`` 2) or E8M0 scale bytes -> the bf16x2 (``F16``: f16x2) scale the decode multiplies by
-    (:data:`UE4M3_ASM`, :data:`E8M0_ASM` and their f16 twins)."""
-    if SK == 2:
+    """UE4M3 (``SK`` 2 or 5) or E8M0 (1 or 6) scale bytes -> the bf16x2 (``F16``: f16x2) scale the decode
+    multiplies by (:data:`UE4M3_ASM`, :data:`E8M0_ASM` and their f16 twins; bf16 with ``SK`` 5 / 6: one
+    integer multiply-add, :data:`UE4M3_MUL`, :data:`E8M0_MUL`)."""
+    if SK == 5 and not F16:
+        sc = sraw * _UE4M3_MUL + _UE4M3_ADD
+    elif SK == 6 and not F16:
+        sc = sraw * _E8M0_MUL + ke * _E8M0_MUL
+    elif SK == 2 or SK == 5:
         sc = gl.inline_asm_elementwise(UE4M3_F16_ASM if F16 else UE4M3_ASM, "=r,r", [sraw], dtype=gl.int32,
                                        is_pure=True, pack=1)
     else:
@@ -676,7 +694,7 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
               n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
               GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
               HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr, CB: gl.constexpr,
-              EI: gl.constexpr, F16: gl.constexpr, WARP_ARRIVE: gl.constexpr = False):
+              EI: gl.constexpr, F16: gl.constexpr):
     """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T`` per tile, for each
     of this program's segments (:func:`_plan`). Per K step it decodes its code words
     (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``W t + a`` with ``W`` = ``CB / 2``
@@ -691,8 +709,6 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
     w_l: gl.constexpr = code_word_layout(WG_ROWS, [[16, 0, 0], [32, 0, 0]], CB)
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
     r_w = WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_l))
-    if WARP_ARRIVE:  # the PTX rewrite (._ptx): no partition barriers, each warp frees a slot
-        r_w = _ptx.marker(r_w)
     tq = gl.arange(0, 4, layout=gl.SliceLayout(0, s_l))
     av = gl.arange(0, WPT, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_l)))
     w_col = WPT * tq[None, :, None] + av[None, None, :]
@@ -765,8 +781,7 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
                        stride_wn, stride_sn, stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr,
                        GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
                        HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr,
-                       CB: gl.constexpr = 4, EI: gl.constexpr = 0, F16: gl.constexpr = False,
-                       WARP_ARRIVE: gl.constexpr = False):
+                       CB: gl.constexpr = 4, EI: gl.constexpr = 0, F16: gl.constexpr = False):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
     ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K CB / 32]`` (``CB``: 4, or 8 for E4M3 / E5M2
@@ -795,17 +810,17 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
         c_bufs = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
     else:
         c_bufs = x_bufs  # unused
-    ready, empty = ring_barriers(STAGES, 8 if WARP_ARRIVE else 2)  # both consumer warpgroups (or their warps)
+    ready, empty = ring_barriers(STAGES, 2)  # both consumer warpgroups free a slot
     gl.warp_specialize([
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16, WARP_ARRIVE)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16)),
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16, WARP_ARRIVE)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16)),
         (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T, SPLIT_TAIL)),
     ], [4, 1], [232, 40])
 
 
-__all__ = ["SK_E8M0", "SK_UE4M3", "SK_F16Z", "SK_F16", "WG_ROWS", "BK", "code_word_layout", "decode_asm",
+__all__ = ["SK_E8M0", "SK_UE4M3", "SK_UE4M3N", "SK_E8M0N", "SK_F16Z", "SK_F16", "WG_ROWS", "BK", "code_word_layout", "decode_asm",
            "e4m3_decode_asm", "int4_decode_asm"]

@@ -68,6 +68,12 @@ def warp_arrive(ptx: str) -> str:
                 continue
         out.append(line)
         i += 1
+    # the empty barriers now count one arrival per warp: an arrive left as it was (the PTX not as expected)
+    # would never complete them, so refuse to compile instead of hanging
+    arrives = [x for x in out if "mbarrier.arrive" in x and "expect_tx" not in x]
+    if not arrives or any("%ms_lane0" not in x for x in arrives):
+        raise RuntimeError("microscale: the PTX rewrite for per-warp slot release did not find the expected "
+                           "barrier pattern (a different Triton version?); set MICROSCALE_WARP_ARRIVE=0")
     return "\n".join(out)
 
 

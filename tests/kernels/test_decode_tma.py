@@ -9,11 +9,19 @@ kernel itself against float64.
 """
 from __future__ import annotations
 
+import re
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import microscale as ms
 from microscale import qlinear as L
+from microscale.kernels import _ptx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from sass import loop_counts  # noqa: E402
 
 pytest.importorskip("microscale.kernels._decode_tma")
 
@@ -223,6 +231,15 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_t
     assert "UTMALDG.2D" in sass and "HMMA.16816.F32.BF16" in sass and "LDSM" in sass and "ATOMG" in sass
     if m <= 32:
         assert "0 bytes spill stores" in r.stdout and "STL" not in sass, r.stdout[-2000:]
+    # per-warp slot release (kernels._ptx): no partition barrier before a ring wait, an arrive per warp,
+    # the empty barriers counting the consumer warps
+    ptx = (tmp_path / "_decode_tma_kernel.ptx").read_text()
+    assert _ptx.MARKER in ptx and "%ms_lane0 mbarrier.arrive" in ptx
+    assert not re.search(r"bar\.sync[^\n]*\n(\s*(//[^\n]*|\{|\.reg[^\n]*|waitLoop:|)\n)*\s*mbarrier\.try_wait", ptx)
+    counts = re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], (\d+);", ptx)
+    assert counts and sorted(set(counts)) == ["1", "8"] and counts.count("1") == counts.count("8"), counts
+    k_loop = min((lp for lp in loop_counts(sass) if lp["hist"].get("HMMA", 0)), key=lambda lp: lp["count"])
+    assert "BAR" not in k_loop["hist"] and "SYNCS" in k_loop["hist"], k_loop
 
 
 @pytest.mark.parametrize("post", [True, False])

@@ -12,6 +12,8 @@ itself.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -60,6 +62,19 @@ def _emulated_e8m0(q) -> tuple[int, float]:
     return 121 - d, 2.0 ** (d - 1)
 
 
+def _scale_word(warp, q, sb: np.ndarray, ke: int = 0) -> np.ndarray:
+    """The bf16x2 scale words the kernels' bf16 decode makes of scale bytes ``sb`` (``_byte_scale`` for
+    ``q``'s scale kind): one integer multiply-add (``SK_UE4M3N`` / ``SK_E8M0N``) or the conversion PTX."""
+    sk = L._gluon_scale_args(q)[0]
+    if sk == pg.SK_UE4M3N:
+        return ((sb.astype(np.int64) * pg.UE4M3_MUL + pg.UE4M3_ADD) & 0xFFFFFFFF).astype(np.uint32)
+    if sk == pg.SK_E8M0N:
+        return (((sb.astype(np.int64) + ke) * pg.E8M0_MUL) & 0xFFFFFFFF).astype(np.uint32)
+    if sk == pg.SK_UE4M3:
+        return warp.run(pg.UE4M3_ASM.value, "=r,r", [sb])[0]
+    return warp.run(pg.E8M0_ASM.value, "=r,r,r", [sb, np.full(32, ke).astype(np.int64) & 0xFFFFFFFF])[0]
+
+
 def emulate(x: torch.Tensor, q) -> np.ndarray:
     """``x @ dequant(q)^T`` as the kernel computes it: every code word through the decode
     PTX with its block scale through the scale PTX, placed in the K slot its thread and
@@ -79,11 +94,11 @@ def emulate(x: torch.Tensor, q) -> np.ndarray:
     else:
         scales = q.scales.contiguous().view(torch.uint8).numpy().astype(np.uint32)
     mxint = f.element.kind == "int" and f.scale.name == "e8m0"  # MXINT4: the exact code times the power of two
+    ke = 0
     if f.scale.name == "ue4m3":
-        sasm, extra, post = pg.UE4M3_ASM.value, [], 2.0 ** 7
+        post = 2.0 ** 7
     elif f.scale.name == "e8m0":
         ke, post = _emulated_e8m0(q)
-        sasm, extra = pg.E8M0_ASM.value, [np.full(32, ke).astype(np.int64) & 0xFFFFFFFF]
     a = np.zeros((n, k))
     r, c, t, av = (v.reshape(-1) for v in np.meshgrid(np.arange(n), np.arange(k // 64), np.arange(4), np.arange(2),
                                                       indexing="ij"))
@@ -95,7 +110,7 @@ def emulate(x: torch.Tensor, q) -> np.ndarray:
             hi, lo, kz = warp.run(pg.F16Z_SCALE_ASM.value, "=r,=r,=r,r", [sb])
             outs = warp.run(dasm, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [w, hi, lo, kz])
         else:
-            sc = warp.run(sasm, "=r,r" + ",r" * len(extra), [sb] + extra)[0]
+            sc = _scale_word(warp, q, sb, ke)
             dasm = pg.INT4S_E8M0_ASM.value if mxint else pg.DECODE_ASM.value
             outs = warp.run(dasm, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [w, sc])
         for jj in range(4):
@@ -140,7 +155,7 @@ def _emulate_8bit(x: torch.Tensor, q) -> tuple[np.ndarray, np.ndarray]:
         w = words[r[sl], 16 * c[sl] + 4 * t[sl] + av[sl]]
         sb = scales[r[sl], (64 * c[sl] + 16 * t[sl]) // f.block_size]
         if e8m0:
-            sc = warp.run(pg.E8M0_ASM.value, "=r,r,r", [sb, np.full(32, ke).astype(np.int64) & 0xFFFFFFFF])[0]
+            sc = _scale_word(warp, q, sb, ke)
             outs = warp.run(dasm, "=h,=h,=h,=h,r,r", [w, sc])
         else:
             hi, lo_, kz = warp.run(pg.F16Z8_SCALE_ASM.value, "=r,=r,=r,r", [sb])
@@ -224,13 +239,84 @@ def test_int8_emulation_catches_a_lost_scale_part(gen, monkeypatch):
 def test_scale_args_are_the_emulated_ones(gen):
     """The kernels' ``(SK, ke, post)`` and element kind per format are the ones the emulator
     uses (:func:`_emulated_e8m0`; so a routing slip there is caught without a GPU)."""
-    fixed = {"nvfp4": (pg.SK_UE4M3, 0, 2.0 ** 7), "int4_affine_g128": (pg.SK_F16Z, 0, 1.0),
+    fixed = {"nvfp4": (pg.SK_UE4M3N, 0, 2.0 ** 7), "int4_affine_g128": (pg.SK_F16Z, 0, 1.0),
              "int4_fp16": (pg.SK_F16, 0, 1.0), "int8_fp16": (pg.SK_F16, 0, 1.0), "int8_affine_g32": (pg.SK_F16Z, 0, 1.0)}
     kinds = {"mxfp8_e5m2": 2, "mxint8": 1, "mxint4": 1}  # the rest 0
     for name in (*fixed, "mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "mxint4"):
         q = ms.quantize(torch.randn(8, 256, generator=gen) * 2.0 ** (len(name) - 8), name)  # windows differ
-        want = fixed[name] if name in fixed else (pg.SK_E8M0, *_emulated_e8m0(q))
+        want = fixed[name] if name in fixed else (pg.SK_E8M0N, *_emulated_e8m0(q))
         assert (L._gluon_scale_args(q), L._gluon_elem_kind(q)) == (want, kinds.get(name, 0)), name
+
+
+def test_scale_multiply_add_is_the_conversion():
+    """The bf16 decodes' one-instruction scales equal the conversion PTX they replace, bit for bit: UE4M3
+    for every normal byte (8..126; also against ml_dtypes: ``s * 2^119`` as bf16), E8M0 for every byte
+    and ``ke`` with ``e + ke`` in 1..254; subnormal UE4M3 bytes come out wrong (hence the scan)."""
+    import ml_dtypes
+
+    warp = Warp(np.zeros(1, np.uint8))
+    for lo in range(0, 128, 32):
+        b = np.arange(lo, lo + 32, dtype=np.uint32)
+        fast = ((b.astype(np.int64) * pg.UE4M3_MUL + pg.UE4M3_ADD) & 0xFFFFFFFF).astype(np.uint32)
+        asm = warp.run(pg.UE4M3_ASM.value, "=r,r", [b])[0]
+        s = b.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64) * 2.0 ** 119
+        oracle = s.astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32) * 0x10001
+        normal = (b >= 8) & (b <= 126)
+        assert (fast[normal] == asm[normal]).all() and (fast[normal] == oracle[normal]).all()
+        sub = (b >= 1) & (b < 8)
+        assert (fast[sub] != asm[sub]).all()
+    for ke in range(-254, 255, 7):
+        for lo in range(0, 256, 32):
+            e = np.arange(lo, lo + 32, dtype=np.uint32)
+            ok = (e.astype(np.int64) + ke >= 1) & (e.astype(np.int64) + ke <= 254)
+            fast = (((e.astype(np.int64) + ke) * pg.E8M0_MUL) & 0xFFFFFFFF).astype(np.uint32)
+            asm = warp.run(pg.E8M0_ASM.value, "=r,r,r", [e, np.full(32, ke).astype(np.int64) & 0xFFFFFFFF])[0]
+            assert (fast[ok] == asm[ok]).all()
+
+
+def test_ue4m3_scan(gen):
+    """``SK_UE4M3N`` (scales by one multiply-add) only for weights whose UE4M3 bytes below 8 (or above
+    126) scale blocks of zero codes; a subnormal scale under a nonzero code, or a NaN scale anywhere,
+    keeps the conversion PTX; fp16 activations always take it; rescanned after an in-place change."""
+    q = ms.quantize(torch.randn(16, 256, generator=gen), "nvfp4")
+    assert L._gluon_scale_args(q)[0] == pg.SK_UE4M3N
+    assert L._gluon_scale_args(q, True)[0] == pg.SK_UE4M3
+    data, sc = q.data.clone(), q.scales.clone()
+    sc.view(torch.uint8)[3, 5] = 0  # a zero scale over zero codes
+    codes = data.view(torch.uint8)
+    codes[3, 5 * 8:6 * 8] = 0
+    q2 = dataclasses.replace(q, data=data, scales=sc)
+    assert L._gluon_scale_args(q2)[0] == pg.SK_UE4M3N
+    sc.view(torch.uint8)[3, 5] = 3  # subnormal, still over zero codes
+    assert L._gluon_scale_args(q2)[0] == pg.SK_UE4M3N
+    codes[3, 5 * 8] = 0x10  # a nonzero code under the subnormal scale
+    assert L._gluon_scale_args(q2)[0] == pg.SK_UE4M3
+    codes[3, 5 * 8] = 0x80  # -0: zero again
+    assert L._gluon_scale_args(q2)[0] == pg.SK_UE4M3N
+    sc.view(torch.uint8)[7, 1] = 0x7F  # NaN
+    assert L._gluon_scale_args(q2)[0] == pg.SK_UE4M3
+    q3 = dataclasses.replace(q, scales=q.scales.clone())
+    q3.scales.view(torch.uint8)[0, 0] = 0x85  # a sign bit under nonzero codes
+    if bool((q3.data.view(torch.uint8)[0, :8] & 0x77).any()):
+        assert L._gluon_scale_args(q3)[0] == pg.SK_UE4M3
+
+
+def test_emulation_catches_the_subnormal_scale_shortcut(gen, monkeypatch):
+    """Negative control: a weight with subnormal UE4M3 scales under nonzero codes, forced onto the
+    multiply-add scales, is wrong in the emulation (the scan is what keeps it right)."""
+    w = torch.randn(24, 512, generator=gen)
+    w[:, :64] *= 2.0 ** -16  # blocks far below the largest: subnormal UE4M3 scales
+    q = ms.quantize(w, "nvfp4")
+    b = q.scales.view(torch.uint8)
+    assert bool(((b >= 1) & (b < 8)).any())
+    x = torch.randn(5, 512, generator=gen).to(torch.bfloat16)
+    wd = q.dequantize(torch.float64)
+    ref = (x.double() @ wd.T).numpy()
+    cond = (x.double().abs() @ wd.abs().T).numpy()
+    assert L._gluon_scale_args(q)[0] == pg.SK_UE4M3
+    assert (np.abs(emulate(x, q) - ref) <= 2.0 ** -20 * cond + 1e-300).all()  # the reference rounds s * gs
+    monkeypatch.setattr(L, "_ue4m3_normal", lambda q: True)
+    assert not (np.abs(emulate(x, q) - ref) <= 2.0 ** -20 * cond + 1e-300).all()
 
 
 @pytest.mark.parametrize("signed", [False, True])

@@ -1,0 +1,61 @@
+"""The PTX rewrite for per-warp slot release (:mod:`microscale.kernels._ptx`) on hand-written PTX in the
+shape Gluon emits: the partition barrier before a ring wait goes, the one before an elected arrive
+becomes a warp barrier with an arrive by every warp's lane 0; unmarked PTX passes through unchanged, and
+a marked PTX whose arrives do not look as expected refuses to compile (its empty barriers would never
+complete). The compiled kernel's PTX and SASS are checked in ``test_decode_tma.py``."""
+from __future__ import annotations
+
+import pytest
+
+from microscale.kernels import _ptx
+
+WAIT = """\tbar.sync \t0, 256;
+\t// begin inline asm
+\t
+{
+\t.reg .pred complete;
+\twaitLoop:
+\tmbarrier.try_wait.parity.shared.b64 complete, [%r132], %r133;
+\t@!complete bra.uni waitLoop;
+}
+
+\t// end inline asm"""
+ARRIVE = """\t.loc\t1 150 28
+\tbar.sync \t0, 256;
+\t// begin inline asm
+\t@%p12 mbarrier.arrive.shared::cta.b64 _, [%r294];
+\t// end inline asm"""
+INIT = """\tbar.sync \t0, 256;
+\t@%p12 mbarrier.init.shared::cta.b64 [%r89], 8;"""
+
+
+def _ptx_text(*parts: str, marked: bool = True) -> str:
+    head = "\tmov.b32 %r93, %r94; // " + _ptx.MARKER if marked else "\tmov.b32 %r93, %r94;"
+    return "\n".join([".visible .entry k()", "{", head, *parts, "\tret;", "}"])
+
+
+def test_rewrite():
+    src = _ptx_text(INIT, WAIT, "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%r1}, {%r2}, {%r3}, {%r1};",
+                    ARRIVE)
+    out = _ptx.warp_arrive(src)
+    assert out.count("bar.sync") == 1 and "bar.sync \t0, 256;\n\t@%p12 mbarrier.init" in out  # the init's stays
+    assert "mbarrier.try_wait.parity.shared.b64 complete, [%r132], %r133;" in out
+    assert "@%p12 mbarrier.arrive" not in out
+    assert "bar.warp.sync \t-1;" in out and "mov.u32 %ms_lane, %laneid;" in out
+    assert "@%ms_lane0 mbarrier.arrive.shared::cta.b64 _, [%r294];" in out
+    assert out.index("bar.warp.sync") < out.index("%ms_lane0 mbarrier.arrive")
+
+
+def test_unmarked_ptx_is_unchanged():
+    src = _ptx_text(INIT, WAIT, ARRIVE, marked=False)
+    assert _ptx.warp_arrive(src) == src
+
+
+def test_unexpected_barriers_refuse_to_compile():
+    lone_arrive = "\t@%p12 mbarrier.arrive.shared::cta.b64 _, [%r294];"  # no partition barrier in front
+    with pytest.raises(RuntimeError, match="per-warp slot release"):
+        _ptx.warp_arrive(_ptx_text(WAIT, "\tadd.s32 %r1, %r1, 1;", lone_arrive))
+    with pytest.raises(RuntimeError, match="per-warp slot release"):  # an arrive of another form
+        _ptx.warp_arrive(_ptx_text(WAIT, ARRIVE.replace("arrive.shared", "arrive.release.cta.shared")))
+    with pytest.raises(RuntimeError, match="per-warp slot release"):  # no arrive at all
+        _ptx.warp_arrive(_ptx_text(WAIT))
