@@ -1981,7 +1981,8 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     warp-specialized Gluon kernel
     (:mod:`microscale.kernels._decode_tma`: a producer warp brings each K step's code words,
     block scales and activations by TMA into a shared-memory ring, eight consumer warps
-    decode them into ``mma.sync``; fp16 activations as in :func:`prefill_ws`). :func:`linear` routes here
+    decode them into ``mma.sync`` and free each slot each on its own; fp16 activations as in
+    :func:`prefill_ws`). :func:`linear` routes here
     from ``DECODE_TMA_MIN_M``
     (``DECODE_TMA_SMALL_MIN_M``; per format :func:`_dt_min_m`) tokens while a CUDA graph is being
     captured and for large weights (``_decode_tma_wanted``). Work: the 128-row tiles' ring chunks (256 K elements) in

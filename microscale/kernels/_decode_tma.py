@@ -23,7 +23,10 @@ decode and issue ``mma.sync``:
   one) and multiplies them by the ``TOK`` tokens (``m16n8k16``, tokens on the N side; the decode,
   most of the work, is the same for every ``TOK``);
 * a tile shared by several programs is added up by its last part in K order (per-element
-  counters as in the prefill's split tail), so results are deterministic.
+  counters as in the prefill's split tail), so results are deterministic;
+* ``WARP_ARRIVE``: each consumer warp frees a slot on its own once it has read it (the ``empty``
+  barriers count the consumer warps), without the partition-wide barriers Gluon puts before the
+  ``mbarrier`` waits and arrives (a PTX rewrite, :mod:`._ptx`).
 
 fp16 activations (``F16``): f16 decodes and fp16 MMAs, as in :mod:`._prefill_gluon`.
 The activations are K-permuted as for :mod:`._prefill_gluon` (:func:`._prefill_gluon._xperm_kernel`).
