@@ -535,7 +535,9 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     kernel's packed weight is not kept either: the graph then repacks the weight at every
     replay, so call once eagerly (or pass :func:`prepare`'s result) before capturing. A weight
     of a format with NaN/Inf codes that no eager call has scanned takes the NaN/Inf-aware
-    decode inside a capture (the scan is a host sync, which a capture refuses).
+    decode inside a capture (the scan is a host sync, which a capture refuses). A graph replays
+    what it captured of a weight (its tables, the scale window and path its scans chose): after
+    changing a weight in place, capture again.
 
     Args:
         x: bfloat16 or float16 ``[..., K]``.
@@ -1851,8 +1853,8 @@ _DT_WIDE = 4
 #: 256]`` bytes, consecutive rows of the copy) or 1; divides the chunk
 _DT_SBOX = _DT_CHUNK
 #: :func:`decode_tma`'s consumer warps free ring slots each on its own, without the partition-wide
-#: barriers Gluon puts before each ``mbarrier`` wait and arrive (:mod:`microscale.kernels._ptx`; 1-2%
-#: faster at 16 tokens, bit-identical; ``MICROSCALE_WARP_ARRIVE=0`` off)
+#: barriers Gluon puts before each ``mbarrier`` wait and arrive (:mod:`microscale.kernels._ptx`;
+#: 0.4-2.2% faster at 16 tokens in an A/B run, bit-identical; ``MICROSCALE_WARP_ARRIVE=0`` off)
 _DT_WARP_ARRIVE = os.environ.get("MICROSCALE_WARP_ARRIVE", "1") != "0"
 
 

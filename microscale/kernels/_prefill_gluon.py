@@ -822,5 +822,5 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
     ], [4, 1], [232, 40])
 
 
-__all__ = ["SK_E8M0", "SK_UE4M3", "SK_UE4M3N", "SK_E8M0N", "SK_F16Z", "SK_F16", "WG_ROWS", "BK", "code_word_layout", "decode_asm",
-           "e4m3_decode_asm", "int4_decode_asm"]
+__all__ = ["SK_E8M0", "SK_UE4M3", "SK_UE4M3N", "SK_E8M0N", "SK_F16Z", "SK_F16", "WG_ROWS", "BK", "code_word_layout",
+           "decode_asm", "e4m3_decode_asm", "int4_decode_asm"]
