@@ -4,7 +4,7 @@ Run a suite::
 
     python -m microscale.bench [--suite default|quantize|linear|matrix|all] [--ops quantize,linear]
                                [--formats nvfp4,'mx*'] [--shapes 8192x8192,1x28672x8192]
-                               [--out DIR] [--cpu] [--list]
+                               [--out DIR] [--cpu] [--dtype bf16|fp16] [--list]
 
 writes ``DIR/results.json`` (rewritten after every case, so a killed run leaves its partial
 results, marked ``"complete": false``), ``DIR/results.csv`` and ``DIR/roofline.png`` (if
@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shapes instead of the suite's: RxC for quantize/dequantize, MxNxK for linear")
     p.add_argument("--out", default="bench-results", metavar="DIR", help="output folder (default: %(default)s)")
     p.add_argument("--cpu", action="store_true", help="time the reference path on the CPU (perf_counter)")
+    p.add_argument("--dtype", choices=sorted(suites.DTYPES), default="bf16",
+                   help="activations of the linear cases, and their cuBLAS peer (default: %(default)s)")
     p.add_argument("--list", action="store_true", help="print the selected cases and exit")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh, recorded in the JSON)")
     p.add_argument("--target-ms", type=float, default=None,
@@ -105,7 +107,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     partial = Path(a.out) / "results.json"
     try:
         doc = suites.run_benchmark(a.suite, ops=a.ops, formats=a.formats, shapes=a.shapes, cpu=a.cpu,
-                                   seed=a.seed, opts=opts, checkpoint=lambda d: report.write_json(d, partial))
+                                   seed=a.seed, opts=opts, checkpoint=lambda d: report.write_json(d, partial),
+                                   dtype=a.dtype)
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -70,6 +70,8 @@ LINEAR_TOL = 1e-2
 #: What each peer is, for the report.
 PEERS: dict[str, str] = {
     "cuBLAS bf16": "F.linear on a dense bf16 weight of the same shape (fresh random data, own rotation)",
+    "cuBLAS fp16": "F.linear on a dense fp16 weight of the same shape (fresh random data, own rotation; "
+                   "linear with --dtype fp16)",
     "torch.compile(dequant+linear)": "torch.compile of microscale.reference.dequantize(q, bf16) followed by "
                                      "F.linear, on the op's own inputs",
     "torch.compile(reference)": "torch.compile of microscale.reference.dequantize(q, bf16)",
@@ -77,6 +79,11 @@ PEERS: dict[str, str] = {
     "torchao (compiled)": "torchao NVFP4Tensor.to_nvfp4 / MXTensor.to_mx under torch.compile, checked by "
                           "round-trip error against microscale's",
 }
+
+
+#: activation dtypes of the linear cases (``--dtype``)
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPE_TAGS = {v: k for k, v in DTYPES.items()}
 
 
 # ---- selection ------------------------------------------------------------------------
@@ -322,10 +329,12 @@ class Case:
 
 @dataclass
 class Context:
-    """What builders need: the device and the random generator for fresh inputs."""
+    """What builders need: the device, the random generator for fresh inputs and the activation dtype of
+    the linear cases (their cuBLAS peer runs in it too)."""
 
     device: torch.device
     generator: torch.Generator
+    act_dtype: torch.dtype = torch.bfloat16
 
     @property
     def cpu(self) -> bool:
@@ -509,10 +518,10 @@ def build_dequantize(spec: CaseSpec, ctx: Context) -> Case:
 
 
 def build_linear(spec: CaseSpec, ctx: Context) -> Case:
-    """``ms.linear(x, q)``: x bf16 [M, K] times the dequantized weight [N, K]^T; checked
-    against float64 by relative Frobenius error; bytes: weight q.nbytes + M*K*2 + M*N*2;
-    flops 2*M*N*K. Peers: cuBLAS bf16, torch.compile(dequantize + F.linear), and a
-    plain tl.dot_scaled kernel where the format is MXFP4-shaped."""
+    """``ms.linear(x, q)``: x [M, K] (``ctx.act_dtype``: bf16, or fp16) times the dequantized weight
+    [N, K]^T; checked against float64 by relative Frobenius error; bytes: weight q.nbytes + M*K*2 +
+    M*N*2; flops 2*M*N*K. Peers: cuBLAS in the same dtype, torch.compile(dequantize + F.linear), and a
+    plain tl.dot_scaled kernel (bf16) where the format is MXFP4-shaped."""
     linear = _lookup("linear")
     quantize = _lookup("quantize")
     fmt = _format(spec.format)
@@ -520,8 +529,11 @@ def build_linear(spec: CaseSpec, ctx: Context) -> Case:
     name = spec.format
     m, n, k = spec.shape
 
+    dt = ctx.act_dtype
+    cublas = f"cuBLAS {_DTYPE_TAGS[dt]}"
+
     def make() -> tuple:
-        return (random_input((m, k), ctx), quantize(random_input((n, k), ctx), name))
+        return (random_input((m, k), ctx, dt), quantize(random_input((n, k), ctx), name))
 
     def fn(x: torch.Tensor, q: Any) -> torch.Tensor:
         return linear(x, q)
@@ -537,13 +549,13 @@ def build_linear(spec: CaseSpec, ctx: Context) -> Case:
             raise Skip("cuBLAS is CUDA only")
 
         def make_dense() -> tuple:
-            return (random_input((m, k), ctx), random_input((n, k), ctx))
+            return (random_input((m, k), ctx, dt), random_input((n, k), ctx, dt))
         dense_bytes = models.linear_bytes(m, n, k, 2 * n * k)
-        return Peer("cuBLAS bf16", _peers.cublas_linear, lambda inputs, y: check_matmul(inputs[0], inputs[1], y),
+        return Peer(cublas, _peers.cublas_linear, lambda inputs, y: check_matmul(inputs[0], inputs[1], y),
                     make_inputs=make_dense, set_bytes=dense_bytes, nbytes=dense_bytes)
 
     def compile_peer() -> Peer:
-        cfn = _peers.compiled(lambda x, q: F.linear(x, ref_dequantize(q, torch.bfloat16)))
+        cfn = _peers.compiled(lambda x, q: F.linear(x, ref_dequantize(q, dt)))
         return Peer("torch.compile(dequant+linear)", cfn, check)
 
     def dot_scaled_peer() -> Peer:
@@ -551,12 +563,14 @@ def build_linear(spec: CaseSpec, ctx: Context) -> Case:
             raise Skip("Triton kernels need CUDA")
         if not _peers.dot_scaled_mxfp4_applies(fmt):
             raise Skip(f"tl.dot_scaled peer is for MXFP4 (E2M1, E8M0 per 32), not {name}")
+        if dt != torch.bfloat16:
+            raise Skip("tl.dot_scaled peer takes bf16 activations")
         return Peer("tl.dot_scaled", lambda x, q: _peers.dot_scaled_mxfp4_linear(x, q.data, q.scales), check)
 
     return Case(spec, fn, make, check, nbytes=models.linear_bytes(m, n, k, q0.nbytes),
                 flops=models.linear_flops(m, n, k), compute_kind="bf16_mm",
                 set_bytes=_nbytes(x0) + q0.nbytes + 2 * m * n,
-                peers=[("cuBLAS bf16", cublas_peer), ("torch.compile(dequant+linear)", compile_peer),
+                peers=[(cublas, cublas_peer), ("torch.compile(dequant+linear)", compile_peer),
                        ("tl.dot_scaled", dot_scaled_peer)])
 
 
@@ -889,12 +903,15 @@ def run_benchmark(suite: str = "default", *, ops: Optional[Iterable[str] | str] 
                   shapes: Optional[Iterable[str | Sequence[int]] | str] = None,
                   cpu: bool = False, seed: Optional[int] = None, opts: Optional[RunOptions] = None,
                   log: Optional[TextIO] = sys.stderr,
-                  checkpoint: Optional[Callable[[dict], None]] = None) -> dict:
+                  checkpoint: Optional[Callable[[dict], None]] = None, dtype: str = "bf16") -> dict:
     """Select, measure ceilings, run the cases; returns the JSON-able result document
     (``schema``, ``mode``, ``suite``, ``selection``, ``env``, ``seed``, ``wall_s``,
     ``ceilings``, ``ceilings_detail``, ``methodology``, ``results``). ``checkpoint`` is
     called with the document so far after the ceilings and after every case. Without
-    ``opts``, the suite's own graph mode (:attr:`Suite.graph`) applies."""
+    ``opts``, the suite's own graph mode (:attr:`Suite.graph`) applies. ``dtype``: the linear
+    cases' activations and their cuBLAS peer, ``"bf16"`` or ``"fp16"``."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     specs = select_cases(suite, ops=ops, formats=formats, shapes=shapes, cpu=cpu)
     _peers.quiet_compiler()
     if not cpu and not torch.cuda.is_available():
@@ -903,7 +920,7 @@ def run_benchmark(suite: str = "default", *, ops: Optional[Iterable[str] | str] 
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    ctx = Context(device, gen)
+    ctx = Context(device, gen, DTYPES[dtype])
     opts = opts or RunOptions(graph=suite_graph(suite))
     _log(log, f"microscale.bench: suite={suite} mode={'cpu' if cpu else 'cuda'} cases={len(specs)} seed={seed}")
     started = time.time()
@@ -921,7 +938,7 @@ def run_benchmark(suite: str = "default", *, ops: Optional[Iterable[str] | str] 
         "complete": False,
         "ceilings": ceilings.to_dict(),
         "ceilings_detail": cdetail,
-        "methodology": methodology(opts, cpu),
+        "methodology": {**methodology(opts, cpu), "activations": f"{dtype} (linear: x and its cuBLAS peer)"},
         "results": [],
     }
 

@@ -15,6 +15,7 @@ import torch
 
 from microscale.bench import _clocks, _timing, models, report, suites
 from microscale.bench import main as bench_main
+from microscale.bench.__main__ import build_parser
 from microscale.bench.suites import Case, CaseSpec, Check, Context, Peer, RunOptions, Skip
 
 # ---- models ---------------------------------------------------------------------------
@@ -531,6 +532,34 @@ def test_cli_cpu_end_to_end(tmp_path):
         assert r["status"] == "skipped"
     assert (tmp_path / "results.csv").exists()
     assert "## quantize" in report.render_markdown(doc)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_linear_dtype(dtype, monkeypatch):
+    """``--dtype``: the linear case's activations are in that dtype (the op sees them; checked against
+    float64), its cuBLAS peer is named for it, the method records it, and the CLI passes it through."""
+    try:
+        real = suites._lookup("linear")
+    except Skip as s:
+        pytest.skip(str(s))
+    seen = []
+    lookup = suites._lookup
+    monkeypatch.setattr(suites, "_lookup", lambda what: (lambda x, q: seen.append(x.dtype) or real(x, q))
+                        if what == "linear" else lookup(what))
+    ctx = dataclasses.replace(_ctx(), act_dtype=suites.DTYPES[dtype])
+    spec = CaseSpec("linear", "nvfp4", (3, 128, 256))
+    [r] = suites.run_cases([spec], ctx, CEIL, FAST, {"linear": _no_peers("linear")}, log=None)
+    assert r.status == "ok" and r.check["value"] < suites.LINEAR_TOL, r.reason
+    assert seen and set(seen) == {suites.DTYPES[dtype]}
+    assert [name for name, _ in suites.build_linear(spec, ctx).peers][0] == f"cuBLAS {dtype}"
+    got = {}
+    monkeypatch.setattr(suites, "measure_ceilings", lambda ctx, opts, log: (models.Ceilings(), {}))
+    monkeypatch.setattr(suites, "run_cases", lambda specs, ctx, *a, **k: got.update(dt=ctx.act_dtype) or [])
+    doc = suites.run_benchmark("linear", cpu=True, log=None, dtype=dtype)
+    assert got["dt"] == suites.DTYPES[dtype] and doc["methodology"]["activations"].startswith(dtype)
+    with pytest.raises(ValueError, match="dtype"):
+        suites.run_benchmark("linear", cpu=True, log=None, dtype="fp8")
+    assert build_parser().parse_args(["--dtype", dtype]).dtype == dtype
 
 
 # ---- the CUDA control flow, on a fake device ----------------------------------------------
