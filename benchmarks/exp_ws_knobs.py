@@ -10,7 +10,10 @@ time and its ratio to the same round's cuBLAS time, and a median-ratio table las
     [M=4096] [FMTS=nvfp4,mxfp4] [ROUNDS=2] [VARIANTS="linear;g4 s4;g2 s4;g8 s4"] [DTYPE=fp16] \\
         python benchmarks/exp_ws_knobs.py 8192x8192 8192x28672
 
-``DTYPE=fp16``: float16 activations, against cuBLAS fp16.
+``DTYPE=fp16``: float16 activations, against cuBLAS fp16. ``DATA=suite``: weights and activations as the
+benchmark suite makes them (normal values times a random power of two per row, 2^-4..2^4) instead of plain
+normal values. ``WARM=S``: S seconds of back-to-back cuBLAS calls on the first shape before the first
+timing (the suites reach their 16-token rows after minutes of load).
 
 A variant is ``linear`` (``ms.linear`` as routed; the timings replay CUDA graphs, so the routes
 taken while capturing), ``prefill`` (the Triton prefill kernel), ``ws`` (``prefill_ws`` as it
@@ -27,6 +30,7 @@ import dataclasses
 import os
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +46,16 @@ ROUNDS = int(os.environ.get("ROUNDS", "2"))
 VARIANTS = os.environ.get("VARIANTS", "linear;g4 s4;g1 s4;g2 s4;g8 s4;g16 s4;g4 s3").split(";")
 SHAPES = [tuple(map(int, a.split("x"))) for a in sys.argv[1:]] or [(8192, 8192), (8192, 28672)]
 DT = torch.float16 if os.environ.get("DTYPE", "bf16") == "fp16" else torch.bfloat16
+DATA = os.environ.get("DATA", "normal")
+WARM = float(os.environ.get("WARM", "0"))
+
+
+def rand(shape: tuple, g: torch.Generator) -> torch.Tensor:
+    """float32 random data: normal, or (``DATA=suite``) times 2^e per row, e uniform in -4..4."""
+    x = torch.randn(shape, device=dev, generator=g)
+    if DATA == "suite":
+        x = x * torch.exp2(torch.randint(-4, 5, (shape[0], 1), device=dev, generator=g).float())
+    return x
 
 
 def op(v: str, x: torch.Tensor, q) -> torch.Tensor:
@@ -105,9 +119,17 @@ def main() -> None:
     rows = []  # (shape, fmt, variant, round, us, ratio)
     g = torch.Generator(device=dev).manual_seed(0)
     with _clocks.Monitor(dev) as mon:
+        if WARM > 0:  # a sustained load first, as the suites have before their 16-token rows
+            n, k = SHAPES[0]
+            wb, xb = torch.randn(n, k, device=dev, dtype=DT), torch.randn(16, k, device=dev, dtype=DT)
+            end = time.time() + WARM
+            while time.time() < end:
+                for _ in range(200):
+                    F.linear(xb, wb)
+                torch.cuda.synchronize()
         for M, (n, k) in [(m, s) for m in MS for s in SHAPES]:
-            w = torch.randn(n, k, device=dev, generator=g)
-            x = torch.randn(M, k, device=dev, generator=g).to(DT)
+            w = rand((n, k), g)
+            x = rand((M, k), g).to(DT)
             wbs = copies(w.to(DT), 2 * n * k, torch.clone)
             for fmt in FMTS:
                 q = ms.quantize(w, fmt)
