@@ -1045,7 +1045,8 @@ def _e8m0_range(q: QTensor) -> tuple[int, int] | None:
 
 def _ue4m3_normal(q: QTensor) -> bool:
     """Whether ``q``'s UE4M3 block scales are all normal (bytes 8..126) but in blocks whose codes are all
-    zero, where any byte but NaN may stand: then the Gluon kernels' bf16 decode makes the scale by one
+    zero, where bytes 0..7 may stand too (none with the sign bit or NaN: the multiply-add makes Inf of
+    0x80..0x87, and zero times Inf is NaN): then the Gluon kernels' bf16 decode makes the scale by one
     multiply-add (:data:`microscale.kernels._prefill_gluon.UE4M3_MUL`). Scanned once per version of
     the codes and scales (:func:`_scan_once`); False while a CUDA graph is captured unscanned."""
     el = q.fmt.element
@@ -1054,9 +1055,9 @@ def _ue4m3_normal(q: QTensor) -> bool:
         b = s.view(torch.uint8).reshape(-1)
         if not b.numel():
             return True
-        if bool(((b & 0x7F) == 0x7F).any()):  # NaN scales: the asm conversion keeps them NaN
+        if bool(((b == 127) | (b >= 0x80)).any()):  # NaN, or a sign bit: the asm conversion for those
             return False
-        low = (b < 8) | (b > 126)
+        low = b < 8
         if not bool(low.any()):
             return True
         codes = unpack_codes(q.data.contiguous().view(torch.uint8), el.bits, int(q.shape[-1]))
@@ -1998,6 +1999,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
 
     from .kernels import _decode_tma as dk
     from .kernels import _prefill_gluon as pg
+    from .kernels import _ptx
 
     _check(x2, q.shape[0], q.shape[-1], q.device, bias)
     if tokens is not None and (tokens not in (8, 16, 32, 64) or tokens < x2.shape[0]):
@@ -2033,7 +2035,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
            STAGES=_DT_STAGES_8BIT if cb == 8 else _DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q), CB=cb,
            EI=_gluon_elem_kind(q), F16=f16,
-           POST=_dt_post(q, tok), WARP_ARRIVE=_DT_WARP_ARRIVE,
+           POST=_dt_post(q, tok), WARP_ARRIVE=_DT_WARP_ARRIVE and _ptx.active(),
            num_warps=rows // 16, maxnreg=80)
     return out
 

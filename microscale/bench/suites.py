@@ -72,8 +72,8 @@ PEERS: dict[str, str] = {
     "cuBLAS bf16": "F.linear on a dense bf16 weight of the same shape (fresh random data, own rotation)",
     "cuBLAS fp16": "F.linear on a dense fp16 weight of the same shape (fresh random data, own rotation; "
                    "linear with --dtype fp16)",
-    "torch.compile(dequant+linear)": "torch.compile of microscale.reference.dequantize(q, bf16) followed by "
-                                     "F.linear, on the op's own inputs",
+    "torch.compile(dequant+linear)": "torch.compile of microscale.reference.dequantize(q) to the activations' "
+                                     "dtype followed by F.linear, on the op's own inputs",
     "torch.compile(reference)": "torch.compile of microscale.reference.dequantize(q, bf16)",
     "tl.dot_scaled": "a plain Triton tl.dot_scaled bf16 x MXFP4 kernel (no split-K, one tile per M bucket)",
     "torchao (compiled)": "torchao NVFP4Tensor.to_nvfp4 / MXTensor.to_mx under torch.compile, checked by "
@@ -929,7 +929,7 @@ def run_benchmark(suite: str = "default", *, ops: Optional[Iterable[str] | str] 
         "schema": 1,
         "mode": "cpu" if cpu else "cuda",
         "suite": suite,
-        "selection": {"ops": _as_list(ops), "formats": _as_list(formats),
+        "selection": {"ops": _as_list(ops), "formats": _as_list(formats), "dtype": dtype,
                       "shapes": None if shapes is None else [str(s) for s in (
                           [shapes] if isinstance(shapes, str) else shapes)]},
         "env": collect_env(device),
@@ -938,7 +938,7 @@ def run_benchmark(suite: str = "default", *, ops: Optional[Iterable[str] | str] 
         "complete": False,
         "ceilings": ceilings.to_dict(),
         "ceilings_detail": cdetail,
-        "methodology": {**methodology(opts, cpu), "activations": f"{dtype} (linear: x and its cuBLAS peer)"},
+        "methodology": _with_dtype(methodology(opts, cpu), dtype),
         "results": [],
     }
 
@@ -954,6 +954,13 @@ def run_benchmark(suite: str = "default", *, ops: Optional[Iterable[str] | str] 
     doc["complete"] = True
     doc["wall_s"] = round(time.time() - started, 1)
     return doc
+
+
+def _with_dtype(method: dict, dtype: str) -> dict:
+    """``method`` with the linear cases' activation dtype, and only the cuBLAS peer of that dtype."""
+    peers = {k: v for k, v in method["peers"].items() if not k.startswith("cuBLAS ") or k == f"cuBLAS {dtype}"}
+    return {**method, "activations": f"{dtype} (linear: x and its cuBLAS peer; % roofline against the cuBLAS "
+            "bf16 ceiling, which Hopper's fp16 tensor cores share)", "peers": peers}
 
 
 def suite_graph(suite: str, override: Optional[str] = None) -> str:

@@ -332,8 +332,9 @@ E8M0_F16_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nmax.s32 t, t, 
 #: the bf16x2 scale of a UE4M3 byte ``b`` by one integer multiply-add, ``b * UE4M3_MUL + UE4M3_ADD``: ``b << 4``
 #: puts its 4 exponent and 3 mantissa bits under bf16's (a bf16 of ``s * 2^-120``) in both halves, and
 #: ``UE4M3_ADD`` adds 239 to both exponent fields: ``s * 2^119``, as :data:`UE4M3_ASM`, for normal scales
-#: (bytes 8..126); subnormal ones come out wrong, so ``SK_UE4M3N`` is for weights whose bytes below 8 only
-#: scale blocks of zero codes (scanned, :func:`microscale.qlinear._ue4m3_normal`)
+#: (bytes 8..126); subnormal ones come out wrong (and 0x80..0x87 as Inf), so ``SK_UE4M3N`` is for weights whose
+#: bytes below 8 only scale blocks of zero codes and with no byte above 126 (scanned,
+#: :func:`microscale.qlinear._ue4m3_normal`)
 UE4M3_MUL, UE4M3_ADD = 0x00100010, 0x77807780
 _UE4M3_MUL, _UE4M3_ADD = gl.constexpr(UE4M3_MUL), gl.constexpr(UE4M3_ADD)
 #: the bf16x2 scale of an E8M0 byte ``e`` by one integer multiply-add, ``(e + ke) * E8M0_MUL``: the bits

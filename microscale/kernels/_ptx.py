@@ -10,10 +10,15 @@ has arrived after its reads (``bar.warp.sync`` orders the lanes of a warp, the a
 releases them).
 
 A kernel opts in by emitting :data:`MARKER` in its PTX (:func:`marker`, under a
-constexpr) and initializing its ``empty`` barriers with the number of consumer warps.
-:func:`install` adds a Triton compile-stage hook that rewrites such kernels' PTX
+constexpr) and initializing its ``empty`` barriers with the number of consumer warps; its
+``mbarrier.arrive`` calls must not take a ``pred`` (the rewrite replaces the election
+predicate). :func:`install` adds a Triton compile-stage hook that rewrites such kernels' PTX
 (:func:`warp_arrive`); other kernels pass through unchanged. The rewrite is part of the
-compiled binary that Triton caches, keyed by the constexpr that emits the marker.
+compiled binary that Triton caches, keyed by the constexpr that emits the marker and by the
+marker's text, which carries the rewrite's version (change it with :func:`warp_arrive`).
+Triton's cache key does not cover the hook, so a kernel may take the marker only while the
+hook is the installed one (:func:`active`): compiled without the rewrite, its ``empty``
+barriers would never complete.
 """
 from __future__ import annotations
 
@@ -23,8 +28,9 @@ from triton import knobs
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-#: the comment a kernel's PTX carries to have its consumer barriers rewritten
-MARKER = "ms:warp-arrive"
+#: the comment a kernel's PTX carries to have its consumer barriers rewritten (with the rewrite's version:
+#: the text is part of the kernels' source, so a new version misses Triton's cache of the old binaries)
+MARKER = "ms:warp-arrive:v1"
 
 _BAR = re.compile(r"^\s*bar\.sync\s+\d+,\s*\d+;\s*$")
 _ARRIVE = re.compile(r"^\s*@%p\d+\s+mbarrier\.arrive\.shared::cta\.b64\s+_,\s*\[(%r\d+)\];\s*$")
@@ -81,17 +87,17 @@ def warp_arrive(ptx: str) -> str:
 def marker(v):
     """``v`` unchanged (an int32 tensor), through an inline asm that puts :data:`MARKER` into the
     kernel's PTX."""
-    return gl.inline_asm_elementwise("mov.b32 $0, $1; // ms:warp-arrive", "=r,r", [v], dtype=gl.int32,
+    return gl.inline_asm_elementwise("mov.b32 $0, $1; // ms:warp-arrive:v1", "=r,r", [v], dtype=gl.int32,
                                      is_pure=True, pack=1)
 
 
-_installed = False
+_hook = None
 
 
 def install() -> None:
-    """Add the PTX rewrite to Triton's compile stages (once; an existing hook still runs)."""
-    global _installed
-    if _installed:
+    """Add the PTX rewrite to Triton's compile stages (once; a hook installed before still runs)."""
+    global _hook
+    if _hook is not None:
         return
     prev = knobs.runtime.add_stages_inspection_hook
 
@@ -102,5 +108,9 @@ def install() -> None:
         if make_ptx is not None:
             stages["ptx"] = lambda src, metadata: warp_arrive(make_ptx(src, metadata))
 
-    knobs.runtime.add_stages_inspection_hook = hook
-    _installed = True
+    knobs.runtime.add_stages_inspection_hook = _hook = hook
+
+
+def active() -> bool:
+    """Whether the rewrite's hook is Triton's compile-stage hook now (not replaced since :func:`install`)."""
+    return _hook is not None and knobs.runtime.add_stages_inspection_hook is _hook

@@ -557,6 +557,8 @@ def test_linear_dtype(dtype, monkeypatch):
     monkeypatch.setattr(suites, "run_cases", lambda specs, ctx, *a, **k: got.update(dt=ctx.act_dtype) or [])
     doc = suites.run_benchmark("linear", cpu=True, log=None, dtype=dtype)
     assert got["dt"] == suites.DTYPES[dtype] and doc["methodology"]["activations"].startswith(dtype)
+    assert doc["selection"]["dtype"] == dtype
+    assert [p for p in doc["methodology"]["peers"] if p.startswith("cuBLAS")] == [f"cuBLAS {dtype}"]
     with pytest.raises(ValueError, match="dtype"):
         suites.run_benchmark("linear", cpu=True, log=None, dtype="fp8")
     assert build_parser().parse_args(["--dtype", dtype]).dtype == dtype

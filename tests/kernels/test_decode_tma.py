@@ -18,12 +18,12 @@ import torch
 
 import microscale as ms
 from microscale import qlinear as L
-from microscale.kernels import _ptx
+
+pytest.importorskip("microscale.kernels._decode_tma")
+from microscale.kernels import _ptx  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from sass import loop_counts  # noqa: E402
-
-pytest.importorskip("microscale.kernels._decode_tma")
 
 
 @pytest.mark.parametrize("name,n", [("nvfp4", 300), ("mxfp4", 128)])
@@ -222,7 +222,7 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_t
     ``LDSM``, no spills up to 32 token columns (64 spill a little, measured and kept); the
     arrivals of tiles shared by programs are atomics; shared memory for two programs per SM."""
     r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", fmt, "--m", str(m), "--n", str(n), "--k", "1024",
-                 "--config", "{'programs': 5}", "--sass")
+                 "--config", "{'programs': 5}", "--sass", env={"MICROSCALE_WARP_ARRIVE": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Used 80 registers" in r.stdout, r.stdout[-2000:]
     smem = int(r.stdout.split("shared memory: ")[1].split()[0])

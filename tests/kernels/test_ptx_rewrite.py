@@ -59,3 +59,16 @@ def test_unexpected_barriers_refuse_to_compile():
         _ptx.warp_arrive(_ptx_text(WAIT, ARRIVE.replace("arrive.shared", "arrive.release.cta.shared")))
     with pytest.raises(RuntimeError, match="per-warp slot release"):  # no arrive at all
         _ptx.warp_arrive(_ptx_text(WAIT))
+
+
+def test_active_only_while_the_hook_is_installed(monkeypatch):
+    """Kernels take the marker only while the rewrite's hook is Triton's (a kernel compiled with the
+    marker but without the rewrite would hang): replaced, the rewrite is reported inactive."""
+    import importlib
+
+    from triton import knobs
+
+    importlib.import_module("microscale.kernels._decode_tma")  # installs the hook
+    assert _ptx.active()
+    monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", lambda *a: None)
+    assert not _ptx.active()
