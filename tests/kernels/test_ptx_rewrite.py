@@ -72,3 +72,18 @@ def test_active_only_while_the_hook_is_installed(monkeypatch):
     assert _ptx.active()
     monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", lambda *a: None)
     assert not _ptx.active()
+
+
+def test_rewrite_version_follows_the_rewrite():
+    """Triton caches rewritten binaries under the kernel source, which holds :data:`_ptx.MARKER` but not
+    :func:`_ptx.warp_arrive`: a change to the rewrite must come with a new marker version (so old binaries
+    miss the cache). Recorded here: the rewrite's source hash for each version; update both together."""
+    import hashlib
+    import inspect
+
+    versions = {"ms:warp-arrive:v1": "15ee3240bde601c8"}
+    digest = hashlib.sha256(inspect.getsource(_ptx.warp_arrive).encode()).hexdigest()[:16]
+    assert versions.get(_ptx.MARKER) == digest, (
+        f"warp_arrive changed (source hash {digest}): bump _ptx.MARKER and the marker text in _ptx.marker, "
+        "and record the new pair here")
+    assert _ptx.MARKER in inspect.getsource(_ptx.marker)
