@@ -86,4 +86,4 @@ def test_rewrite_version_follows_the_rewrite():
     assert versions.get(_ptx.MARKER) == digest, (
         f"warp_arrive changed (source hash {digest}): bump _ptx.MARKER and the marker text in _ptx.marker, "
         "and record the new pair here")
-    assert _ptx.MARKER in inspect.getsource(_ptx.marker)
+    assert _ptx.MARKER in inspect.getsource(_ptx.marker.fn)
