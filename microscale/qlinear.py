@@ -1168,6 +1168,22 @@ def with_gemv_mma_split(c: GemvMmaConfig, n: int, k: int, device: torch.device) 
     return replace(c, split_k=split)
 
 
+#: :func:`gemv_mma` makes UE4M3 block scales by one multiply-add for weights :func:`_ue4m3_normal` passes
+#: (``SK_UE4M3N``; fewer instructions per step, emulated and compiled but not yet timed: off)
+_GEMV_MMA_SCALE_IMAD = False
+
+
+def _gemv_mma_scale_args(q: QTensor) -> tuple[int, int, float]:
+    """``(SK, ke, post)`` of :func:`gemv_mma` for E2M1 weight ``q``: the scale kind (:mod:`._gemv_mma`), its
+    E8M0 input ``(126 - D) * 0x10001`` and the power of two the epilogue multiplies by."""
+    from .kernels import _gemv_mma as kern
+
+    if q.fmt.scale.name == "ue4m3":
+        return (kern.SK_UE4M3N if _GEMV_MMA_SCALE_IMAD and _ue4m3_normal(q) else kern.SK_UE4M3), 0, 2.0 ** 7
+    d = _e8m0_window(q)
+    return kern.SK_E8M0, (126 - d) * 0x10001, 2.0 ** d
+
+
 def gemv_mma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
              config: GemvMmaConfig | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(q)^T (+ bias)`` for up to 16 tokens on tensor cores (see
@@ -1193,11 +1209,7 @@ def _gemv_mma_launch(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c:
     if kw % (step * c.split_k):
         raise ValueError(f"{_OP}: K={k} must split into {c.split_k} slices of whole {8 * step}-element steps")
     tg = -(-m // 8)
-    if f.scale.name == "ue4m3":
-        sk, ke, post = kern.SK_UE4M3, 0, 2.0 ** 7
-    else:
-        d = _e8m0_window(q)
-        sk, ke, post = kern.SK_E8M0, (126 - d) * 0x10001, 2.0 ** d
+    sk, ke, post = _gemv_mma_scale_args(q)
     lasm, lcons, nout = kern.load_asm(c.row_groups, c.words_per_lane, 0, c.words_per_lane // wpg)
     xasm, xcons, nxout = kern.load_asm(0, c.words_per_lane, tg, 0, 512 if c.xfrag else 16)
     sasm, scons = kern.step_asm(c.row_groups, c.words_per_lane, tg, wpg, sk, c.xfrag, c.select)

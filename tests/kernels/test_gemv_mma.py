@@ -129,6 +129,8 @@ class Warp:
             regs[ops[0]] = (v(ops[1]).astype(np.uint64) + v(ops[2])).astype(u32)
         elif op == "sub.s32":
             regs[ops[0]] = ((v(ops[1]).astype(np.int64) - v(ops[2]).astype(np.int64)) & 0xFFFFFFFF).astype(u32)
+        elif op == "mad.lo.u32":  # the low 32 bits of a * b + c
+            regs[ops[0]] = ((v(ops[1]).astype(np.uint64) * v(ops[2]) + v(ops[3])) & 0xFFFFFFFF).astype(u32)
         elif op == "max.s32":
             regs[ops[0]] = np.maximum(v(ops[1]).view(np.int32), v(ops[2]).view(np.int32)).view(u32)
         elif op == "cvt.rn.f32.s32":  # (exact for the small integers the generators convert)
@@ -230,11 +232,7 @@ def emulate(x: torch.Tensor, q, c: L.GemvMmaConfig) -> np.ndarray:
     xb = (xfrag(x, wpl) if c.xfrag else x.contiguous()).view(torch.uint8).numpy().reshape(-1)
     mem = np.concatenate([codes, scales, xb, np.zeros(64, np.uint8)])
     w0, s0, x0 = 0, codes.size, codes.size + scales.size
-    if f.scale.name == "ue4m3":
-        sk, ke, post = kern.SK_UE4M3, 0, 2.0 ** 7
-    else:
-        dd = L._e8m0_window(q)
-        sk, ke, post = kern.SK_E8M0, (126 - dd) * 0x10001, 2.0 ** dd
+    sk, ke, post = L._gemv_mma_scale_args(q)
     lasm, lcons, _ = kern.load_asm(rg, wpl, 0, wpl // wpg)
     xasm, xcons, _ = kern.load_asm(0, wpl, tg, 0, 512 if c.xfrag else 16)
     sasm, scons = kern.step_asm(rg, wpl, tg, wpg, sk, c.xfrag, c.select)
@@ -434,10 +432,30 @@ def test_supported_and_config_rules(gen):
     assert c.words_per_lane == 4 and 512 // 8 % (16 * c.split_k) == 0
 
 
+@pytest.mark.parametrize("m,cfg", [(1, L.GemvMmaConfig(2, 8, 2)), (5, L.GemvMmaConfig(1, 4, 1, split_k=2)),
+                                   (16, L.GemvMmaConfig(2, 4, 1, xfrag=True, select=True))])
+def test_multiply_add_scales_match_float64(m, cfg, gen, monkeypatch):
+    """``SK_UE4M3N`` (``_GEMV_MMA_SCALE_IMAD``): NVFP4 through the generated PTX with the multiply-add scales
+    matches float64 as the conversion does; a weight with subnormal scales over nonzero codes keeps the
+    conversion (and forced onto the multiply-add, the emulation fails: the scan is what keeps it right)."""
+    monkeypatch.setattr(L, "_GEMV_MMA_SCALE_IMAD", True)
+    q, x = _case("nvfp4", 40, 1024, m, gen)
+    assert L._gemv_mma_scale_args(q)[0] == kern.SK_UE4M3N
+    _check(emulate(x, q, cfg), x, q)
+    w = torch.randn(40, 1024, generator=gen)
+    w[:, :64] *= 2.0 ** -16  # subnormal UE4M3 scales over nonzero codes
+    q2 = ms.quantize(w, "nvfp4")
+    assert L._gemv_mma_scale_args(q2)[0] == kern.SK_UE4M3
+    _check(emulate(x, q2, cfg), x, q2)
+    monkeypatch.setattr(L, "_ue4m3_normal", lambda q: True)
+    with pytest.raises(AssertionError):
+        _check(emulate(x, q2, cfg), x, q2)
+
+
 def test_ptx_operands_are_all_bound():
     """Every ``$i`` an asm text names is one of its constraints' operands, and every
     output is written."""
-    for rg, wpl, tg, wpg, sk in [(1, 4, 1, 2, 2), (2, 8, 2, 4, 1), (2, 4, 1, 2, 2)]:
+    for rg, wpl, tg, wpg, sk in [(1, 4, 1, 2, 2), (2, 8, 2, 4, 1), (2, 4, 1, 2, 2), (2, 8, 1, 2, 5)]:
         for asm, cons in [kern.step_asm(rg, wpl, tg, wpg, sk), kern.step_asm(rg, wpl, tg, wpg, sk, True, True),
                           kern.load_asm(rg, wpl, 0, wpl // wpg)[:2], kern.load_asm(0, wpl, tg, 0)[:2]]:
             n = len(cons.split(","))
