@@ -1021,22 +1021,28 @@ def _e8m0_window(q: QTensor) -> int | None:
     return _scan_once(q.scales, "_microscale_e8m0_window", scan, None)
 
 
+def _live_blocks(q: QTensor, blocks: int) -> torch.Tensor:
+    """bool ``[blocks]``: which of ``q``'s blocks (in the scales' row-major order) hold a nonzero code
+    (for float elements, ``+-0`` count as zero)."""
+    el = q.fmt.element
+    codes = unpack_codes(q.data.contiguous().view(torch.uint8), el.bits, int(q.shape[-1]))
+    if el.kind == "float":  # +-0 (sign bit alone)
+        codes = codes & ((1 << (el.bits - 1)) - 1)
+    return (codes.reshape(blocks, -1) != 0).any(dim=1)
+
+
 def _e8m0_range(q: QTensor) -> tuple[int, int] | None:
     """``(least, largest)`` E8M0 scale byte of ``q``'s blocks, the least over the blocks that hold a
     nonzero code (the quantizer gives all-zero blocks the byte 0; the f16 decode flushes scales below
     its window to zero, which leaves those blocks right); None with a NaN byte (255) or no scales.
     Scanned once per version of the codes and scales (:func:`_scan_once`); None while a CUDA graph is
     captured unscanned."""
-    el = q.fmt.element
 
     def scan(s: torch.Tensor) -> tuple[int, int] | None:
         b = s.view(torch.uint8).reshape(-1)
         if not b.numel() or int(b.max()) == 255:
             return None
-        codes = unpack_codes(q.data.contiguous().view(torch.uint8), el.bits, int(q.shape[-1]))
-        if el.kind == "float":  # +-0 (sign bit alone)
-            codes = codes & ((1 << (el.bits - 1)) - 1)
-        live = (codes.reshape(b.numel(), -1) != 0).any(dim=1)
+        live = _live_blocks(q, b.numel())
         lo = int(torch.where(live, b, 255).min())
         return (min(lo, int(b.max())), int(b.max()))
 
@@ -1049,7 +1055,6 @@ def _ue4m3_normal(q: QTensor) -> bool:
     0x80..0x87, and zero times Inf is NaN): then the Gluon kernels' bf16 decode makes the scale by one
     multiply-add (:data:`microscale.kernels._prefill_gluon.UE4M3_MUL`). Scanned once per version of
     the codes and scales (:func:`_scan_once`); False while a CUDA graph is captured unscanned."""
-    el = q.fmt.element
 
     def scan(s: torch.Tensor) -> bool:
         b = s.view(torch.uint8).reshape(-1)
@@ -1060,10 +1065,7 @@ def _ue4m3_normal(q: QTensor) -> bool:
         low = b < 8
         if not bool(low.any()):
             return True
-        codes = unpack_codes(q.data.contiguous().view(torch.uint8), el.bits, int(q.shape[-1]))
-        if el.kind == "float":  # +-0 (sign bit alone)
-            codes = codes & ((1 << (el.bits - 1)) - 1)
-        live = (codes.reshape(b.numel(), -1) != 0).any(dim=1)
+        live = _live_blocks(q, b.numel())
         return not bool((live & low).any())
 
     return _scan_once(q.scales, "_microscale_ue4m3_normal", scan, False, (q.data,))

@@ -42,9 +42,12 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 #: scale kinds served (the ``SK`` constexpr): E8M0 and UE4M3 block scales; ``SK_UE4M3N``: UE4M3 scales of a
 #: weight scanned to hold no subnormal scale over a nonzero code and no sign bit
-#: (:func:`microscale.qlinear._ue4m3_normal`), made by one multiply-add (``b * 16 + 0x7780`` per half: the
-#: bf16 of ``s * 2^119``, as :data:`._prefill_gluon.UE4M3_MUL` / ``UE4M3_ADD``)
+#: (:func:`microscale.qlinear._ue4m3_normal`), made by one multiply-add (``b * 16 + 0x7780`` per half,
+#: :data:`UE4M3_ADD`)
 SK_E8M0, SK_UE4M3, SK_UE4M3N = 1, 2, 5
+#: added to ``b << 4`` in each bf16 half (239 on the exponent field): the bf16 of ``s * 2^119`` for a normal
+#: UE4M3 byte ``b``, in both halves
+UE4M3_ADD = 0x77807780
 #: f32 bits of 2^119 (UE4M3 scales are multiplied by it before the bf16 conversion)
 _F32_2P119 = "0f7B000000"
 
@@ -138,7 +141,7 @@ def step_asm(rg: int, wpl: int, tg: int, wpg: int, sk: int, xfrag: bool = False,
         for b in range(nb):
             if sk == SK_UE4M3N:
                 body += [f"prmt.b32 t, {sa}, {sb}, {hex(b | ((4 + b) << 8))};", "and.b32 t, t, 0x00FF00FF;",
-                         "mad.lo.u32 sc, t, 16, 0x77807780;"]
+                         f"mad.lo.u32 sc, t, 16, {hex(UE4M3_ADD)};"]
             elif sk == SK_UE4M3:
                 body += [f"prmt.b32 t, {sa}, {sb}, {hex(b | ((4 + b) << 4))};", "mov.b32 {lo, hi}, t;",
                          "cvt.rn.f16x2.e4m3x2 sc, lo;", "mov.b32 {lo, hi}, sc;", "cvt.f32.f16 fa, lo;",

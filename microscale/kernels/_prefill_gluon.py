@@ -66,7 +66,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from ._gemv_mma import SK_E8M0, SK_UE4M3, _word_lines_select
+from ._gemv_mma import SK_E8M0, SK_UE4M3, UE4M3_ADD, _word_lines_select
 
 #: scale kinds of the integer weights with fp16 scales (``SK``): fp16 scale and uint8 zero point per
 #: block (unsigned codes), fp16 scale alone (two's-complement codes)
@@ -335,7 +335,7 @@ E8M0_F16_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nmax.s32 t, t, 
 #: (bytes 8..126); subnormal ones come out wrong (and 0x80..0x87 as Inf), so ``SK_UE4M3N`` is for weights whose
 #: bytes below 8 only scale blocks of zero codes and with no byte above 126 (scanned,
 #: :func:`microscale.qlinear._ue4m3_normal`)
-UE4M3_MUL, UE4M3_ADD = 0x00100010, 0x77807780
+UE4M3_MUL = 0x00100010  # (UE4M3_ADD: from ._gemv_mma, which makes the same scales)
 _UE4M3_MUL, _UE4M3_ADD = gl.constexpr(UE4M3_MUL), gl.constexpr(UE4M3_ADD)
 #: the bf16x2 scale of an E8M0 byte ``e`` by one integer multiply-add, ``(e + ke) * E8M0_MUL``: the bits
 #: ``(e + ke) << 7`` in both halves (:data:`E8M0_ASM`; ``e + ke`` < 255, so no carry crosses the halves)
