@@ -105,9 +105,13 @@ def op(v: str, x: torch.Tensor, q) -> torch.Tensor:
 
 def timed(fn, sets: list, mon: _clocks.Monitor) -> float:
     """Median µs per call of ``fn(*s)`` rotating over ``sets``, a graph of back-to-back calls
-    over ~300 ms, started uncapped."""
+    over ~300 ms, started uncapped; the clocks during the timing printed (power cap share, SM clock)."""
     mon.settle()
-    return _timing.time_cuda(fn, sets, graph="always").median_ms * 1e3
+    t0 = time.time()
+    us = _timing.time_cuda(fn, sets, graph="always").median_ms * 1e3
+    st = mon.window(t0, time.time())
+    print(f"    clocks: {st.summary() if st is not None else 'not sampled'}", flush=True)
+    return us
 
 
 def copies(t, nbytes: int, clone) -> list:

@@ -499,6 +499,28 @@ def test_gpu_kernel_and_routing(name):
     torch.testing.assert_close(yg, y, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+def test_gpu_scale_imad_bit_identical(monkeypatch):
+    """NVFP4 with the UE4M3 scales made by one multiply-add (``_GEMV_MMA_SCALE_IMAD``) gives the same bits
+    as the conversion sequence, over the configs and token counts (ragged rows, bias)."""
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_capability(dev) < (9, 0):
+        pytest.skip("Hopper or newer")
+    g = torch.Generator(device=dev).manual_seed(4)
+    q = ms.quantize(torch.randn(200, 2048, device=dev, generator=g), "nvfp4")
+    assert L._ue4m3_normal(q)  # (else both runs take the conversion)
+    bias = torch.randn(200, device=dev, generator=g)
+    for m in (2, 5, 8, 16):
+        x = torch.randn(m, 2048, device=dev, generator=g).to(torch.bfloat16)
+        for cfg in (None, L.GemvMmaConfig(1, 4, 1, split_k=4), L.GemvMmaConfig(2, 8, 2, xfrag=True),
+                    L.GemvMmaConfig(2, 4, 4, select=True)):
+            outs = []
+            for on in (False, True):
+                monkeypatch.setattr(L, "_GEMV_MMA_SCALE_IMAD", on)
+                assert L._gemv_mma_scale_args(q)[0] == (kern.SK_UE4M3N if on else kern.SK_UE4M3)
+                outs.append(L.gemv_mma(x, q, bias, cfg))
+            torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0, msg=f"{m} {cfg}")
+
 
 def test_weight_views_follow_in_place_updates(gen):
     """The decode wrappers' cached views of a weight are rebuilt when any of its tensors
