@@ -17,11 +17,11 @@ timing (the suites reach their 16-token rows after minutes of load).
 
 A variant is ``linear`` (``ms.linear`` as routed; the timings replay CUDA graphs, so the routes
 taken while capturing), ``prefill`` (the Triton prefill kernel), ``ws`` (``prefill_ws`` as it
-chooses), ``dtma`` (``decode_tma``; ``dtma t16``: with 16 token columns; ``dtma post`` / ``dtma nopost``: int4 with
+chooses), ``dtma`` (``decode_tma``; ``dtma t16``: with 16 token columns; ``dtma p132``: 132 programs; ``dtma r256``: 256-row tiles; ``dtma post`` / ``dtma nopost``: int4 with
 the MMA results scaled / each weight pair scaled), ``gemv_mma``, ``gemv``, ``xperm`` (``prefill_ws``'s K-permutation kernel
 alone, not checked) or ``g<group_t> s<stages> [t<block_t>] [nosplit]``
 (``prefill_ws`` with those arguments), each optionally followed by ``+NAME`` / ``-NAME`` words (a ``qlinear``
-switch set to True / False for the variant); the default set sweeps group_t 1-16 at the routed
+switch set to True / False for the variant) or ``NAME=INT`` words (set to that integer); the default set sweeps group_t 1-16 at the routed
 stages. ``M`` may list several token counts (``M=64,128``).
 """
 from __future__ import annotations
@@ -63,12 +63,13 @@ def op(v: str, x: torch.Tensor, q) -> torch.Tensor:
     words ``+NAME`` / ``-NAME`` set the ``qlinear`` switch ``NAME`` to True / False for the call
     (``"dtma -_DT_WARP_ARRIVE"``)."""
     flags = {t[1:]: t[0] == "+" for t in v.split() if t[0] in "+-"}
+    flags.update((t.split("=")[0], int(t.split("=")[1])) for t in v.split() if "=" in t)
     if flags:
         saved = {a: getattr(L, a) for a in flags}
         for a, val in flags.items():
             setattr(L, a, val)
         try:
-            return op(" ".join(t for t in v.split() if t[0] not in "+-"), x, q)
+            return op(" ".join(t for t in v.split() if t[0] not in "+-" and "=" not in t), x, q)
         finally:
             for a, val in saved.items():
                 setattr(L, a, val)
@@ -84,6 +85,10 @@ def op(v: str, x: torch.Tensor, q) -> torch.Tensor:
             L._DT_POST_SCALE = saved
     if v.startswith("dtma t"):  # decode_tma with that many token columns
         return L.decode_tma(x, q, tokens=int(v[6:]))
+    if v.startswith("dtma p"):  # decode_tma with that many programs (equal stream-K shares)
+        return L.decode_tma(x, q, programs=int(v[6:]))
+    if v.startswith("dtma r"):  # decode_tma with tiles of that many rows (256: two row slices per warp)
+        return L.decode_tma(x, q, rows=int(v[6:]))
     if v == "gemv_mma":
         return L.gemv_mma(x, q)
     if v == "gemv":

@@ -602,7 +602,7 @@ def _route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple[torc
         elif _decode_tma_ahead(x2, q):
             # an eager call that a CUDA graph captured later would send to decode_tma: its
             # weight tables now, not inside the graph (where they would be rebuilt at every replay)
-            _dt_weight_descs(q, _weight_views(q))
+            _dt_weight_descs(q, _weight_views(q), _dt_tile(q, x2, _dt_tokens(x2.shape[0]))[0])
     if x.numel() >= GEMV_MMA_MIN_M * x.shape[-1]:
         c = _gemv_mma_config(q, x)
         if c is not None and _gemv_mma_reason(q, x, c) is None:
@@ -1802,6 +1802,25 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
 #: chunk, ring chunks, resident programs per SM (80 registers x 12 warps)
 _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
+#: :func:`decode_tma`'s 16-row slices per consumer warp (1; 2: ``_DT_ROWS / 32`` warps, each reading its
+#: activation fragments once for two slices) and the consumers' register limit (an experiment's switches)
+_DT_SLICES, _DT_MAXNREG = 1, 80
+#: the tile of :func:`decode_tma` on E2M1 weights (bf16 activations) with one 256-row tile per SM for 80 to 100%
+#: of the SMs (28672 rows on an H200): 256 rows, two 16-row slices per consumer warp (each warp reads its
+#: activation fragments once for both: half the ``LDSM``; 684 SASS per 32 code words against 371 per 16), one
+#: program per SM at 160 registers, whole tiles (K unsplit). H200, graphs, 28672x8192, two rounds each: 16 tokens
+#: in three calls (``h200_2026-12-04/s31/d``, ``/e``, ``/f``) NVFP4 45.5-46.6 against 48.6-50.1 µs, MXFP4
+#: 46.3-47.0 against 48.4-50.0; ``s31/f`` NVFP4 / MXFP4 at 8 tokens 42.0 / 42.6 against 43.4 / 43.7, 32 tokens
+#: 61.7 / 59.1 against 65.0 / 64.4, 64 tokens 90.2 / 91.7 against 116.1 / 113.7 (128 rows spill at 64 columns).
+#: Equal stream-K shares over 128 / 132 programs were slower (51-52 at 16 tokens), as were 8192-row weights
+#: at 4-16 tokens (8192x8192: 21.6 against 20.1 µs at 16; 8192x28672 42.7 against 41.7 at 4, even at 16). At 64
+#: token columns it wins on every shape (``s31/g``, one round each: 8192x28672 93.3 / 94.1 against 113.3 / 113.5,
+#: 8192x8192 40.0 against 45.3), but a weight taking both tiles would keep two step-major scale tables (each
+#: +11% of an NVFP4 weight's bytes; a graph captured at a height whose table no eager call made rebuilds it at
+#: every replay), so the tile is a property of the weight: the 256-row one at every token count
+#: (``_DT_BIG_TOKS``) on weights of 80-100% of a wave of its tiles, the 128-row one elsewhere.
+_DT_TILE_BIG = (256, 2, 1, 160)
+_DT_BIG_TOKS = (8, 16, 32, 64)
 #: most tokens :func:`decode_tma` serves, as 8, 16, 32 or 64 token columns (shared memory per
 #: program 66 / 78 / 102 / 100 KB with 3 / 3 / 3 / ``_DT_STAGES_64`` ring chunks: two programs per SM).
 #: H200, graphs (fifteenth session, ``benchmarks/exp_dtma_tokens.py``): 24-32 tokens 64-68 µs
@@ -1921,26 +1940,27 @@ def _dt_layouts(wide: int, tok: int = 16, f16: bool = False) -> tuple:
             gl.NVMMASharedLayout.get_default_for([tok, 64], gl.float16 if f16 else gl.bfloat16))
 
 
-def _dt_weight_descs(q: QTensor, wv: "_WeightViews") -> tuple:
+def _dt_weight_descs(q: QTensor, wv: "_WeightViews", rows: int | None = None) -> tuple:
     """TMA descriptors of ``q``'s code words and step-major scales (:func:`_step_scales`) for
-    :func:`decode_tma`, made once per weight and version of its tensors and kept on it (not
-    while a CUDA graph is being captured: the graph then makes its own step-major scales at
-    every replay; :func:`linear`'s eager calls in the kernel's token range make them ahead, see
-    :func:`_route`)."""
+    :func:`decode_tma` tiles of ``rows`` rows (default ``_DT_ROWS``), made once per weight, tile
+    height and version of its tensors and kept on it (not while a CUDA graph is being captured: the
+    graph then makes its own step-major scales at every replay; :func:`linear`'s eager calls in the
+    kernel's token range make them ahead, see :func:`_route`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    key = (_weight_key(q), _DT_WIDE, _DT_SBOX)  # (the box switches: benchmarks/exp_dtma_variants.py)
-    hit = q.__dict__.get("_ms_dt_descs")
+    rows = rows or _DT_ROWS
+    key = (_weight_key(q), _DT_WIDE, _DT_SBOX)  # (the switches: benchmarks/exp_dtma_variants.py)
+    kept = q.__dict__.get("_ms_dt_descs")
+    hit = kept.get(rows) if kept is not None else None
     if hit is not None and hit[0] == key:
         return hit[1]
-    rows = _DT_ROWS
     # a box of 8-bit codes (16 words a step) spans half the steps: the same 32 * _DT_WIDE-byte rows
     cw = _DT_WIDE if q.fmt.element.bits == 4 else max(_DT_WIDE // 2, 1)
     lw, ls, _ = _dt_layouts(cw * q.fmt.element.bits // 4)
     descs = (TensorDescriptor.from_tensor(wv.words, [rows, 2 * q.fmt.element.bits * cw], lw),
              TensorDescriptor.from_tensor(_step_scales(q, rows), [_DT_SBOX * _dt_nps(q) * rows // 64, 256], ls))
     if not _capturing(q.data):
-        q.__dict__["_ms_dt_descs"] = (key, descs)
+        q.__dict__.setdefault("_ms_dt_descs", {})[rows] = (key, descs)
     return descs
 
 
@@ -1962,23 +1982,25 @@ def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
     return None
 
 
-def choose_decode_tma_programs(n: int, k: int, num_sms: int) -> int:
-    """Programs for :func:`decode_tma` on an ``n x k`` weight. Units: 128-row tiles, cut into
+def choose_decode_tma_programs(n: int, k: int, num_sms: int, rows: int = 0, per_sm: int = 0) -> int:
+    """Programs for :func:`decode_tma` on an ``n x k`` weight, with tiles of ``rows`` rows and
+    ``per_sm`` programs resident per SM (default ``_DT_ROWS``, ``_DT_PER_SM``). Units: row tiles, cut into
     the fewest K parts (a power of two, at most 8, dividing the chunks) that give every SM
     one; as many units per program as two resident per SM need (whole units where the
     count divides) where that spreads evenly over the SMs, else two programs per SM, each
     with an equal stream-K share (H200, 16 tokens, ``benchmarks/exp_balance.py``: 176 tiles 44.6
     µs with equal shares against 51.5 with one program per tile; 224 tiles 57.3 against 54.9)."""
-    tiles, nct = cdiv(n, _DT_ROWS), k // (64 * _DT_CHUNK)
+    rows, per_sm = rows or _DT_ROWS, per_sm or _DT_PER_SM
+    tiles, nct = cdiv(n, rows), k // (64 * _DT_CHUNK)
     parts = 1
     while parts < 8 and tiles * parts < num_sms and nct % (2 * parts) == 0:
         parts *= 2
     units = tiles * parts
-    per = cdiv(units, _DT_PER_SM * num_sms)  # units per program
+    per = cdiv(units, per_sm * num_sms)  # units per program
     programs = cdiv(units, per)
     # SMs run one or two programs: the busiest has ceil(programs / SMs), against programs / SMs on average
     if programs > num_sms and cdiv(programs, num_sms) * num_sms > 1.3 * programs:
-        programs = _DT_PER_SM * num_sms
+        programs = per_sm * num_sms
     return min(programs, tiles * nct)
 
 
@@ -1991,8 +2013,17 @@ def _dt_parts(tiles: int, nct: int, programs: int) -> int:
                for t in range(tiles))
 
 
+def _dt_tile(q: QTensor, x2: torch.Tensor, tok: int) -> tuple[int, int, int, int]:
+    """:func:`decode_tma`'s tile for ``x2`` (``tok`` token columns) on ``q``: ``(rows, row slices per
+    consumer warp, programs per SM, registers)``, ``_DT_TILE_BIG`` where it was measured faster."""
+    if (_fp4_codes(q) and x2.dtype == torch.bfloat16 and tok in _DT_BIG_TOKS
+            and 0.8 * _num_sms(x2.device) <= cdiv(q.shape[0], _DT_TILE_BIG[0]) <= _num_sms(x2.device)):
+        return _DT_TILE_BIG
+    return _DT_ROWS, _DT_SLICES, _DT_PER_SM, _DT_MAXNREG
+
+
 def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
-               programs: int | None = None, tokens: int | None = None) -> torch.Tensor:
+               programs: int | None = None, tokens: int | None = None, rows: int | None = None) -> torch.Tensor:
     """``x2 [M <= 64, K] @ dequant(q)^T (+ bias)`` for bf16 or fp16 activations on Hopper and an E2M1
     weight (NVFP4, MXFP4), a 4/8-bit integer weight with fp16 scales in blocks of 32 or a multiple
     of 64 (``int4_affine_g*``, ``int4_fp16``, ``int8_affine_g*``, ``int8_fp16``), MXFP8 (E4M3, E5M2),
@@ -2008,9 +2039,11 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     tile-major order, split into ``programs`` contiguous shares of equal size (stream-K;
     default :func:`choose_decode_tma_programs`); a tile shared by several programs is added
     up in K order by its last part. ``tokens``: the tile's token columns (8, 16, 32 or 64, at
-    least M; default the fewest). The first call on a weight makes its step-major scales
-    and their TMA descriptors (kept on the QTensor). Raises ValueError saying why when it
-    cannot serve the call."""
+    least M; default the fewest). ``rows``: the tile height, 128 (8 consumer warps of 16 rows, two
+    programs per SM) or 256 (E2M1 weights and bf16 activations: 8 warps of two 16-row slices, one
+    program per SM); default :func:`_dt_tile`. The first call on a weight makes its step-major scales
+    and their TMA descriptors (kept on the QTensor, per tile height). Raises ValueError saying why when
+    it cannot serve the call."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .kernels import _decode_tma as dk
@@ -2029,21 +2062,29 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     n = q.shape[0]
     if programs is not None and programs < 1:
         raise ValueError(f"{_OP}: decode_tma needs programs >= 1, got {programs}")
+    tok = _dt_tokens(m) if tokens is None else tokens
+    if rows is None:
+        rows, slices, per_sm, nreg = _dt_tile(q, x2, tok)
+    elif rows == _DT_TILE_BIG[0] and _fp4_codes(q) and x2.dtype == torch.bfloat16:
+        rows, slices, per_sm, nreg = _DT_TILE_BIG
+    elif rows == _DT_ROWS:
+        slices, per_sm, nreg = _DT_SLICES, _DT_PER_SM, _DT_MAXNREG
+    else:
+        raise ValueError(f"{_OP}: decode_tma takes rows={_DT_ROWS}, or {_DT_TILE_BIG[0]} for E2M1 weights with bfloat16 "
+                         f"activations; got rows={rows} for {q.fmt.name} and {x2.dtype}")
     cb = q.fmt.element.bits
     xp = _scratch((m, k), x2.dtype, x2.device)  # activations in the consumers' K order
     launch(pg._xperm_kernel, (cdiv(m, 32), k // 64), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, CB=cb, num_warps=4)
     f16 = x2.dtype == torch.float16
     sk, ke, post = _gluon_scale_args(q, f16)
     wv = _weight_views(q)
-    rows = _DT_ROWS
-    w_desc, s_desc = _dt_weight_descs(q, wv)
-    tok = _dt_tokens(m) if tokens is None else tokens
+    w_desc, s_desc = _dt_weight_descs(q, wv, rows)
     x_desc = TensorDescriptor.from_tensor(xp, [tok, 64], _dt_layouts(_DT_WIDE, tok, f16)[2])
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     gs = wv.global_scale if wv.global_scale is not None else out
     tiles = cdiv(n, rows)
     nct = k // (64 * _DT_CHUNK)
-    grid = min(tiles * nct, programs or choose_decode_tma_programs(n, k, _num_sms(x2.device)))
+    grid = min(tiles * nct, programs or choose_decode_tma_programs(n, k, _num_sms(x2.device), rows, per_sm))
     maxp = _dt_parts(tiles, nct, grid)
     ws, cnt = _workspace(x2.device, tiles * maxp * rows * tok if maxp > 1 else 0, tiles * rows * 4 if maxp > 1 else 0)
     launch(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
@@ -2051,8 +2092,8 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
            STAGES=_DT_STAGES_8BIT if cb == 8 else _DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q), CB=cb,
            EI=_gluon_elem_kind(q), F16=f16,
-           POST=_dt_post(q, tok), WARP_ARRIVE=_DT_WARP_ARRIVE and _ptx.active(),
-           num_warps=rows // 16, maxnreg=80)
+           POST=_dt_post(q, tok), WARP_ARRIVE=_DT_WARP_ARRIVE and _ptx.active(), SLICES=slices,
+           num_warps=rows // (16 * slices), maxnreg=nreg)
     return out
 
 

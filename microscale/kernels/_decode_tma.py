@@ -18,7 +18,9 @@ decode and issue ``mma.sync``:
   int32 per row and step, fp16 bits | zero point << 16; ``SW`` steps a box) and per step the
   activations (``[TOK, 64]``, ``TOK`` 8, 16, 32 or 64, rows past ``M`` zero-filled by TMA) into
   a slot of a ring of ``STAGES`` chunks (``ready`` / ``empty`` mbarriers);
-* the ``ROWS / 16`` consumer warps take 16 rows each; every warp decodes its words with
+* the ``ROWS / (16 SLICES)`` consumer warps take ``SLICES`` slices of 16 rows each (rows ``16 w`` and,
+  with two slices, ``16 w + ROWS / 2``: the MMA layout's own repetition, so one read of a step's
+  activation fragments serves both); every warp decodes its words with
   :func:`._prefill_gluon._decode` (the wgmma A register layout per warp is the ``mma.sync``
   one) and multiplies them by the ``TOK`` tokens (``m16n8k16``, tokens on the N side; the decode,
   most of the work, is the same for every ``TOK``);
@@ -92,16 +94,16 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp,
               ke, post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
               HAS_BIAS: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr, POST: gl.constexpr,
-              EI: gl.constexpr, F16: gl.constexpr, WARP_ARRIVE: gl.constexpr):
-    """``ROWS / 16`` warps, 16 rows each. Per chunk: wait for its slot, decode and
-    ``mma.sync`` its ``C`` steps, free the slot (``POST``: see :func:`_decode_tma_kernel`). Per
-    tile it touches: the epilogue (a shared tile's part to the workspace; the tile's last part
-    adds the parts in K order and stores)."""
+              EI: gl.constexpr, F16: gl.constexpr, WARP_ARRIVE: gl.constexpr, SLICES: gl.constexpr):
+    """``NW = ROWS / (16 SLICES)`` warps, ``SLICES`` slices of 16 rows each (rows ``16 w + 16 NW j``). Per
+    chunk: wait for its slot, decode and ``mma.sync`` its ``C`` steps, free the slot (``POST``: see
+    :func:`_decode_tma_kernel`). Per tile it touches: the epilogue (a shared tile's part to the workspace;
+    the tile's last part adds the parts in K order and stores)."""
     STAGES: gl.constexpr = ready.shape[0]
     ROWS: gl.constexpr = w_bufs.shape[1]
     WPS: gl.constexpr = 2 * CB  # code words per row and K step: 8 (4-bit codes) or 16 (8-bit)
     CW: gl.constexpr = w_bufs.shape[2] // WPS
-    NW: gl.constexpr = ROWS // 16
+    NW: gl.constexpr = ROWS // (16 * SLICES)  # consumer warps
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_l, k_width=2)
@@ -109,9 +111,11 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
         wb3: gl.constexpr = [[16, 0, 0], [32, 0, 0]]
     else:
         wb3: gl.constexpr = [[16, 0, 0], [32, 0, 0], [64, 0, 0]]
+    # a warp's further row slices (SLICES 2: rows + 16 NW) sit in registers, as the MMA layout repeats them
+    reps: gl.constexpr = [16 * NW] if SLICES == 2 else []
     # code words [rows, WPS] as loaded, and [rows, t, a] as _decode takes them (word (WPS / 4) t + a)
-    w2_l: gl.constexpr = code_word_layout(ROWS, wb3, CB, False)
-    w_l: gl.constexpr = code_word_layout(ROWS, wb3, CB)
+    w2_l: gl.constexpr = code_word_layout(ROWS, wb3, CB, False, reps)
+    w_l: gl.constexpr = code_word_layout(ROWS, wb3, CB, True, reps)
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
     s32_sl: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     s_zero = gl.full([ROWS, 4], 0, gl.int32, s_l)
@@ -189,7 +193,7 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
                        post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
                        HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, NPS: gl.constexpr = 1, CB: gl.constexpr = 4,
                        POST: gl.constexpr = False, EI: gl.constexpr = 0, F16: gl.constexpr = False,
-                       WARP_ARRIVE: gl.constexpr = False):
+                       WARP_ARRIVE: gl.constexpr = False, SLICES: gl.constexpr = 1):
     """``out[M <= TOK, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K CB / 32]`` (``CB``: 4-bit codes, or 8; block ``[ROWS, 2 CB CW]``,
     ``CW`` dividing ``C``);
@@ -204,7 +208,9 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     scales, one block per row and K step, ``NPS`` = 1): each
     step's codes go to the MMA as the exact ``code - z`` and its fp32 result is multiplied by the
     row's fp16 scale (one ``fma`` per accumulator element instead of two bf16 ops per weight pair).
-    ``F16``: fp16 activations and output, f16 decodes and fp16 MMAs (:func:`._prefill_gluon._decode`)."""
+    ``F16``: fp16 activations and output, f16 decodes and fp16 MMAs (:func:`._prefill_gluon._decode`).
+    ``SLICES``: 16-row slices per consumer warp (1, or 2: ``ROWS / 32`` warps, each reading a step's
+    activation fragments once for both slices); launched with ``ROWS / (16 SLICES)`` warps."""
     ROWS: gl.constexpr = w_desc.block_type.shape[0]
     CW: gl.constexpr = w_desc.block_type.shape[1] // (2 * CB)  # K steps per code box (2 CB code words a step)
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * (C // CW), ROWS, 2 * CB * CW], w_desc.layout)
@@ -213,10 +219,10 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C, SR, 256], s_desc.layout)
     s_boxes = s_bufs._reinterpret(gl.uint8, [STAGES * C // SW, SW * SR, 256], s_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * C, x_desc.block_type.shape[0], BK], x_desc.layout)
-    ready, empty = ring_barriers(STAGES, ROWS // 16 if WARP_ARRIVE else 1)
+    ready, empty = ring_barriers(STAGES, ROWS // (16 * SLICES) if WARP_ARRIVE else 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB, POST, EI, F16, WARP_ARRIVE)),
+                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB, POST, EI, F16, WARP_ARRIVE, SLICES)),
         (_producer, (w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT, C, NPS, CB)),
     ], [1], [40])
 

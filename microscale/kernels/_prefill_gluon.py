@@ -415,19 +415,19 @@ def _decode_f16(words, sraw, ke, SK: gl.constexpr, s_l: gl.constexpr, CB: gl.con
 
 
 @gluon.constexpr_function
-def code_word_layout(rows, warp_bases, CB, shape3=True):
+def code_word_layout(rows, warp_bases, CB, shape3=True, rep_rows=()):
     """The register layout of a step's code words as :func:`_decode` takes them: ``[rows, t, a]``
     (``shape3``) or ``[rows, 4 W]`` words of ``rows`` weight rows, ``W = CB / 2`` words per thread
-    and row (``CB``-bit codes): registers ``a`` then row + 8, lanes ``t`` then rows 0-7, warps
-    ``warp_bases`` (rows + 16, + 32, ...). They are the A operand's own rows and quads, so the
-    decoded pairs need no data movement."""
+    and row (``CB``-bit codes): registers ``a`` then row + 8 (then the row offsets ``rep_rows``: a warp's
+    further 16-row slices), lanes ``t`` then rows 0-7, warps ``warp_bases`` (rows + 16, + 32, ...). They
+    are the A operand's own rows and quads, so the decoded pairs need no data movement."""
     w = CB // 2
     if shape3:
-        regs = [[0, 0, 1 << i] for i in range(w.bit_length() - 1)] + [[8, 0, 0]]
+        regs = [[0, 0, 1 << i] for i in range(w.bit_length() - 1)] + [[8, 0, 0]] + [[r, 0, 0] for r in rep_rows]
         lanes = [[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
         return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=warp_bases, block_bases=[],
                                           shape=[rows, 4, w])
-    regs = [[0, 1 << i] for i in range(w.bit_length() - 1)] + [[8, 0]]
+    regs = [[0, 1 << i] for i in range(w.bit_length() - 1)] + [[8, 0]] + [[r, 0] for r in rep_rows]
     lanes = [[0, w], [0, 2 * w], [1, 0], [2, 0], [4, 0]]
     return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=lanes, warp_bases=[[b[0], 0] for b in warp_bases],
                                       block_bases=[], shape=[rows, 4 * w])

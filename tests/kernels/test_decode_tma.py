@@ -242,6 +242,47 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_t
     assert "BAR" not in k_loop["hist"] and "SYNCS" in k_loop["hist"], k_loop
 
 
+@pytest.mark.parametrize("fmt,m", [("nvfp4", 16), ("mxfp4", 16), ("nvfp4", 8), ("nvfp4", 64)])
+def test_two_slice_tile_compiles(fmt, m, tmp_path, run_tool):
+    """The 256-row tile (``rows=256``): 8 consumer warps of two 16-row slices, one program per SM at 160
+    registers, no spills; each warp's activation fragments serve both slices (4 ``HMMA`` per ``LDSM`` in the
+    K loop, against 2 with one slice per warp); the empty barriers count the 8 warps."""
+    r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", fmt, "--m", str(m), "--n", "1000", "--k", "1024",
+                 "--config", "{'programs': 3, 'rows': 256}", "--sass", env={"MICROSCALE_WARP_ARRIVE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Used 160 registers" in r.stdout and "0 bytes spill stores" in r.stdout, r.stdout[-2000:]
+    smem = int(r.stdout.split("shared memory: ")[1].split()[0])
+    assert smem <= 227 * 1024, smem
+    sass = (tmp_path / "_decode_tma_kernel.sass").read_text()
+    k_loop = min((lp for lp in loop_counts(sass) if lp["hist"].get("HMMA", 0)), key=lambda lp: lp["count"])
+    assert k_loop["hist"]["HMMA"] == 4 * k_loop["hist"]["LDSM"], k_loop
+    ptx = (tmp_path / "_decode_tma_kernel.ptx").read_text()
+    counts = re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], (\d+);", ptx)
+    assert sorted(set(counts)) == ["1", "8"], counts
+
+
+def test_two_slice_tile_choice(monkeypatch):
+    """``_dt_tile``: the 256-row tile for E2M1 weights and bf16 activations (8-64 token columns) when one
+    256-row tile per SM keeps 80-100% of the SMs busy (28672 rows on 132 SMs); the 128-row tile otherwise;
+    ``rows=256`` is refused for other formats and fp16 activations, other heights always."""
+    monkeypatch.setattr(L, "_num_sms", lambda device: 132)
+    x = torch.zeros(16, 256, dtype=torch.bfloat16)
+    big = ms.quantize(torch.randn(28672, 256), "nvfp4")
+    assert L._dt_tile(big, x, 16) == L._DT_TILE_BIG == (256, 2, 1, 160)
+    assert L.choose_decode_tma_programs(28672, 8192, 132, 256, 1) == 112  # whole tiles
+    small = ms.quantize(torch.randn(8192, 256), "mxfp4")
+    assert L._dt_tile(small, x, 16)[0] == 128 and L._dt_tile(big, x, 8)[0] == L._dt_tile(big, x, 64)[0] == 256
+    assert L._dt_tile(small, x, 64)[0] == 128  # one tile (one scale table) per weight
+    assert L._dt_tile(big, x.half(), 16)[0] == 128
+    assert L._dt_tile(ms.quantize(torch.randn(28672, 256), "int4_affine_g128"), x, 16)[0] == 128
+    assert L._dt_tile(ms.quantize(torch.randn(34048, 256), "nvfp4"), x, 16)[0] == 128  # 133 tiles: two waves
+    monkeypatch.setattr(L, "_decode_tma_reason", lambda q, x: None)  # (the device checks)
+    for q, xx, rows in ((small, x.half(), 256), (ms.quantize(torch.randn(64, 256), "mxfp8_e4m3"), x, 256),
+                        (small, x, 64)):
+        with pytest.raises(ValueError, match="rows="):
+            L.decode_tma(xx, q, rows=rows)
+
+
 @pytest.mark.parametrize("post", [True, False])
 def test_int4_post_scale_compiles_without_bf16_scaling(post, tmp_path, run_tool):
     """int4_affine_g128 (one block per K step), 16 token columns: with the post-MMA scale the K loop has no bf16
@@ -269,7 +310,8 @@ def _gpu():
                                        ("mxfp8_e4m3", True), ("mxint8", True), ("int8_fp16", True),
                                        ("int8_fp16@128", True), ("int8_affine_g128", True),
                                        ("int8_affine_g128", False), ("int8_affine_g32", True),
-                                       ("mxfp8_e5m2", True), ("mxint4", True)])
+                                       ("mxfp8_e5m2", True), ("mxint4", True), ("nvfp4/256", True),
+                                       ("mxfp4/256", True)])
 def test_gpu_decode_tma(name, post, monkeypatch):
     """The kernel on an H200: 1-64 tokens (8, 16, 32 and 64 token columns), ragged rows, bias,
     whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each
@@ -278,7 +320,7 @@ def test_gpu_decode_tma(name, post, monkeypatch):
     scales and one block per K step scale the MMA result (``post``: against the exact weights),
     or with ``MICROSCALE_DT_POST_SCALE=0`` each pair (against the bf16-rounded weights; 8-bit
     integers within 2^-15 of a rounding tie may take the other neighbour: a looser bound).
-    ``name@B``: the format with blocks of ``B``."""
+    ``name@B``: the format with blocks of ``B``; ``name/256``: the 256-row tile of two row slices per warp."""
     dev = _gpu()
     monkeypatch.setattr(L, "_DT_POST_SCALE", post)
     g = torch.Generator(device=dev).manual_seed(12)
@@ -287,6 +329,7 @@ def test_gpu_decode_tma(name, post, monkeypatch):
              (17, 1000, 2048, None), (32, 4096, 8192, None), (29, 3000, 4096, 50), (33, 520, 4096, 5),
              (64, 1000, 2048, 13), (48, 28672, 1024, 264), (64, 256, 256, 1), (8, 1000, 2048, None),
              (3, 300, 1024, 3), (5, 28672, 1024, 264), (8, 4096, 8192, None), (2, 3000, 4096, 50)]
+    name, _, rows = name.partition("/")
     fmt, _, block = name.partition("@")
     kw = {"block_size": int(block)} if block else {}
     for (m, n, k, programs) in cases:
@@ -300,8 +343,9 @@ def test_gpu_decode_tma(name, post, monkeypatch):
             tol = 2.0 ** -12 if q.fmt.element.bits == 8 else tol
         x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
         bias = torch.randn(n, device=dev, generator=g)
-        out = L.decode_tma(x, q, bias, programs=programs)
-        assert torch.equal(out, L.decode_tma(x, q, bias, programs=programs))
+        kw_t = {"programs": programs, "rows": int(rows) if rows else None}
+        out = L.decode_tma(x, q, bias, **kw_t)
+        assert torch.equal(out, L.decode_tma(x, q, bias, **kw_t))
         ref = x.double() @ wd.T + bias.double()
         cond = x.double().abs() @ wd.abs().T + bias.double().abs()
         assert out.dtype == torch.bfloat16 and out.shape == (m, n) and torch.isfinite(out).all()
@@ -402,11 +446,12 @@ def test_gpu_graphs_make_their_own_tables(monkeypatch):
     monkeypatch.setattr(L, "_DECODE_TMA", "graph")
     ms.linear(x12, q2)  # eager: gemv_mma, and the decode_tma tables for later captures
     assert "_ms_dt_descs" in q2.__dict__
-    d = q2.__dict__["_ms_dt_descs"]
+    d = dict(q2.__dict__["_ms_dt_descs"])  # per tile height
     g3 = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g3):
         y12 = ms.linear(x12, q2)
-    assert q2.__dict__["_ms_dt_descs"] is d
+    assert q2.__dict__["_ms_dt_descs"].keys() == d.keys()
+    assert all(q2.__dict__["_ms_dt_descs"][r][1] is v[1] for r, v in d.items())
     g3.replay()
     torch.testing.assert_close(y12, real(x12, q2), rtol=0, atol=0)
 
