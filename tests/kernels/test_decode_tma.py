@@ -26,12 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from sass import loop_counts  # noqa: E402
 
 
+@pytest.mark.parametrize("rows", [128, 256])
 @pytest.mark.parametrize("name,n", [("nvfp4", 300), ("mxfp4", 128)])
-def test_step_scales_layout(name, n, gen):
+def test_step_scales_layout(name, n, rows, gen):
     """Row tile ``t``, step ``s``: bytes ``[rows, 4]``, byte ``(r, j)`` = the scale of elements
     ``64 s + 16 j ..`` of row ``t rows + r`` (zero past the last row). The weight's TMA
-    descriptors (codes, these scales) are made once per weight and version of its tensors."""
-    k, rows = 512, 128
+    descriptors (codes, these scales) are made once per weight, tile height and version of its
+    tensors, the heights kept side by side."""
+    k = 512
     q = ms.quantize(torch.randn(n, k, generator=gen), name)
     st = L._step_scales(q, rows)
     sc = q.scales.view(torch.uint8)
@@ -43,12 +45,14 @@ def test_step_scales_layout(name, n, gen):
     row = t * rows + r  # every byte by its formula: the scale of elements 64 s + 16 j.. of that row
     want = torch.where(row < n, sc[row.clamp(max=n - 1), (64 * s + 16 * j) // g], 0)
     assert torch.equal(st.reshape(tiles, steps, rows, 4), want.to(torch.uint8))
-    descs = L._dt_weight_descs(q, L._weight_views(q))
+    other = L._dt_weight_descs(q, L._weight_views(q), 384 - rows)
+    descs = L._dt_weight_descs(q, L._weight_views(q), rows)
     assert torch.equal(descs[1].base, st) and list(descs[1].block_shape) == [L._DT_SBOX * rows // 64, 256]
     assert list(descs[0].block_shape) == [rows, 8 * L._DT_WIDE] and descs[0].base.dtype == torch.int32
-    assert L._dt_weight_descs(q, L._weight_views(q)) is descs  # kept on the weight
+    assert L._dt_weight_descs(q, L._weight_views(q), rows) is descs  # kept on the weight
+    assert L._dt_weight_descs(q, L._weight_views(q), 384 - rows) is other  # (both heights)
     q.scales.view(torch.uint8).add_(0)  # an in-place change (its version) makes new ones
-    assert L._dt_weight_descs(q, L._weight_views(q)) is not descs
+    assert L._dt_weight_descs(q, L._weight_views(q), rows) is not descs
 
 
 def test_weight_caches_not_filled_while_capturing(monkeypatch, gen):
