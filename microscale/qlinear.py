@@ -1986,8 +1986,8 @@ def choose_decode_tma_programs(n: int, k: int, num_sms: int, rows: int = 0, per_
     """Programs for :func:`decode_tma` on an ``n x k`` weight, with tiles of ``rows`` rows and
     ``per_sm`` programs resident per SM (default ``_DT_ROWS``, ``_DT_PER_SM``). Units: row tiles, cut into
     the fewest K parts (a power of two, at most 8, dividing the chunks) that give every SM
-    one; as many units per program as two resident per SM need (whole units where the
-    count divides) where that spreads evenly over the SMs, else two programs per SM, each
+    one; as many units per program as ``per_sm`` resident per SM need (whole units where the
+    count divides) where that spreads evenly over the SMs, else ``per_sm`` programs per SM, each
     with an equal stream-K share (H200, 16 tokens, ``benchmarks/exp_balance.py``: 176 tiles 44.6
     µs with equal shares against 51.5 with one program per tile; 224 tiles 57.3 against 54.9)."""
     rows, per_sm = rows or _DT_ROWS, per_sm or _DT_PER_SM
