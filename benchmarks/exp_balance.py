@@ -2,7 +2,7 @@
 routed kernel (CUDA graphs) on NVFP4 weights of 132, 176, 224 (the issue's 28672 rows) and
 264 128-row tiles, K = 8192, and on the issue's 8192-row shapes: with the default equal
 stream-K shares of the K chunks (two programs per SM), and with one program per tile (or per
-quarter tile on 8192 rows), the split of the twelfth session.
+quarter tile on 8192 rows), the split of the twelfth session. (128-row tiles throughout: ``rows=128``.)
     python benchmarks/exp_balance.py"""
 import torch
 import triton
@@ -18,10 +18,10 @@ for n, k in ((16896, 8192), (22528, 8192), (28672, 8192), (33792, 8192), (8192, 
     q = ms.quantize(torch.randn(n, k, device=dev, generator=g), "nvfp4")
     tiles = n // 128
     old = tiles if tiles >= 132 else tiles * 4
-    a, b = L.decode_tma(x, q, programs=old), L.decode_tma(x, q)
+    a, b = L.decode_tma(x, q, programs=old, rows=128), L.decode_tma(x, q, rows=128)
     assert (a.float() - b.float()).abs().max() <= 1e-2 * a.float().abs().max(), (n, k)
-    t_old = triton.testing.do_bench_cudagraph(lambda: L.decode_tma(x, q, programs=old), rep=40,
+    t_old = triton.testing.do_bench_cudagraph(lambda: L.decode_tma(x, q, programs=old, rows=128), rep=40,
                                               return_mode="median") * 1e3
-    t_sk = triton.testing.do_bench_cudagraph(lambda: L.decode_tma(x, q), rep=40, return_mode="median") * 1e3
+    t_sk = triton.testing.do_bench_cudagraph(lambda: L.decode_tma(x, q, rows=128), rep=40, return_mode="median") * 1e3
     nbytes = n * k // 2 + n * k // 16
     print(f"{n:6d}x{k:<5d} {tiles:5d} {t_old:7.1f} {t_sk:11.1f} {nbytes / t_sk / 1e3:6.0f}", flush=True)

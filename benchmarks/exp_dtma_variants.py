@@ -48,9 +48,9 @@ for n, k in shapes:
                 for a, v in sw.items():
                     setattr(L, a, v)
                 try:
-                    out = L.decode_tma(x, q, programs=prog)
+                    out = L.decode_tma(x, q, programs=prog, rows=128)
                     err = ((out.double() - ref).norm() / ref.norm()).item()
-                    t = triton.testing.do_bench_cudagraph(lambda: L.decode_tma(x, q, programs=prog), rep=30,
+                    t = triton.testing.do_bench_cudagraph(lambda: L.decode_tma(x, q, programs=prog, rows=128), rep=30,
                                                           return_mode="median") * 1e3 if err < 1e-2 else float("nan")
                 except Exception as e:  # noqa: BLE001 - an experiment: report and go on
                     err, t = float("nan"), float("nan")

@@ -602,7 +602,7 @@ def _route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple[torc
         elif _decode_tma_ahead(x2, q):
             # an eager call that a CUDA graph captured later would send to decode_tma: its
             # weight tables now, not inside the graph (where they would be rebuilt at every replay)
-            _dt_weight_descs(q, _weight_views(q), _dt_tile(q, x2, _dt_tokens(x2.shape[0]))[0])
+            _dt_weight_descs(q, _weight_views(q), _dt_tile(q, x2)[0])
     if x.numel() >= GEMV_MMA_MIN_M * x.shape[-1]:
         c = _gemv_mma_config(q, x)
         if c is not None and _gemv_mma_reason(q, x, c) is None:
@@ -1817,10 +1817,10 @@ _DT_SLICES, _DT_MAXNREG = 1, 80
 #: token columns it wins on every shape (``s31/g``, one round each: 8192x28672 93.3 / 94.1 against 113.3 / 113.5,
 #: 8192x8192 40.0 against 45.3), but a weight taking both tiles would keep two step-major scale tables (each
 #: +11% of an NVFP4 weight's bytes; a graph captured at a height whose table no eager call made rebuilds it at
-#: every replay), so the tile is a property of the weight: the 256-row one at every token count
-#: (``_DT_BIG_TOKS``) on weights of 80-100% of a wave of its tiles, the 128-row one elsewhere.
+#: every replay), so the tile depends on the weight and the activations' dtype, not the token count: the
+#: 256-row one on weights of 80-100% of a wave of its tiles (bf16), the 128-row one elsewhere. (A weight used
+#: with both bf16 and fp16 activations keeps both tables.)
 _DT_TILE_BIG = (256, 2, 1, 160)
-_DT_BIG_TOKS = (8, 16, 32, 64)
 #: most tokens :func:`decode_tma` serves, as 8, 16, 32 or 64 token columns (shared memory per
 #: program 66 / 78 / 102 / 100 KB with 3 / 3 / 3 / ``_DT_STAGES_64`` ring chunks: two programs per SM).
 #: H200, graphs (fifteenth session, ``benchmarks/exp_dtma_tokens.py``): 24-32 tokens 64-68 µs
@@ -2001,6 +2001,8 @@ def choose_decode_tma_programs(n: int, k: int, num_sms: int, rows: int = 0, per_
     # SMs run one or two programs: the busiest has ceil(programs / SMs), against programs / SMs on average
     if programs > num_sms and cdiv(programs, num_sms) * num_sms > 1.3 * programs:
         programs = per_sm * num_sms
+    elif per_sm == 1 and units > num_sms and programs < 0.8 * num_sms:  # (several units each: SMs left idle)
+        programs = num_sms
     return min(programs, tiles * nct)
 
 
@@ -2013,10 +2015,11 @@ def _dt_parts(tiles: int, nct: int, programs: int) -> int:
                for t in range(tiles))
 
 
-def _dt_tile(q: QTensor, x2: torch.Tensor, tok: int) -> tuple[int, int, int, int]:
-    """:func:`decode_tma`'s tile for ``x2`` (``tok`` token columns) on ``q``: ``(rows, row slices per
-    consumer warp, programs per SM, registers)``, ``_DT_TILE_BIG`` where it was measured faster."""
-    if (_fp4_codes(q) and x2.dtype == torch.bfloat16 and tok in _DT_BIG_TOKS
+def _dt_tile(q: QTensor, x2: torch.Tensor) -> tuple[int, int, int, int]:
+    """:func:`decode_tma`'s tile for activations like ``x2`` on ``q``: ``(rows, row slices per consumer
+    warp, programs per SM, registers)``, ``_DT_TILE_BIG`` where it was measured faster. The same for every
+    token count, so one step-major scale table serves all of a weight's calls (see ``_DT_TILE_BIG``)."""
+    if (_fp4_codes(q) and x2.dtype == torch.bfloat16
             and 0.8 * _num_sms(x2.device) <= cdiv(q.shape[0], _DT_TILE_BIG[0]) <= _num_sms(x2.device)):
         return _DT_TILE_BIG
     return _DT_ROWS, _DT_SLICES, _DT_PER_SM, _DT_MAXNREG
@@ -2035,7 +2038,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     :func:`prefill_ws`). :func:`linear` routes here
     from ``DECODE_TMA_MIN_M``
     (``DECODE_TMA_SMALL_MIN_M``; per format :func:`_dt_min_m`) tokens while a CUDA graph is being
-    captured and for large weights (``_decode_tma_wanted``). Work: the 128-row tiles' ring chunks (256 K elements) in
+    captured and for large weights (``_decode_tma_wanted``). Work: the row tiles' ring chunks (256 K elements) in
     tile-major order, split into ``programs`` contiguous shares of equal size (stream-K;
     default :func:`choose_decode_tma_programs`); a tile shared by several programs is added
     up in K order by its last part. ``tokens``: the tile's token columns (8, 16, 32 or 64, at
@@ -2064,14 +2067,14 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
         raise ValueError(f"{_OP}: decode_tma needs programs >= 1, got {programs}")
     tok = _dt_tokens(m) if tokens is None else tokens
     if rows is None:
-        rows, slices, per_sm, nreg = _dt_tile(q, x2, tok)
+        rows, slices, per_sm, nreg = _dt_tile(q, x2)
     elif rows == _DT_TILE_BIG[0] and _fp4_codes(q) and x2.dtype == torch.bfloat16:
         rows, slices, per_sm, nreg = _DT_TILE_BIG
     elif rows == _DT_ROWS:
         slices, per_sm, nreg = _DT_SLICES, _DT_PER_SM, _DT_MAXNREG
     else:
-        raise ValueError(f"{_OP}: decode_tma takes rows={_DT_ROWS}, or {_DT_TILE_BIG[0]} for E2M1 weights with bfloat16 "
-                         f"activations; got rows={rows} for {q.fmt.name} and {x2.dtype}")
+        raise ValueError(f"{_OP}: decode_tma takes rows={_DT_ROWS}, or {_DT_TILE_BIG[0]} for E2M1 weights with "
+                         f"bfloat16 activations; got rows={rows} for {q.fmt.name} and {x2.dtype}")
     cb = q.fmt.element.bits
     xp = _scratch((m, k), x2.dtype, x2.device)  # activations in the consumers' K order
     launch(pg._xperm_kernel, (cdiv(m, 32), k // 64), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, CB=cb, num_warps=4)

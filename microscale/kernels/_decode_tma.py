@@ -7,7 +7,7 @@ per scheduler, half of the stalls on L1TEX). Here a producer warp brings every K
 operands by TMA into a shared-memory ring several steps ahead, and the consumer warps only
 decode and issue ``mma.sync``:
 
-* work: the row tiles of ``ROWS`` (128) weight rows, each ``NCT`` ring chunks of ``C`` K
+* work: the row tiles of ``ROWS`` (128, or 256 with two row slices per warp) weight rows, each ``NCT`` ring chunks of ``C`` K
   steps, in tile-major order; program ``p`` of ``P`` takes chunks ``[p T / P, (p + 1) T / P)``
   of the ``T`` (stream-K shares: whole tiles or equal parts of them where ``P`` divides, see
   :func:`microscale.qlinear.choose_decode_tma_programs`);
@@ -104,6 +104,8 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
     WPS: gl.constexpr = 2 * CB  # code words per row and K step: 8 (4-bit codes) or 16 (8-bit)
     CW: gl.constexpr = w_bufs.shape[2] // WPS
     NW: gl.constexpr = ROWS // (16 * SLICES)  # consumer warps
+    gl.static_assert((SLICES == 1) | (SLICES == 2), "one or two 16-row slices per consumer warp")
+    gl.static_assert((NW == 4) | (NW == 8), "4 or 8 consumer warps")
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_l, k_width=2)

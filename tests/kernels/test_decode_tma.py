@@ -258,28 +258,33 @@ def test_two_slice_tile_compiles(fmt, m, tmp_path, run_tool):
     smem = int(r.stdout.split("shared memory: ")[1].split()[0])
     assert smem <= 227 * 1024, smem
     sass = (tmp_path / "_decode_tma_kernel.sass").read_text()
+    assert "UTMALDG.2D" in sass and "ATOMG" in sass
     k_loop = min((lp for lp in loop_counts(sass) if lp["hist"].get("HMMA", 0)), key=lambda lp: lp["count"])
     assert k_loop["hist"]["HMMA"] == 4 * k_loop["hist"]["LDSM"], k_loop
+    assert "BAR" not in k_loop["hist"] and "LDG" not in k_loop["hist"], k_loop
     ptx = (tmp_path / "_decode_tma_kernel.ptx").read_text()
     counts = re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], (\d+);", ptx)
     assert sorted(set(counts)) == ["1", "8"], counts
 
 
 def test_two_slice_tile_choice(monkeypatch):
-    """``_dt_tile``: the 256-row tile for E2M1 weights and bf16 activations (8-64 token columns) when one
+    """``_dt_tile``: the 256-row tile for E2M1 weights and bf16 activations (every token count) when one
     256-row tile per SM keeps 80-100% of the SMs busy (28672 rows on 132 SMs); the 128-row tile otherwise;
+    its programs: whole tiles, or one equal share per SM where whole tiles would leave SMs idle;
     ``rows=256`` is refused for other formats and fp16 activations, other heights always."""
     monkeypatch.setattr(L, "_num_sms", lambda device: 132)
     x = torch.zeros(16, 256, dtype=torch.bfloat16)
     big = ms.quantize(torch.randn(28672, 256), "nvfp4")
-    assert L._dt_tile(big, x, 16) == L._DT_TILE_BIG == (256, 2, 1, 160)
+    assert L._dt_tile(big, x) == L._DT_TILE_BIG == (256, 2, 1, 160)
+    assert L._dt_tile(big, x[:3]) == L._dt_tile(big, torch.zeros(64, 256, dtype=torch.bfloat16))  # any token count
     assert L.choose_decode_tma_programs(28672, 8192, 132, 256, 1) == 112  # whole tiles
+    assert L.choose_decode_tma_programs(34048, 8192, 132, 256, 1) == 132  # 133 tiles: equal shares, no idle SMs
+    assert L.choose_decode_tma_programs(57344, 8192, 132, 256, 1) == 112  # two whole tiles each (85% of the SMs)
     small = ms.quantize(torch.randn(8192, 256), "mxfp4")
-    assert L._dt_tile(small, x, 16)[0] == 128 and L._dt_tile(big, x, 8)[0] == L._dt_tile(big, x, 64)[0] == 256
-    assert L._dt_tile(small, x, 64)[0] == 128  # one tile (one scale table) per weight
-    assert L._dt_tile(big, x.half(), 16)[0] == 128
-    assert L._dt_tile(ms.quantize(torch.randn(28672, 256), "int4_affine_g128"), x, 16)[0] == 128
-    assert L._dt_tile(ms.quantize(torch.randn(34048, 256), "nvfp4"), x, 16)[0] == 128  # 133 tiles: two waves
+    assert L._dt_tile(small, x)[0] == 128  # (and so for every token count: one scale table per weight)
+    assert L._dt_tile(big, x.half())[0] == 128
+    assert L._dt_tile(ms.quantize(torch.randn(28672, 256), "int4_affine_g128"), x)[0] == 128
+    assert L._dt_tile(ms.quantize(torch.randn(34048, 256), "nvfp4"), x)[0] == 128  # 133 tiles: two waves
     monkeypatch.setattr(L, "_decode_tma_reason", lambda q, x: None)  # (the device checks)
     for q, xx, rows in ((small, x.half(), 256), (ms.quantize(torch.randn(64, 256), "mxfp8_e4m3"), x, 256),
                         (small, x, 64)):
@@ -450,14 +455,27 @@ def test_gpu_graphs_make_their_own_tables(monkeypatch):
     monkeypatch.setattr(L, "_DECODE_TMA", "graph")
     ms.linear(x12, q2)  # eager: gemv_mma, and the decode_tma tables for later captures
     assert "_ms_dt_descs" in q2.__dict__
-    d = dict(q2.__dict__["_ms_dt_descs"])  # per tile height
+    made = []  # step-major scale tables made while capturing (they would be remade at every replay)
+    step_scales = L._step_scales
+    monkeypatch.setattr(L, "_step_scales", lambda q, rows: made.append(rows) or step_scales(q, rows))
     g3 = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g3):
         y12 = ms.linear(x12, q2)
-    assert q2.__dict__["_ms_dt_descs"].keys() == d.keys()
-    assert all(q2.__dict__["_ms_dt_descs"][r][1] is v[1] for r, v in d.items())
+    assert not made, made
     g3.replay()
     torch.testing.assert_close(y12, real(x12, q2), rtol=0, atol=0)
+    monkeypatch.setattr(L, "_num_sms", lambda device: 2)  # 512 rows: two 256-row tiles fill the "SMs"
+    q3 = ms.quantize(torch.randn(512, 1024, device=dev, generator=g), "nvfp4")
+    ms.linear(x12, q3)  # eager: the 256-row table ahead
+    assert L._dt_tile(q3, x12) == L._DT_TILE_BIG and made == [256] and 256 in q3.__dict__["_ms_dt_descs"]
+    made.clear()
+    g4 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g4):
+        y3 = ms.linear(x10, q3)
+    assert not made, made
+    g4.replay()
+    want = x10.double() @ ms.dequantize(q3).double().T
+    assert ((y3.double() - want).norm() / want.norm()).item() < 1e-2
 
 
 def test_routing_switch(monkeypatch):

@@ -502,12 +502,16 @@ def test_gpu_kernel_and_routing(name):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 def test_gpu_scale_imad_bit_identical(monkeypatch):
     """NVFP4 with the UE4M3 scales made by one multiply-add (``_GEMV_MMA_SCALE_IMAD``) gives the same bits
-    as the conversion sequence, over the configs and token counts (ragged rows, bias)."""
+    as the conversion sequence, over the configs and token counts (ragged rows, bias), with an all-zero
+    block whose scale byte the multiply-add gets wrong (times zero codes: still zero)."""
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) < (9, 0):
         pytest.skip("Hopper or newer")
     g = torch.Generator(device=dev).manual_seed(4)
-    q = ms.quantize(torch.randn(200, 2048, device=dev, generator=g), "nvfp4")
+    w = torch.randn(200, 2048, device=dev, generator=g)
+    w[3, 32:48] = 0  # an all-zero block, given a subnormal scale byte (allowed: it scales zero codes)
+    q = ms.quantize(w, "nvfp4")
+    q.scales.view(torch.uint8).reshape(200, -1)[3, 2] = 3
     assert L._ue4m3_normal(q)  # (else both runs take the conversion)
     bias = torch.randn(200, device=dev, generator=g)
     for m in (2, 5, 8, 16):
