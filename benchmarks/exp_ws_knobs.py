@@ -17,7 +17,7 @@ timing (the suites reach their 16-token rows after minutes of load).
 
 A variant is ``linear`` (``ms.linear`` as routed; the timings replay CUDA graphs, so the routes
 taken while capturing), ``prefill`` (the Triton prefill kernel), ``ws`` (``prefill_ws`` as it
-chooses), ``dtma`` (``decode_tma``; ``dtma t16``: with 16 token columns; ``dtma p132``: 132 programs; ``dtma r256``: 256-row tiles; ``dtma post`` / ``dtma nopost``: int4 with
+chooses), ``dtma`` (``decode_tma``; words ``t16``: 16 token columns, ``p132``: 132 programs, ``r256``: 256-row tiles; ``dtma post`` / ``dtma nopost``: int4 with
 the MMA results scaled / each weight pair scaled), ``gemv_mma``, ``gemv``, ``xperm`` (``prefill_ws``'s K-permutation kernel
 alone, not checked) or ``g<group_t> s<stages> [t<block_t>] [nosplit]``
 (``prefill_ws`` with those arguments), each optionally followed by ``+NAME`` / ``-NAME`` words (a ``qlinear``
@@ -83,12 +83,10 @@ def op(v: str, x: torch.Tensor, q) -> torch.Tensor:
             return L.decode_tma(x, q)
         finally:
             L._DT_POST_SCALE = saved
-    if v.startswith("dtma t"):  # decode_tma with that many token columns
-        return L.decode_tma(x, q, tokens=int(v[6:]))
-    if v.startswith("dtma p"):  # decode_tma with that many programs (equal stream-K shares)
-        return L.decode_tma(x, q, programs=int(v[6:]))
-    if v.startswith("dtma r"):  # decode_tma with tiles of that many rows (256: two row slices per warp)
-        return L.decode_tma(x, q, rows=int(v[6:]))
+    words = v.split()
+    if words[0] == "dtma":  # "dtma t16 p132 r256": token columns, programs (equal stream-K shares), tile rows
+        names = {"t": "tokens", "p": "programs", "r": "rows"}
+        return L.decode_tma(x, q, **{names[w[0]]: int(w[1:]) for w in words[1:]})
     if v == "gemv_mma":
         return L.gemv_mma(x, q)
     if v == "gemv":
