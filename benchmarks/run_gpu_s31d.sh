@@ -3,6 +3,8 @@
 # its activation fragments once for 32 rows: half the LDSM, 684 SASS per 32 code words against 371 per 16) on
 # 256-row tiles: 2 ring chunks at 80 registers, two programs per SM; or 3 chunks at 160 registers, one per SM.
 # Each variant checked against float64 before timing; clocks printed per timing.
+# (Ran as written; its _DT_SLICES / _DT_MAXNREG switches were folded into decode_tma(rows=256) afterwards:
+# the variant is now `dtma r256`.)
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
 B="_DT_ROWS=256 _DT_SLICES=2"

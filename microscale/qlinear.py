@@ -1802,9 +1802,6 @@ def _decode_tma_wanted(x: torch.Tensor, q: QTensor) -> bool:
 #: :func:`decode_tma` tiles: weight rows per program (8 consumer warps), K steps per ring
 #: chunk, ring chunks, resident programs per SM (80 registers x 12 warps)
 _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
-#: :func:`decode_tma`'s 16-row slices per consumer warp (1; 2: ``_DT_ROWS / 32`` warps, each reading its
-#: activation fragments once for two slices) and the consumers' register limit (an experiment's switches)
-_DT_SLICES, _DT_MAXNREG = 1, 80
 #: the tile of :func:`decode_tma` on E2M1 weights (bf16 activations) with one 256-row tile per SM for 80 to 100%
 #: of the SMs (28672 rows on an H200): 256 rows, two 16-row slices per consumer warp (each warp reads its
 #: activation fragments once for both: half the ``LDSM``; 684 SASS per 32 code words against 371 per 16), one
@@ -2015,14 +2012,21 @@ def _dt_parts(tiles: int, nct: int, programs: int) -> int:
                for t in range(tiles))
 
 
-def _dt_tile(q: QTensor, x2: torch.Tensor) -> tuple[int, int, int, int]:
+def _dt_tile(q: QTensor, x2: torch.Tensor, rows: int | None = None) -> tuple[int, int, int, int]:
     """:func:`decode_tma`'s tile for activations like ``x2`` on ``q``: ``(rows, row slices per consumer
-    warp, programs per SM, registers)``, ``_DT_TILE_BIG`` where it was measured faster. The same for every
-    token count, so one step-major scale table serves all of a weight's calls (see ``_DT_TILE_BIG``)."""
-    if (_fp4_codes(q) and x2.dtype == torch.bfloat16
-            and 0.8 * _num_sms(x2.device) <= cdiv(q.shape[0], _DT_TILE_BIG[0]) <= _num_sms(x2.device)):
+    warp, programs per SM, registers)``. ``rows`` None: ``_DT_TILE_BIG`` where it was measured faster, the
+    same for every token count, so one step-major scale table serves all of a weight's calls (see
+    ``_DT_TILE_BIG``); else the tile of that height, ValueError where the kernel has none."""
+    big = _fp4_codes(q) and x2.dtype == torch.bfloat16  # (the 256-row tile was built and tested for these)
+    if rows is None:
+        sms = _num_sms(x2.device)
+        rows = _DT_TILE_BIG[0] if big and 0.8 * sms <= cdiv(q.shape[0], _DT_TILE_BIG[0]) <= sms else _DT_ROWS
+    if rows == _DT_TILE_BIG[0] and big:
         return _DT_TILE_BIG
-    return _DT_ROWS, _DT_SLICES, _DT_PER_SM, _DT_MAXNREG
+    if rows == _DT_ROWS:
+        return _DT_ROWS, 1, _DT_PER_SM, 80
+    raise ValueError(f"{_OP}: decode_tma takes rows={_DT_ROWS}, or {_DT_TILE_BIG[0]} for E2M1 weights with "
+                     f"bfloat16 activations; got rows={rows} for {q.fmt.name} and {x2.dtype}")
 
 
 def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
@@ -2066,15 +2070,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     if programs is not None and programs < 1:
         raise ValueError(f"{_OP}: decode_tma needs programs >= 1, got {programs}")
     tok = _dt_tokens(m) if tokens is None else tokens
-    if rows is None:
-        rows, slices, per_sm, nreg = _dt_tile(q, x2)
-    elif rows == _DT_TILE_BIG[0] and _fp4_codes(q) and x2.dtype == torch.bfloat16:
-        rows, slices, per_sm, nreg = _DT_TILE_BIG
-    elif rows == _DT_ROWS:
-        slices, per_sm, nreg = _DT_SLICES, _DT_PER_SM, _DT_MAXNREG
-    else:
-        raise ValueError(f"{_OP}: decode_tma takes rows={_DT_ROWS}, or {_DT_TILE_BIG[0]} for E2M1 weights with "
-                         f"bfloat16 activations; got rows={rows} for {q.fmt.name} and {x2.dtype}")
+    rows, slices, per_sm, nreg = _dt_tile(q, x2, rows)
     cb = q.fmt.element.bits
     xp = _scratch((m, k), x2.dtype, x2.device)  # activations in the consumers' K order
     launch(pg._xperm_kernel, (cdiv(m, 32), k // 64), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, CB=cb, num_warps=4)
