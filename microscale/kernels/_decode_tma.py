@@ -43,7 +43,8 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import _ptx
-from ._prefill_gluon import _SKS, _SKZ, ARRIVE_ASM, BK, _decode, code_word_layout, ring_barriers
+from ._prefill_gluon import (_SKS, _SKZ, ARRIVE2_ASM, ARRIVE2_CONS, ARRIVE4_ASM, ARRIVE4_CONS, BK,
+                             _decode, code_word_layout, ring_barriers)
 
 _ptx.install()
 
@@ -171,9 +172,11 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
             pl = ((tile + 1) * NCT * P - 1) // T
             gl.store(ws_ptr + (tile * maxp + gl.program_id(0) - pf) * TILE + elem, acc)
             z = gl.full([ROWS], 0, gl.int32, gl.SliceLayout(1, mma_l))
-            last = gl.inline_asm_elementwise(ARRIVE_ASM, "=r,l,r,r", [cnt_ptr + tile * (ROWS * 4) + r * 4,
-                                                                      z + (k1 - k0) * C, z + NCT * C],
-                                             dtype=gl.int32, is_pure=False, pack=1)
+            # one release fence for the thread's 2 SLICES rows (pack: all of them in one asm)
+            last = gl.inline_asm_elementwise(ARRIVE4_ASM if SLICES == 2 else ARRIVE2_ASM,
+                                             ARRIVE4_CONS if SLICES == 2 else ARRIVE2_CONS,
+                                             [cnt_ptr + tile * (ROWS * 4) + r * 4, z + (k1 - k0) * C, z + NCT * C],
+                                             dtype=gl.int32, is_pure=False, pack=2 * SLICES)
             ok = gl.expand_dims(last, 1) != 0
             lm = gl.broadcast(ok, acc)[0]
             acc = gl.zeros_like(acc)

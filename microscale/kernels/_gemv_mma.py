@@ -97,21 +97,21 @@ _PAIR_MASK = "0x81C081C0"
 
 def _word_lines_select(w: str, dst: str, scale: str) -> list[str]:
     """The four bf16x2 pairs ``dst0..dst3`` of code word ``w`` (as :func:`_pair_lines`),
-    12 integer ops instead of 15: each sign sits 3 bits above its magnitude in the
+    11 integer ops instead of 15: each sign sits 3 bits above its magnitude in the
     nibble and 9 above it in the pair, so ``r = rotl(w, 6)`` carries every sign 6 bits up.
     One ``lop3`` select (LUT 0xE4: first input where the mask is set, second elsewhere) of
     the magnitudes of elements 0, 1, 4, 5 from ``w`` and the rest from ``r`` gives a word
     from which pairs (0, 4) and (1, 5) are one shift and the pair mask each; a second select
-    (elements 2, 6) gives pair (2, 6) by a right rotation by 2 (element 6's sign wrapped to
-    bit 1 lands on 31). Pair (3, 7) has its signs in place already."""
+    (magnitudes of elements 2, 3, 6, 7 from ``w``: the signs they need from ``r``, at bits 17,
+    21, 1 and 5, are none of those magnitudes) gives pairs (2, 6) and (3, 7) by right rotations
+    by 2 and 6 (the signs of elements 6 and 7, wrapped to bits 1 and 5, land on 31)."""
     out = ["shf.l.wrap.b32 r, {0}, {0}, 6;".format(w),
            f"lop3.b32 z, {w}, r, 0x00770077, 0xE4;",
            f"shl.b32 {dst}0, z, 6;", f"and.b32 {dst}0, {dst}0, {_PAIR_MASK};",
            f"shl.b32 {dst}1, z, 2;", f"and.b32 {dst}1, {dst}1, {_PAIR_MASK};",
-           f"lop3.b32 z, {w}, r, 0x07000700, 0xE4;",
+           f"lop3.b32 z, {w}, r, 0x77007700, 0xE4;",
            f"shf.r.wrap.b32 {dst}2, z, z, 2;", f"and.b32 {dst}2, {dst}2, {_PAIR_MASK};",
-           f"shr.u32 m, {w}, 6;", "and.b32 m, m, 0x01C001C0;", f"and.b32 s, {w}, 0x80008000;",
-           f"or.b32 {dst}3, m, s;"]
+           f"shf.r.wrap.b32 {dst}3, z, z, 6;", f"and.b32 {dst}3, {dst}3, {_PAIR_MASK};"]
     return out + [f"mul.rn.bf16x2 {dst}{j}, {dst}{j}, {scale};" for j in range(4)]
 
 

@@ -627,14 +627,35 @@ def _mma_step(a, x_bufs, ready, empty, acc, it):
     return acc
 
 
-#: tail-split arrival of one (row, thread quad member): ``atom.add`` of the steps ``$2`` this
-#: program summed to the counter at ``$1`` + 4 x (lane % 4) (release: this thread's partial
-#: stores before it; acquire: the other contributors' stores of the same elements after it);
-#: ``$0`` = 1 for the last contributor, which also resets the counter to zero for the next call
-ARRIVE_ASM = gl.constexpr("{\n.reg .u32 l, o;\n.reg .u64 a;\n.reg .pred p;\nmov.u32 l, %laneid;\nand.b32 l, l, 3;\n"
-              "mul.wide.u32 a, l, 4;\nadd.u64 a, a, $1;\natom.acq_rel.gpu.global.add.u32 o, [a], $2;\n"
-              "add.u32 o, o, $2;\nsetp.eq.u32 p, o, $3;\nselp.u32 $0, 1, 0, p;\n"
-              "@p st.relaxed.gpu.global.u32 [a], 0;\n}")
+def arrive_asm(n: int) -> str:
+    """PTX: split arrival of ``n`` (row, thread quad member) counters at once (``pack=n``): per
+    element ``i``, ``atom.add`` of the steps ``$(2n+i)`` this program summed to the counter at
+    ``$(n+i)`` + 4 x (lane % 4); ``$i`` = 1 for the last contributor (the sum reaches ``$(3n+i)``),
+    which also resets that counter to zero for the next call. One ``fence.acq_rel.gpu`` before
+    the relaxed atomics releases this thread's partial stores (a release pattern), and one after
+    them, only where some element is last, acquires the other contributors' stores (an acquire
+    pattern). Per-element ``acq_rel`` atomics cost a ``MEMBAR.ALL.GPU`` and an L1 invalidation
+    each (SASS), ``2 SLICES`` of them in a row per thread in :mod:`._decode_tma`'s epilogue."""
+    lines = [".reg .u32 l, o;", ".reg .u64 a, d;", ".reg .pred p, q;", "mov.u32 l, %laneid;", "and.b32 l, l, 3;",
+             "mul.wide.u32 d, l, 4;", "setp.ne.u32 q, l, l;", "fence.acq_rel.gpu;"]
+    for i in range(n):
+        lines += [f"add.u64 a, d, ${n + i};", f"atom.relaxed.gpu.global.add.u32 o, [a], ${2 * n + i};",
+                  f"add.u32 o, o, ${2 * n + i};", f"setp.eq.u32 p, o, ${3 * n + i};", f"selp.u32 ${i}, 1, 0, p;",
+                  "@p st.relaxed.gpu.global.u32 [a], 0;", "or.pred q, q, p;"]
+    return "{\n" + "\n".join(lines + ["@q fence.acq_rel.gpu;"]) + "\n}"
+
+
+def arrive_constraints(n: int) -> str:
+    """The ``inline_asm_elementwise`` constraints of :func:`arrive_asm` (``n`` flags; addresses, steps, totals)."""
+    return ",".join(["=r"] * n + ["l"] * n + ["r"] * (2 * n))
+
+
+#: :func:`arrive_asm` for the two rows a thread holds of a warpgroup's (or a 16-row MMA slice's) accumulator
+ARRIVE2_ASM = gl.constexpr(arrive_asm(2))
+ARRIVE2_CONS = gl.constexpr(arrive_constraints(2))
+#: ... and for the four of two 16-row slices (:mod:`._decode_tma` with ``SLICES`` 2)
+ARRIVE4_ASM = gl.constexpr(arrive_asm(4))
+ARRIVE4_CONS = gl.constexpr(arrive_constraints(4))
 
 
 @gluon.jit
@@ -653,8 +674,8 @@ def _split_sum(acc, ws_ptr, cnt_ptr, nk, n_tiles, n_steps, WG: gl.constexpr, acc
     gl.store(ws_ptr + gl.program_id(0) * TILE + elem, acc)
     z = gl.full([WG_ROWS], 0, gl.int32, gl.SliceLayout(1, acc_l))
     cnt = cnt_ptr + tile_sk * (2 * WG_ROWS * 4) + (WG * WG_ROWS + r) * 4
-    last = gl.inline_asm_elementwise(ARRIVE_ASM, "=r,l,r,r", [cnt, z + nk, z + n_steps], dtype=gl.int32,
-                                     is_pure=False, pack=1)
+    last = gl.inline_asm_elementwise(ARRIVE2_ASM, ARRIVE2_CONS, [cnt, z + nk, z + n_steps], dtype=gl.int32,
+                                     is_pure=False, pack=2)
     last2 = gl.expand_dims(last, 1) != 0
     lm = gl.broadcast(last2, acc)[0]
     tot = gl.zeros_like(acc)
