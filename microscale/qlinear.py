@@ -1889,9 +1889,6 @@ _DT_SBOX = _DT_CHUNK
 #: barriers Gluon puts before each ``mbarrier`` wait and arrive (:mod:`microscale.kernels._ptx`;
 #: 0.4-2.2% faster at 16 tokens in an A/B run, bit-identical; ``MICROSCALE_WARP_ARRIVE=0`` off)
 _DT_WARP_ARRIVE = os.environ.get("MICROSCALE_WARP_ARRIVE", "1") != "0"
-#: ``decode_tma`` programs whose share ends partway into a tile start there (that tile's first chunks) and
-#: take their first tile's end last, so that every program reads the same K offset at the same time
-_DT_ALIGN = os.environ.get("MICROSCALE_DT_ALIGN", "0") == "1"
 
 
 def _dt_nps(q: QTensor) -> int:
@@ -2094,7 +2091,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
            STAGES=_DT_STAGES_8BIT if cb == 8 else _DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q), CB=cb,
            EI=_gluon_elem_kind(q), F16=f16,
-           POST=_dt_post(q, tok), WARP_ARRIVE=_DT_WARP_ARRIVE and _ptx.active(), SLICES=slices, ALIGN=_DT_ALIGN,
+           POST=_dt_post(q, tok), WARP_ARRIVE=_DT_WARP_ARRIVE and _ptx.active(), SLICES=slices,
            num_warps=rows // (16 * slices), maxnreg=nreg)
     return out
 

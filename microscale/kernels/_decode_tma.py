@@ -60,19 +60,8 @@ def _chunks(n_tiles, NCT: gl.constexpr):
 
 
 @gluon.jit
-def _first_chunk(c0, c1, NCT: gl.constexpr, ALIGN: gl.constexpr):
-    """Where a program starts in its chunks ``[c0, c1)`` (an offset, taken cyclically): ``ALIGN``, at the
-    start of its last tile, so that a share of the form (end of tile a, start of tile a + 1) reads K in
-    step with the programs that hold whole tiles (every program at the same K offset at the same time)."""
-    off = 0
-    if ALIGN:
-        off = gl.maximum(((c1 - 1) // NCT) * NCT - c0, 0)
-    return off
-
-
-@gluon.jit
 def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT: gl.constexpr,
-              C: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr, ALIGN: gl.constexpr):
+              C: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr):
     """One warp: TMA of every chunk (``C`` K steps: codes, scales, activations) of the
     program's chunk range into the ring, running ahead across tile boundaries."""
     STAGES: gl.constexpr = ready.shape[0]
@@ -81,10 +70,8 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
     SR: gl.constexpr = NPS * ROWS // 64  # 256-byte rows of scales per K step
     SW: gl.constexpr = s_boxes.shape[1] // SR  # K steps per scale box
     c0, c1 = _chunks(n_tiles, NCT)
-    off = _first_chunk(c0, c1, NCT, ALIGN)
     it = 0
-    for i in range(c1 - c0):
-        ch = c0 + (i + off) % (c1 - c0)
+    for ch in range(c0, c1):
         tile = ch // NCT
         slot = it % STAGES
         mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)  # slots start out free
@@ -108,8 +95,7 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp,
               ke, post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
               HAS_BIAS: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr, POST: gl.constexpr,
-              EI: gl.constexpr, F16: gl.constexpr, WARP_ARRIVE: gl.constexpr, SLICES: gl.constexpr,
-              ALIGN: gl.constexpr):
+              EI: gl.constexpr, F16: gl.constexpr, WARP_ARRIVE: gl.constexpr, SLICES: gl.constexpr):
     """``NW = ROWS / (16 SLICES)`` warps, ``SLICES`` slices of 16 rows each (rows ``16 w + 16 NW j``). Per
     chunk: wait for its slot, decode and ``mma.sync`` its ``C`` steps, free the slot (``POST``: see
     :func:`_decode_tma_kernel`). Per tile it touches: the epilogue (a shared tile's part to the workspace;
@@ -147,12 +133,8 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
     P = gl.num_programs(0)
     T = n_tiles * NCT
     c0, c1 = _chunks(n_tiles, NCT)
-    t0 = c0 // NCT
-    nt = (c1 - 1) // NCT + 1 - t0  # the tiles this program's chunks touch, from the one _first_chunk starts in
-    rot = gl.where(_first_chunk(c0, c1, NCT, ALIGN) > 0, nt - 1, 0)
     it = 0
-    for j in range(nt):
-        tile = t0 + (j + rot) % nt
+    for tile in range(c0 // NCT, (c1 - 1) // NCT + 1):  # the tiles this program's chunks touch
         k0 = gl.maximum(c0, tile * NCT)  # the tile's chunks [k0, k1) are this program's
         k1 = gl.minimum(c1, (tile + 1) * NCT)
         acc = gl.zeros([ROWS, TOK], gl.float32, mma_l)
@@ -216,7 +198,7 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
                        post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
                        HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, NPS: gl.constexpr = 1, CB: gl.constexpr = 4,
                        POST: gl.constexpr = False, EI: gl.constexpr = 0, F16: gl.constexpr = False,
-                       WARP_ARRIVE: gl.constexpr = False, SLICES: gl.constexpr = 1, ALIGN: gl.constexpr = False):
+                       WARP_ARRIVE: gl.constexpr = False, SLICES: gl.constexpr = 1):
     """``out[M <= TOK, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K CB / 32]`` (``CB``: 4-bit codes, or 8; block ``[ROWS, 2 CB CW]``,
     ``CW`` dividing ``C``);
@@ -245,8 +227,8 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     ready, empty = ring_barriers(STAGES, ROWS // (16 * SLICES) if WARP_ARRIVE else 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB, POST, EI, F16, WARP_ARRIVE, SLICES, ALIGN)),
-        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT, C, NPS, CB, ALIGN)),
+                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB, POST, EI, F16, WARP_ARRIVE, SLICES)),
+        (_producer, (w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT, C, NPS, CB)),
     ], [1], [40])
 
 
