@@ -971,7 +971,7 @@ def gemv(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, config:
         n, kw, scales.stride(0), zp.stride(0), out.stride(0), M=m, KW=kw, KIND=kind, MBITS=el.mbits, ELEM_C=elem_c,
         SCALE_KIND=_SCALE_KIND[f.scale.name], WPG=wpg, HAS_GS=f.global_scale, HAS_BIAS=bias is not None,
         BLOCK_N=c.block_n, BLOCK_KW=c.block_kw, KW_PER_SPLIT=kw_per, SPLIT_K=split, CHAIN=chain, T=tokens,
-        USE_ASM=asm, ASM=kern.word_asm(kind, el.mbits, tokens, c.f4_select) if asm else "",
+        USE_ASM=asm, ASM=kern.word_asm(kind, el.mbits, tokens, c.f4_select, _GEMV_F4_ROTATE) if asm else "",
         CONS=kern.word_constraints(kind, tokens), SCALE_IN_ASM=s_in,
         USE_PDL=pdl, PREFETCH=c.prefetch, HAS_ZP=f.zero_point, SPAIR=spair, EARLY_W=_EARLY_W and settled,
         PDL_CHAIN=chain_pdl, SDIRECT=sdirect, **({"launch_pdl": True} if pdl else {}),
@@ -1138,6 +1138,10 @@ def gemv_mma_supported(q: QTensor, x: torch.Tensor, config: GemvMmaConfig | None
     return c is not None and _gemv_mma_reason(q, x, c) is None
 
 
+#: ``MICROSCALE_GEMV_F4_ROTATE=1`` (read at import): :func:`gemv`'s select decode of 4-bit floats takes
+#: pair (3, 7) from its odd select by one rotation (11 PTX integer ops a code word instead of 13; exact, see
+#: ``_gemv_kernels._decode_word_ptx``); off until timed on the H200
+_GEMV_F4_ROTATE = os.environ.get("MICROSCALE_GEMV_F4_ROTATE", "0") == "1"
 #: ``MICROSCALE_GEMV_MMA_XFRAG=1`` (read at import): :func:`gemv_mma`'s default configs use
 #: fragment-ordered activations (``GemvMmaConfig.xfrag``; off until timed on the H200)
 _MMA_XFRAG = os.environ.get("MICROSCALE_GEMV_MMA_XFRAG", "0") == "1"

@@ -170,7 +170,7 @@ def test_gemv_rejects_bad_config(gen):
 
 
 def _run_int_ptx(lines: list[str], regs: dict) -> dict:
-    """The integer PTX the 4-bit float decode emits (shl / shr / and / or / lop3 / mov on b32),
+    """The integer PTX the 4-bit float decode emits (shl / shr / and / or / lop3 / mov / shf wrap on b32),
     lane-parallel over numpy uint32 arrays."""
     import numpy as np
 
@@ -199,6 +199,11 @@ def _run_int_ptx(lines: list[str], regs: dict) -> dict:
                 if lut >> i & 1:
                     r |= (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c)
             regs[d] = r
+        elif op in ("shf.l.wrap.b32", "shf.r.wrap.b32"):  # funnel shift of (src1:src0) = a rotation when equal
+            assert src[0] == src[1], stmt
+            x, r = val(src[0]).astype(np.uint64), int(src[2]) % 32
+            r = r if op.startswith("shf.l") else (32 - r) % 32
+            regs[d] = ((x << np.uint64(r)) | (x >> np.uint64(32 - r))).astype(np.uint32)
         elif op == "mov.b32":
             regs[d] = val(src[0]).copy()
         else:
@@ -215,11 +220,12 @@ def test_lop3_model():
         assert int(np.uint32(r["d"])) & 0xFF == lut
 
 
-@pytest.mark.parametrize("select", [False, True])
-def test_f4_decode_ptx_bit_placement(gen, select):
+@pytest.mark.parametrize("select,rotate", [(False, False), (True, False), (True, True)])
+def test_f4_decode_ptx_bit_placement(gen, select, rotate):
     """The GEMV's E2M1 word decode (the PTX the GPU runs): f16 pair ``j`` holds elements
     ``j`` (low half) and ``j + 4`` (high half), each as sign -> bit 15 and the three
-    magnitude bits at ``10 - MBITS``: checked bit for bit on every nibble in every slot."""
+    magnitude bits at ``10 - MBITS``: checked bit for bit on every nibble in every slot
+    (``rotate``: the 10-op select decode, ``MICROSCALE_GEMV_F4_ROTATE``)."""
     import ml_dtypes
     import numpy as np
 
@@ -227,7 +233,9 @@ def test_f4_decode_ptx_bit_placement(gen, select):
     every = np.array([v * 0x11111111 for v in range(16)], dtype=np.uint32)  # each nibble value in each slot
     w = np.concatenate([words, every, np.arange(16, dtype=np.uint32) << 28])
     out = [f"p{j}" for j in range(4)]
-    regs = _run_int_ptx(kern._decode_word_ptx(kern.F4, 1, "w", out, select), {"w": w})
+    lines = kern._decode_word_ptx(kern.F4, 1, "w", out, select, rotate)
+    assert sum(ln.count(";") for ln in lines) == (11 if rotate else 13 if select else 19)
+    regs = _run_int_ptx(lines, {"w": w})
     pos = 10 - 1
     for j in range(4):
         for half, e in ((0, j), (1, j + 4)):
@@ -295,11 +303,14 @@ def test_int4_decode_emulation_catches_a_wrong_constant(gen, monkeypatch):
 
 @pytest.mark.parametrize("asm", ASM)
 @pytest.mark.parametrize("m,n", [(1, 40), (3, 37)])
-def test_scale_pairs_and_select_match_the_plain_path(m, n, asm, gen):
+def test_scale_pairs_and_select_match_the_plain_path(m, n, asm, gen, monkeypatch):
     """``GemvConfig.scale_pairs`` (UE4M3 scales loaded as 16-bit chain pairs) and, on a GPU
-    where the PTX runs, ``f4_select`` (the select decode; on CPU its PTX is checked by
-    :func:`test_f4_decode_ptx_bit_placement`): the same results as byte-loaded scales and
-    the shift decode, and within the GEMV's bound of float64, ragged rows included."""
+    where the PTX runs, ``f4_select`` (the select decode, also with ``_GEMV_F4_ROTATE``; on CPU
+    its PTX is checked by :func:`test_f4_decode_ptx_bit_placement`): the same results as
+    byte-loaded scales and the shift decode, and within the GEMV's bound of float64, ragged
+    rows included."""
+    from microscale import qlinear as L
+
     k = 512
     q = ms.quantize(torch.randn(n, k, generator=gen), "nvfp4")
     x = (torch.randn(m, k, generator=gen) * 3).to(torch.bfloat16)
@@ -311,6 +322,11 @@ def test_scale_pairs_and_select_match_the_plain_path(m, n, asm, gen):
         got = gemv(x.to(DEV), q.to(DEV), None, cfg, use_asm=asm)
         assert rel(got, ref) < 1e-2
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)
+    sel = GemvConfig(block_n=8, block_kw=32, scale_pairs=True, f4_select=True)
+    monkeypatch.setattr(L, "_GEMV_F4_ROTATE", False)
+    plain = gemv(x.to(DEV), q.to(DEV), None, sel, use_asm=asm)
+    monkeypatch.setattr(L, "_GEMV_F4_ROTATE", True)  # the 11-op decode: the same bits
+    assert torch.equal(gemv(x.to(DEV), q.to(DEV), None, sel, use_asm=asm), plain)
 
 
 def _gemv_ptx(run_tool, tmp_path, env: dict, config: str, fmt: str = "nvfp4") -> dict:
