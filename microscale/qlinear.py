@@ -1893,6 +1893,11 @@ _DT_SBOX = _DT_CHUNK
 #: barriers Gluon puts before each ``mbarrier`` wait and arrive (:mod:`microscale.kernels._ptx`;
 #: 0.4-2.2% faster at 16 tokens in an A/B run, bit-identical; ``MICROSCALE_WARP_ARRIVE=0`` off)
 _DT_WARP_ARRIVE = os.environ.get("MICROSCALE_WARP_ARRIVE", "1") != "0"
+#: ``MICROSCALE_DT_ONE_TABLE=1`` (read at import): E2M1 weights keep :func:`decode_tma`'s step-major scales in
+#: the 256-row layout only, which its 128-row tiles read a step per box (``_DT_SBOX`` steps, 4-d descriptor),
+#: and 33-64 tokens take 256-row tiles on every E2M1 weight with bf16 activations (thirty-first session,
+#: 64 tokens: 8192x28672 93-94 against 113 µs, 8192x8192 40.0 against 45.3); off until timed
+_DT_ONE_TABLE = os.environ.get("MICROSCALE_DT_ONE_TABLE", "0") == "1"
 
 
 def _dt_nps(q: QTensor) -> int:
@@ -1949,20 +1954,39 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews", rows: int | None = None) ->
     kernel's token range make them ahead, see :func:`_route`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from triton.experimental.gluon import language as gl
+
     rows = rows or _DT_ROWS
-    key = (_weight_key(q), _DT_WIDE, _DT_SBOX)  # (the switches: benchmarks/exp_dtma_variants.py)
+    trows = _dt_table_rows(q, rows)
+    key = (_weight_key(q), _DT_WIDE, _DT_SBOX, trows)  # (the switches: benchmarks/exp_dtma_variants.py)
     kept = q.__dict__.get("_ms_dt_descs")
     hit = kept.get(rows) if kept is not None else None
     if hit is not None and hit[0] == key:
         return hit[1]
+    # one step-major table per weight and table height, shared by the tile heights that read it
+    table = kept.get(("table", trows)) if kept is not None else None
+    table = table[1] if table is not None and table[0] == key else _step_scales(q, trows)
     # a box of 8-bit codes (16 words a step) spans half the steps: the same 32 * _DT_WIDE-byte rows
     cw = _DT_WIDE if q.fmt.element.bits == 4 else max(_DT_WIDE // 2, 1)
     lw, ls, _ = _dt_layouts(cw * q.fmt.element.bits // 4)
-    descs = (TensorDescriptor.from_tensor(wv.words, [rows, 2 * q.fmt.element.bits * cw], lw),
-             TensorDescriptor.from_tensor(_step_scales(q, rows), [_DT_SBOX * _dt_nps(q) * rows // 64, 256], ls))
+    if trows == rows:
+        sdesc = TensorDescriptor.from_tensor(table, [_DT_SBOX * _dt_nps(q) * rows // 64, 256], ls)
+    else:  # 128-row tiles on the 256-row table: [tiles256 x steps, half, 2, 256] (see _decode_tma_kernel)
+        sdesc = TensorDescriptor(table, [table.shape[0] // 4, 2, 2, 256], [1024, 512, 256, 1], [_DT_SBOX, 1, 2, 256],
+                                 gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=4))
+    descs = (TensorDescriptor.from_tensor(wv.words, [rows, 2 * q.fmt.element.bits * cw], lw), sdesc)
     if not _capturing(q.data):
-        q.__dict__.setdefault("_ms_dt_descs", {})[rows] = (key, descs)
+        d = q.__dict__.setdefault("_ms_dt_descs", {})
+        d[rows] = (key, descs)
+        d[("table", trows)] = (key, table)
     return descs
+
+
+def _dt_table_rows(q: QTensor, rows: int) -> int:
+    """The tile height whose step-major scale layout :func:`decode_tma`'s ``rows``-row tiles read on
+    ``q``: their own, or with ``_DT_ONE_TABLE`` the 256-row one for every E2M1 weight (one table for
+    both heights, so that a weight can take 256-row tiles at 64 token columns and 128-row ones below)."""
+    return _DT_TILE_BIG[0] if _DT_ONE_TABLE and _fp4_codes(q) and rows == _DT_ROWS else rows
 
 
 def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
@@ -2024,7 +2048,8 @@ def _dt_tile(q: QTensor, x2: torch.Tensor, rows: int | None = None) -> tuple[int
     big = _fp4_codes(q) and x2.dtype == torch.bfloat16  # (the 256-row tile was built and tested for these)
     if rows is None:
         sms = _num_sms(x2.device)
-        rows = _DT_TILE_BIG[0] if big and 0.8 * sms <= cdiv(q.shape[0], _DT_TILE_BIG[0]) <= sms else _DT_ROWS
+        fills = 0.8 * sms <= cdiv(q.shape[0], _DT_TILE_BIG[0]) <= sms
+        rows = _DT_TILE_BIG[0] if big and (fills or (_DT_ONE_TABLE and _dt_tokens(x2.shape[0]) == 64)) else _DT_ROWS
     if rows == _DT_TILE_BIG[0] and big:
         return _DT_TILE_BIG
     if rows == _DT_ROWS:

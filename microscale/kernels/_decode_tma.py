@@ -68,7 +68,8 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
     ROWS: gl.constexpr = w_bufs.shape[1]
     CW: gl.constexpr = w_bufs.shape[2] // (2 * CB)  # K steps per code box (2 CB code words a step)
     SR: gl.constexpr = NPS * ROWS // 64  # 256-byte rows of scales per K step
-    SW: gl.constexpr = s_boxes.shape[1] // SR  # K steps per scale box
+    HALF: gl.constexpr = len(s_boxes.shape) == 5  # the 256-row table read by 128-row tiles (_decode_tma_kernel)
+    SW: gl.constexpr = s_boxes.shape[1] if HALF else s_boxes.shape[1] // SR  # K steps per scale box
     c0, c1 = _chunks(n_tiles, NCT)
     it = 0
     for ch in range(c0, c1):
@@ -83,8 +84,12 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
             tma.async_copy_global_to_shared(w_desc, [tile * ROWS, (step0 + cb * CW) * (2 * CB)], bar,
                                             w_bufs.index(slot * (C // CW) + cb))
         for cb in gl.static_range(C // SW):
-            tma.async_copy_global_to_shared(s_desc, [(tile * (NCT * C) + step0 + cb * SW) * SR, 0], bar,
-                                            s_boxes.index(slot * (C // SW) + cb))
+            if HALF:  # step rows of 256-row tile tile // 2, its half tile % 2
+                tma.async_copy_global_to_shared(s_desc, [(tile // 2) * (NCT * C) + step0 + cb * SW, tile % 2, 0, 0],
+                                                bar, s_boxes.index(slot * (C // SW) + cb))
+            else:
+                tma.async_copy_global_to_shared(s_desc, [(tile * (NCT * C) + step0 + cb * SW) * SR, 0], bar,
+                                                s_boxes.index(slot * (C // SW) + cb))
         for cs in gl.static_range(C):
             step = step0 + cs
             tma.async_copy_global_to_shared(x_desc, [0, step * BK], bar, x_bufs.index(slot * C + cs))
@@ -220,9 +225,19 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     CW: gl.constexpr = w_desc.block_type.shape[1] // (2 * CB)  # K steps per code box (2 CB code words a step)
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * (C // CW), ROWS, 2 * CB * CW], w_desc.layout)
     SR: gl.constexpr = NPS * ROWS // 64  # 256-byte rows of scales per K step
-    SW: gl.constexpr = s_desc.block_type.shape[0] // SR  # K steps per scale box: 1 or C
-    s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C, SR, 256], s_desc.layout)
-    s_boxes = s_bufs._reinterpret(gl.uint8, [STAGES * C // SW, SW * SR, 256], s_desc.layout)
+    if len(s_desc.block_type.shape) == 4:
+        # the step-major table of 256-row tiles ([tiles256 x steps, 2, 2, 256] bytes: a step's rows 0-127
+        # then 128-255) read by 128-row tiles: box [SW, 1, 2, 256] = the bytes of a [2 SW, 256] box of
+        # their own table, so one table serves both tile heights (qlinear._DT_ONE_TABLE)
+        gl.static_assert((ROWS == 128) & (NPS == 1), "the 256-row table serves 128-row tiles of byte scales")
+        SW: gl.constexpr = s_desc.block_type.shape[0]
+        s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C, SR, 256],
+                                           gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2))
+        s_boxes = s_bufs._reinterpret(gl.uint8, [STAGES * C // SW, SW, 1, 2, 256], s_desc.layout)
+    else:
+        SW: gl.constexpr = s_desc.block_type.shape[0] // SR  # K steps per scale box: 1 or C
+        s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C, SR, 256], s_desc.layout)
+        s_boxes = s_bufs._reinterpret(gl.uint8, [STAGES * C // SW, SW * SR, 256], s_desc.layout)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * C, x_desc.block_type.shape[0], BK], x_desc.layout)
     ready, empty = ring_barriers(STAGES, ROWS // (16 * SLICES) if WARP_ARRIVE else 1)
     gl.warp_specialize([

@@ -292,6 +292,60 @@ def test_two_slice_tile_choice(monkeypatch):
             L.decode_tma(xx, q, rows=rows)
 
 
+@pytest.mark.parametrize("name,n", [("nvfp4", 300), ("mxfp4", 520), ("nvfp4", 128)])
+def test_one_table_serves_both_heights(name, n, gen):
+    """``_DT_ONE_TABLE``: the 4-d view the 128-row tiles read of the 256-row step-major table
+    (``[tiles256 x steps, half, 2, 256]``, strides 1024 / 512 / 256 / 1, as ``_dt_weight_descs`` builds
+    it) holds, at ``(tile // 2) * steps + step, tile % 2``, the bytes of the 128-row table's box of that
+    tile and step (odd tile counts included: the 256-row table's padding rows)."""
+    k = 512
+    steps = k // 64
+    q = ms.quantize(torch.randn(n, k, generator=gen), name)
+    t128, t256 = L._step_scales(q, 128), L._step_scales(q, 256)
+    view = t256.as_strided((t256.shape[0] // 4, 2, 2, 256), (1024, 512, 256, 1))
+    for t in range(-(-n // 128)):
+        for s in range(steps):
+            row = (t * steps + s) * 2
+            assert torch.equal(view[(t // 2) * steps + s, t % 2], t128[row:row + 2]), (t, s)
+    assert not torch.equal(view[0, 1], view[0, 0]) or n <= 128  # (the halves differ: the check can fail)
+
+
+def test_one_table_routing(monkeypatch):
+    """With ``_DT_ONE_TABLE`` an E2M1 weight's 128-row tiles read the 256-row table, and 33-64 tokens take
+    256-row tiles on every E2M1 weight with bf16 activations (fewer tokens keep the weight's own tile);
+    other formats keep their own table and tile."""
+    monkeypatch.setattr(L, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(L, "_DT_ONE_TABLE", True)
+    small = ms.quantize(torch.randn(8192, 256), "nvfp4")
+    x = torch.zeros(16, 256, dtype=torch.bfloat16)
+    assert L._dt_tile(small, x)[0] == 128 and L._dt_table_rows(small, 128) == 256
+    assert L._dt_tile(small, torch.zeros(33, 256, dtype=torch.bfloat16)) == L._DT_TILE_BIG
+    assert L._dt_tile(small, torch.zeros(32, 256, dtype=torch.bfloat16))[0] == 128
+    assert L._dt_tile(small, torch.zeros(64, 256, dtype=torch.float16))[0] == 128
+    i4 = ms.quantize(torch.randn(8192, 256), "int4_affine_g128")
+    assert L._dt_table_rows(i4, 128) == 128 and L._dt_tile(i4, torch.zeros(64, 256, dtype=torch.bfloat16))[0] == 128
+    monkeypatch.setattr(L, "_DT_ONE_TABLE", False)
+    assert L._dt_table_rows(small, 128) == 128
+    assert L._dt_tile(small, torch.zeros(64, 256, dtype=torch.bfloat16))[0] == 128
+
+
+@pytest.mark.parametrize("m", [8, 32])
+def test_one_table_compiles(m, tmp_path, run_tool):
+    """The 128-row kernel on the 256-row table (``MICROSCALE_DT_ONE_TABLE=1``) compiles for sm_90 with its
+    scale boxes by 4-d TMA (the codes and activations by 2-d), no spills; without the switch, 2-d only
+    (1-32 tokens: from 33 the switch takes 256-row tiles, on their own table)."""
+    def sass(env):
+        r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", "nvfp4", "--m", str(m), "--n", "1000",
+                     "--k", "1024", "--config", "{'programs': 5}", "--sass", env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "0 bytes spill stores" in r.stdout, r.stdout[-2000:]
+        return (tmp_path / "_decode_tma_kernel.sass").read_text()
+
+    on = sass({"MICROSCALE_DT_ONE_TABLE": "1"})
+    assert "UTMALDG.4D" in on and "UTMALDG.2D" in on
+    assert "UTMALDG.4D" not in sass({"MICROSCALE_DT_ONE_TABLE": "0"})
+
+
 @pytest.mark.parametrize("post", [True, False])
 def test_int4_post_scale_compiles_without_bf16_scaling(post, tmp_path, run_tool):
     """int4_affine_g128 (one block per K step), 16 token columns: with the post-MMA scale the K loop has no bf16
@@ -320,7 +374,7 @@ def _gpu():
                                        ("int8_fp16@128", True), ("int8_affine_g128", True),
                                        ("int8_affine_g128", False), ("int8_affine_g32", True),
                                        ("mxfp8_e5m2", True), ("mxint4", True), ("nvfp4/256", True),
-                                       ("mxfp4/256", True)])
+                                       ("mxfp4/256", True), ("nvfp4/one", True), ("mxfp4/one", True)])
 def test_gpu_decode_tma(name, post, monkeypatch):
     """The kernel on an H200: 1-64 tokens (8, 16, 32 and 64 token columns), ragged rows, bias,
     whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each
@@ -329,9 +383,13 @@ def test_gpu_decode_tma(name, post, monkeypatch):
     scales and one block per K step scale the MMA result (``post``: against the exact weights),
     or with ``MICROSCALE_DT_POST_SCALE=0`` each pair (against the bf16-rounded weights; 8-bit
     integers within 2^-15 of a rounding tie may take the other neighbour: a looser bound).
-    ``name@B``: the format with blocks of ``B``; ``name/256``: the 256-row tile of two row slices per warp."""
+    ``name@B``: the format with blocks of ``B``; ``name/256``: the 256-row tile of two row slices per warp;
+    ``name/one``: ``_DT_ONE_TABLE`` (128-row tiles reading the 256-row scale table, 256-row tiles from 33 tokens)."""
     dev = _gpu()
     monkeypatch.setattr(L, "_DT_POST_SCALE", post)
+    if name.endswith("/one"):
+        monkeypatch.setattr(L, "_DT_ONE_TABLE", True)
+        name = name[:-4]
     g = torch.Generator(device=dev).manual_seed(12)
     cases = [(16, 1000, 2048, None), (9, 300, 1024, 3), (16, 4096, 8192, None), (1, 520, 4096, 5),
              (13, 3000, 4096, 50), (16, 256, 256, 1), (16, 28672, 1024, 264), (11, 1000, 2048, 13),
