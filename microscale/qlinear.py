@@ -1894,7 +1894,7 @@ _DT_SBOX = _DT_CHUNK
 #: 0.4-2.2% faster at 16 tokens in an A/B run, bit-identical; ``MICROSCALE_WARP_ARRIVE=0`` off)
 _DT_WARP_ARRIVE = os.environ.get("MICROSCALE_WARP_ARRIVE", "1") != "0"
 #: ``MICROSCALE_DT_ONE_TABLE=1`` (read at import): E2M1 weights keep :func:`decode_tma`'s step-major scales in
-#: the 256-row layout only, which its 128-row tiles read a step per box (``_DT_SBOX`` steps, 4-d descriptor),
+#: the 256-row layout only, which its 128-row tiles read through a 4-d descriptor (boxes of ``_DT_SBOX`` steps),
 #: and 33-64 tokens take 256-row tiles on every E2M1 weight with bf16 activations (thirty-first session,
 #: 64 tokens: 8192x28672 93-94 against 113 µs, 8192x8192 40.0 against 45.3); off until timed
 _DT_ONE_TABLE = os.environ.get("MICROSCALE_DT_ONE_TABLE", "0") == "1"
@@ -1952,9 +1952,8 @@ def _dt_weight_descs(q: QTensor, wv: "_WeightViews", rows: int | None = None) ->
     height and version of its tensors and kept on it (not while a CUDA graph is being captured: the
     graph then makes its own step-major scales at every replay; :func:`linear`'s eager calls in the
     kernel's token range make them ahead, see :func:`_route`)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     rows = rows or _DT_ROWS
     trows = _dt_table_rows(q, rows)
