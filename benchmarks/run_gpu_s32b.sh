@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran once, on a working tree whose end-of-program arrivals were not kept: see NOTES_linear, thirty-second session.)
 # Thirty-second session, call b (~8 min): decode_tma's shared tiles arrive at the program's end (one
 # release fence, no consumer wait mid-run): (1) its GPU tests, every format (shared tiles, ragged rows);
 # (2) the 256-row tile at 16 tokens over 112 whole tiles against equal shares over 113 / 120 / 132 programs,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran once with MICROSCALE_DT_ALIGN, an experiment since reverted: see NOTES_linear, thirty-second session.)
 # Thirty-second session, call c (~5 min). In call b, equal stream-K shares still lost ~6 µs against whole
 # tiles with the parts' arrivals moved to the programs' ends, so the cost is not the epilogue. Hypothesis:
 # programs reading different K offsets at the same time (a share = end of tile a, start of tile a + 1) are
