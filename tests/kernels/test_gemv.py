@@ -225,7 +225,7 @@ def test_f4_decode_ptx_bit_placement(gen, select, rotate):
     """The GEMV's E2M1 word decode (the PTX the GPU runs): f16 pair ``j`` holds elements
     ``j`` (low half) and ``j + 4`` (high half), each as sign -> bit 15 and the three
     magnitude bits at ``10 - MBITS``: checked bit for bit on every nibble in every slot
-    (``rotate``: the 10-op select decode, ``MICROSCALE_GEMV_F4_ROTATE``)."""
+    (``rotate``: the 11-op select decode, ``MICROSCALE_GEMV_F4_ROTATE``)."""
     import ml_dtypes
     import numpy as np
 
@@ -322,11 +322,12 @@ def test_scale_pairs_and_select_match_the_plain_path(m, n, asm, gen, monkeypatch
         got = gemv(x.to(DEV), q.to(DEV), None, cfg, use_asm=asm)
         assert rel(got, ref) < 1e-2
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)
-    sel = GemvConfig(block_n=8, block_kw=32, scale_pairs=True, f4_select=True)
-    monkeypatch.setattr(L, "_GEMV_F4_ROTATE", False)
-    plain = gemv(x.to(DEV), q.to(DEV), None, sel, use_asm=asm)
-    monkeypatch.setattr(L, "_GEMV_F4_ROTATE", True)  # the 11-op decode: the same bits
-    assert torch.equal(gemv(x.to(DEV), q.to(DEV), None, sel, use_asm=asm), plain)
+    if asm:  # (without the PTX the switch changes nothing)
+        sel = GemvConfig(block_n=8, block_kw=32, scale_pairs=True, f4_select=True)
+        monkeypatch.setattr(L, "_GEMV_F4_ROTATE", False)
+        plain = gemv(x.to(DEV), q.to(DEV), None, sel, use_asm=asm)
+        monkeypatch.setattr(L, "_GEMV_F4_ROTATE", True)  # the 11-op decode: the same bits
+        assert torch.equal(gemv(x.to(DEV), q.to(DEV), None, sel, use_asm=asm), plain)
 
 
 def _gemv_ptx(run_tool, tmp_path, env: dict, config: str, fmt: str = "nvfp4") -> dict:
