@@ -24,8 +24,10 @@ decode and issue ``mma.sync``:
   :func:`._prefill_gluon._decode` (the wgmma A register layout per warp is the ``mma.sync``
   one) and multiplies them by the ``TOK`` tokens (``m16n8k16``, tokens on the N side; the decode,
   most of the work, is the same for every ``TOK``);
-* a tile shared by several programs is added up by its last part in K order (per-element
-  counters as in the prefill's split tail), so results are deterministic;
+* a tile shared by several programs is added up in K order, so results are deterministic: 256-row tiles
+  by the tile's first program (its part ends that program's share; the later parts start theirs, store
+  their sums to a workspace and signal through per-element counters with no atomic round trip), 128-row
+  tiles by their last part to arrive (per-element counters as in the prefill's split tail);
 * ``WARP_ARRIVE``: each consumer warp frees a slot on its own once it has read it (the ``empty``
   barriers count the consumer warps), without the partition-wide barriers Gluon puts before the
   ``mbarrier`` waits and arrives (a PTX rewrite, :mod:`._ptx`).
@@ -43,7 +45,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import _ptx
-from ._prefill_gluon import (_SKS, _SKZ, ARRIVE2_ASM, ARRIVE2_CONS, ARRIVE4_ASM, ARRIVE4_CONS, BK,
+from ._prefill_gluon import (_SKS, _SKZ, ARRIVE2_ASM, ARRIVE2_CONS, BK, SIGNAL4_ASM, SIGNAL4_CONS, WAIT4_ASM,
                              _decode, code_word_layout, ring_barriers)
 
 _ptx.install()
@@ -57,6 +59,17 @@ def _chunks(n_tiles, NCT: gl.constexpr):
     p = gl.program_id(0)
     T = n_tiles * NCT
     return p * T // P, (p + 1) * T // P
+
+
+@gluon.jit
+def _signal(cnt_ptr, r, tile, steps, SLICES: gl.constexpr):
+    """A later K part's release to its tile's first program: ``steps`` added to this thread's counters
+    of ``tile`` (its rows ``r``) after one fence (:func:`._prefill_gluon.signal_asm`)."""
+    ROWS: gl.constexpr = r.shape[0]
+    gl.static_assert(SLICES == 2, "the first program adds the parts of 256-row tiles")
+    cnt = cnt_ptr + tile * (ROWS * 4) + r * 4
+    gl.inline_asm_elementwise(SIGNAL4_ASM, SIGNAL4_CONS, [cnt, gl.zeros_like(r) + steps], dtype=gl.int32,
+                              is_pure=False, pack=4)
 
 
 @gluon.jit
@@ -138,8 +151,16 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
     P = gl.num_programs(0)
     T = n_tiles * NCT
     c0, c1 = _chunks(n_tiles, NCT)
+    # Shared tiles, OWNER (256-row tiles): only the first tile of a share can start inside a tile (a later K
+    # part, stored to the workspace and signalled to the tile's first program), only the last can stop inside
+    # one (the tile's first part, which waits for the later ones and adds them). The signal's fence waits for
+    # the stores, so it goes out after one chunk of the next tile, and before any wait of this program.
+    # Else (128-row tiles, often cut in 3-5 parts, two programs per SM) the last part to arrive adds them up.
+    OWNER: gl.constexpr = SLICES == 2
+    t0 = c0 // NCT
+    pend = c0 - c0  # 1 while that signal is due (its counters and steps are recomputed: registers)
     it = 0
-    for tile in range(c0 // NCT, (c1 - 1) // NCT + 1):  # the tiles this program's chunks touch
+    for tile in range(t0, (c1 - 1) // NCT + 1):  # the tiles this program's chunks touch
         k0 = gl.maximum(c0, tile * NCT)  # the tile's chunks [k0, k1) are this program's
         k1 = gl.minimum(c1, (tile + 1) * NCT)
         acc = gl.zeros([ROWS, TOK], gl.float32, mma_l)
@@ -169,23 +190,43 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
                     acc = mma_v2(_decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI, F16), b, acc)
             mbarrier.arrive(empty.index(slot), count=1)
             it += 1
+            if OWNER:
+                if (ch == k0) & (pend != 0):  # one chunk after the stores
+                    _signal(cnt_ptr, r, t0, (gl.minimum(c1, (t0 + 1) * NCT) - c0) * C, SLICES)
+                    pend = pend * 0
         ok = gl.full([ROWS, 1], 1, gl.int1, mma_l)
-        if (k0 != tile * NCT) | (k1 != (tile + 1) * NCT):
-            # a part of the tile: to the workspace, slot (tile, this program - the tile's first);
-            # the tile's last part to arrive (per row and thread) adds all parts in K order
+        if not OWNER:
+            if (k0 != tile * NCT) | (k1 != (tile + 1) * NCT):
+                # a part of the tile: to the workspace, slot (tile, this program - the tile's first);
+                # the tile's last part to arrive (per row and thread) adds all parts in K order
+                pf = ((tile * NCT + 1) * P - 1) // T
+                pl = ((tile + 1) * NCT * P - 1) // T
+                gl.store(ws_ptr + (tile * maxp + gl.program_id(0) - pf) * TILE + elem, acc)
+                z = gl.full([ROWS], 0, gl.int32, gl.SliceLayout(1, mma_l))
+                # one release fence for the thread's rows (pack: all of them in one asm)
+                last = gl.inline_asm_elementwise(ARRIVE2_ASM, ARRIVE2_CONS,
+                                                 [cnt_ptr + tile * (ROWS * 4) + r * 4, z + (k1 - k0) * C, z + NCT * C],
+                                                 dtype=gl.int32, is_pure=False, pack=2)
+                ok = gl.expand_dims(last, 1) != 0
+                lm = gl.broadcast(ok, acc)[0]
+                acc = gl.zeros_like(acc)
+                for q in range(pl - pf + 1):
+                    acc += gl.load(ws_ptr + (tile * maxp + q) * TILE + elem, mask=lm, other=0.0, cache_modifier=".cg")
+        elif k0 != tile * NCT:  # a later K part: to the workspace, slot (tile, this program - the tile's first)
             pf = ((tile * NCT + 1) * P - 1) // T
-            pl = ((tile + 1) * NCT * P - 1) // T
             gl.store(ws_ptr + (tile * maxp + gl.program_id(0) - pf) * TILE + elem, acc)
-            z = gl.full([ROWS], 0, gl.int32, gl.SliceLayout(1, mma_l))
-            # one release fence for the thread's 2 SLICES rows (pack: all of them in one asm)
-            last = gl.inline_asm_elementwise(ARRIVE4_ASM if SLICES == 2 else ARRIVE2_ASM,
-                                             ARRIVE4_CONS if SLICES == 2 else ARRIVE2_CONS,
-                                             [cnt_ptr + tile * (ROWS * 4) + r * 4, z + (k1 - k0) * C, z + NCT * C],
-                                             dtype=gl.int32, is_pure=False, pack=2 * SLICES)
-            ok = gl.expand_dims(last, 1) != 0
-            lm = gl.broadcast(ok, acc)[0]
-            acc = gl.zeros_like(acc)
-            for q in range(pl - pf + 1):
+            ok = gl.full([ROWS, 1], 0, gl.int1, mma_l)
+            pend = pend * 0 + 1
+        elif k1 != (tile + 1) * NCT:  # the tile's first part: the later ones added to it in K order
+            if pend != 0:
+                _signal(cnt_ptr, r, t0, (gl.minimum(c1, (t0 + 1) * NCT) - c0) * C, SLICES)
+                pend = pend * 0
+            pl = ((tile + 1) * NCT * P - 1) // T
+            steps = gl.zeros_like(r) + (NCT - (k1 - k0)) * C  # the later parts'
+            done = gl.inline_asm_elementwise(WAIT4_ASM, SIGNAL4_CONS, [cnt_ptr + tile * (ROWS * 4) + r * 4, steps],
+                                             dtype=gl.int32, is_pure=False, pack=4)
+            lm = gl.broadcast(gl.expand_dims(done, 1) != 0, acc)[0]  # (the loads depend on the wait)
+            for q in range(1, pl - gl.program_id(0) + 1):
                 acc += gl.load(ws_ptr + (tile * maxp + q) * TILE + elem, mask=lm, other=0.0, cache_modifier=".cg")
         scale = post
         if HAS_GS:
@@ -196,6 +237,9 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
             v += gl.load(b_ptr + r_o, mask=r_o < N, other=0.0).to(gl.float32)[:, None]
         okm = ok & (r_o < N)[:, None] & (c < M)[None, :]
         gl.store(out_ptr + c[None, :].to(gl.int64) * N + r_o[:, None], v.to(out_ptr.dtype.element_ty), mask=okm)
+    if OWNER:
+        if pend != 0:  # a share inside one tile: its signal at the end
+            _signal(cnt_ptr, r, t0, (gl.minimum(c1, (t0 + 1) * NCT) - c0) * C, SLICES)
 
 
 @gluon.jit

@@ -653,9 +653,43 @@ def arrive_constraints(n: int) -> str:
 #: :func:`arrive_asm` for the two rows a thread holds of a warpgroup's (or a 16-row MMA slice's) accumulator
 ARRIVE2_ASM = gl.constexpr(arrive_asm(2))
 ARRIVE2_CONS = gl.constexpr(arrive_constraints(2))
-#: ... and for the four of two 16-row slices (:mod:`._decode_tma` with ``SLICES`` 2)
-ARRIVE4_ASM = gl.constexpr(arrive_asm(4))
-ARRIVE4_CONS = gl.constexpr(arrive_constraints(4))
+
+
+def signal_asm(n: int) -> str:
+    """PTX: a later K part's signal to its tile's first program, for ``n`` (row, thread quad member)
+    counters at once (``pack=n``): one ``fence.acq_rel.gpu`` (releases this thread's partial stores),
+    then per element ``i`` a relaxed ``red.add`` of the steps ``$(2n+i)`` to the counter at ``$(n+i)``
+    + 4 x (lane % 4); ``$i`` = 0. No value comes back, so nothing waits on the atomics."""
+    lines = [".reg .u32 l;", ".reg .u64 a, d;", "mov.u32 l, %laneid;", "and.b32 l, l, 3;", "mul.wide.u32 d, l, 4;",
+             "fence.acq_rel.gpu;"]
+    for i in range(n):
+        lines += [f"add.u64 a, d, ${n + i};", f"red.relaxed.gpu.global.add.u32 [a], ${2 * n + i};", f"mov.u32 ${i}, 0;"]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+def wait_asm(n: int) -> str:
+    """PTX: the tile's first program waits, per element ``i``, until the counter at ``$(n+i)`` + 4 x
+    (lane % 4) reaches ``$(2n+i)`` (the later parts' steps, :func:`signal_asm`), resets it to zero for
+    the next call, and then acquires the parts' stores with one ``fence.acq_rel.gpu``; ``$i`` = 1."""
+    lines = [".reg .u32 l, v;", ".reg .u64 a, d;", ".reg .pred p;", "mov.u32 l, %laneid;", "and.b32 l, l, 3;",
+             "mul.wide.u32 d, l, 4;"]
+    for i in range(n):  # (labels are local to the asm's braces: each inlined copy has its own)
+        lines += [f"add.u64 a, d, ${n + i};", f"W{i}: ld.relaxed.gpu.global.u32 v, [a];",
+                  f"setp.ne.u32 p, v, ${2 * n + i};", f"@p bra W{i};", "st.relaxed.gpu.global.u32 [a], 0;",
+                  f"mov.u32 ${i}, 1;"]
+    return "{\n" + "\n".join(lines + ["fence.acq_rel.gpu;"]) + "\n}"
+
+
+def signal_constraints(n: int) -> str:
+    """The ``inline_asm_elementwise`` constraints of :func:`signal_asm` and :func:`wait_asm`
+    (``n`` outputs; addresses, steps)."""
+    return ",".join(["=r"] * n + ["l"] * n + ["r"] * n)
+
+
+#: :func:`signal_asm` / :func:`wait_asm` for the four rows a thread holds of two 16-row MMA slices
+#: (:mod:`._decode_tma`'s 256-row tiles)
+SIGNAL4_ASM, WAIT4_ASM, SIGNAL4_CONS = (gl.constexpr(signal_asm(4)), gl.constexpr(wait_asm(4)),
+                                        gl.constexpr(signal_constraints(4)))
 
 
 @gluon.jit

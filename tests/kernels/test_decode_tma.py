@@ -250,7 +250,8 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_t
 def test_two_slice_tile_compiles(fmt, m, tmp_path, run_tool):
     """The 256-row tile (``rows=256``): 8 consumer warps of two 16-row slices, one program per SM at 160
     registers, no spills; each warp's activation fragments serve both slices (4 ``HMMA`` per ``LDSM`` in the
-    K loop, against 2 with one slice per warp); the empty barriers count the 8 warps."""
+    K loop, against 2 with one slice per warp); the empty barriers count the 8 warps. A shared tile's later
+    parts signal by reductions (no value back, no ``ATOMG``) and its first program polls for them."""
     r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", fmt, "--m", str(m), "--n", "1000", "--k", "1024",
                  "--config", "{'programs': 3, 'rows': 256}", "--sass", env={"MICROSCALE_WARP_ARRIVE": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
@@ -258,7 +259,8 @@ def test_two_slice_tile_compiles(fmt, m, tmp_path, run_tool):
     smem = int(r.stdout.split("shared memory: ")[1].split()[0])
     assert smem <= 227 * 1024, smem
     sass = (tmp_path / "_decode_tma_kernel.sass").read_text()
-    assert "UTMALDG.2D" in sass and "ATOMG" in sass
+    assert "UTMALDG.2D" in sass and "REDG.E.ADD.STRONG.GPU" in sass and "LDG.E.STRONG.GPU" in sass
+    assert "ATOMG" not in sass
     k_loop = min((lp for lp in loop_counts(sass) if lp["hist"].get("HMMA", 0)), key=lambda lp: lp["count"])
     assert k_loop["hist"]["HMMA"] == 4 * k_loop["hist"]["LDSM"], k_loop
     assert "BAR" not in k_loop["hist"] and "LDG" not in k_loop["hist"], k_loop
