@@ -1893,11 +1893,14 @@ _DT_SBOX = _DT_CHUNK
 #: barriers Gluon puts before each ``mbarrier`` wait and arrive (:mod:`microscale.kernels._ptx`;
 #: 0.4-2.2% faster at 16 tokens in an A/B run, bit-identical; ``MICROSCALE_WARP_ARRIVE=0`` off)
 _DT_WARP_ARRIVE = os.environ.get("MICROSCALE_WARP_ARRIVE", "1") != "0"
-#: ``MICROSCALE_DT_ONE_TABLE=1`` (read at import): E2M1 weights keep :func:`decode_tma`'s step-major scales in
-#: the 256-row layout only, which its 128-row tiles read through a 4-d descriptor (boxes of ``_DT_SBOX`` steps),
-#: and 33-64 tokens take 256-row tiles on every E2M1 weight with bf16 activations (thirty-first session,
-#: 64 tokens: 8192x28672 93-94 against 113 µs, 8192x8192 40.0 against 45.3); off until timed
-_DT_ONE_TABLE = os.environ.get("MICROSCALE_DT_ONE_TABLE", "0") == "1"
+#: E2M1 weights keep :func:`decode_tma`'s step-major scales in the 256-row layout only, which its 128-row
+#: tiles read through a 4-d descriptor (boxes of ``_DT_SBOX`` steps), so that any E2M1 weight with bf16
+#: activations can take 256-row tiles where they are faster: 64 token columns, and 16-32 where K >= 2 N
+#: (:func:`_dt_tile`; H200, thirty-third session, 128 / 256 rows, µs: 8192x8192 at 64 columns 43.9 / 37.1,
+#: 8192x28672 at 16 / 32 / 64 columns 48.6 / 46.6, 65.9 / 61.7, 106.1 / 94.5; 8192x8192 at 8-32 and
+#: 8192x28672 at 8 columns keep 128 rows, which the view cost nothing at 16 on 8192x8192: 19.6 / 19.7).
+#: ``MICROSCALE_DT_ONE_TABLE=0`` (read at import): each tile height its own table, each weight one height.
+_DT_ONE_TABLE = os.environ.get("MICROSCALE_DT_ONE_TABLE", "1") == "1"
 
 
 def _dt_nps(q: QTensor) -> int:
@@ -2041,14 +2044,17 @@ def _dt_parts(tiles: int, nct: int, programs: int) -> int:
 
 def _dt_tile(q: QTensor, x2: torch.Tensor, rows: int | None = None) -> tuple[int, int, int, int]:
     """:func:`decode_tma`'s tile for activations like ``x2`` on ``q``: ``(rows, row slices per consumer
-    warp, programs per SM, registers)``. ``rows`` None: ``_DT_TILE_BIG`` where it was measured faster, the
-    same for every token count, so one step-major scale table serves all of a weight's calls (see
-    ``_DT_TILE_BIG``); else the tile of that height, ValueError where the kernel has none."""
+    warp, programs per SM, registers)``. ``rows`` None: ``_DT_TILE_BIG`` where it was measured faster: at
+    every token count where one 256-row tile per SM keeps 80-100% of the SMs busy (see ``_DT_TILE_BIG``),
+    and with ``_DT_ONE_TABLE`` (one scale table for both heights) at 64 token columns, and at 16-32 where
+    K >= 2 N; else the tile of that height, ValueError where the kernel has none."""
     big = _fp4_codes(q) and x2.dtype == torch.bfloat16  # (the 256-row tile was built and tested for these)
     if rows is None:
         sms = _num_sms(x2.device)
         fills = 0.8 * sms <= cdiv(q.shape[0], _DT_TILE_BIG[0]) <= sms
-        rows = _DT_TILE_BIG[0] if big and (fills or (_DT_ONE_TABLE and _dt_tokens(x2.shape[0]) == 64)) else _DT_ROWS
+        tok = _dt_tokens(x2.shape[0])
+        deep = _DT_ONE_TABLE and (tok == 64 or (tok >= 16 and q.shape[1] >= 2 * q.shape[0]))
+        rows = _DT_TILE_BIG[0] if big and (fills or deep) else _DT_ROWS
     if rows == _DT_TILE_BIG[0] and big:
         return _DT_TILE_BIG
     if rows == _DT_ROWS:

@@ -28,11 +28,13 @@ from sass import loop_counts  # noqa: E402
 
 @pytest.mark.parametrize("rows", [128, 256])
 @pytest.mark.parametrize("name,n", [("nvfp4", 300), ("mxfp4", 128)])
-def test_step_scales_layout(name, n, rows, gen):
+def test_step_scales_layout(name, n, rows, gen, monkeypatch):
     """Row tile ``t``, step ``s``: bytes ``[rows, 4]``, byte ``(r, j)`` = the scale of elements
     ``64 s + 16 j ..`` of row ``t rows + r`` (zero past the last row). The weight's TMA
     descriptors (codes, these scales) are made once per weight, tile height and version of its
-    tensors, the heights kept side by side."""
+    tensors, the heights kept side by side (each with its own table: ``_DT_ONE_TABLE`` off; with it
+    on, both read the 256-row table, the 128-row tiles through a 4-d view)."""
+    monkeypatch.setattr(L, "_DT_ONE_TABLE", False)
     k = 512
     q = ms.quantize(torch.randn(n, k, generator=gen), name)
     st = L._step_scales(q, rows)
@@ -53,6 +55,9 @@ def test_step_scales_layout(name, n, rows, gen):
     assert L._dt_weight_descs(q, L._weight_views(q), 384 - rows) is other  # (both heights)
     q.scales.view(torch.uint8).add_(0)  # an in-place change (its version) makes new ones
     assert L._dt_weight_descs(q, L._weight_views(q), rows) is not descs
+    monkeypatch.setattr(L, "_DT_ONE_TABLE", True)
+    one = L._dt_weight_descs(q, L._weight_views(q), rows)[1]
+    assert torch.equal(one.base, L._step_scales(q, 256)) and len(one.block_shape) == (4 if rows == 128 else 2)
 
 
 def test_weight_caches_not_filled_while_capturing(monkeypatch, gen):
@@ -64,7 +69,7 @@ def test_weight_caches_not_filled_while_capturing(monkeypatch, gen):
     wv, hit = L._weight_views_hit(q)
     assert not hit and L._weight_views_hit(q)[0] is not wv
     d = L._dt_weight_descs(q, wv)
-    assert torch.equal(d[1].base, L._step_scales(q, L._DT_ROWS))
+    assert torch.equal(d[1].base, L._step_scales(q, L._dt_table_rows(q, L._DT_ROWS)))
     assert L._dt_weight_descs(q, wv) is not d and "_ms_dt_descs" not in q.__dict__
     pw = L._cached_prepare(q)
     assert L._cached_prepare(q) is not pw and "_ms_linear_packed" not in q.__dict__
@@ -313,9 +318,9 @@ def test_one_table_serves_both_heights(name, n, gen):
 
 
 def test_one_table_routing(monkeypatch):
-    """With ``_DT_ONE_TABLE`` an E2M1 weight's 128-row tiles read the 256-row table, and 33-64 tokens take
-    256-row tiles on every E2M1 weight with bf16 activations (fewer tokens keep the weight's own tile);
-    other formats keep their own table and tile."""
+    """With ``_DT_ONE_TABLE`` (the default) an E2M1 weight's 128-row tiles read the 256-row table, and
+    33-64 tokens take 256-row tiles on every E2M1 weight with bf16 activations, 9-32 where K >= 2 N (fewer
+    tokens keep the weight's own tile); other formats keep their own table and tile."""
     monkeypatch.setattr(L, "_num_sms", lambda device: 132)
     monkeypatch.setattr(L, "_DT_ONE_TABLE", True)
     small = ms.quantize(torch.randn(8192, 256), "nvfp4")
@@ -324,11 +329,17 @@ def test_one_table_routing(monkeypatch):
     assert L._dt_tile(small, torch.zeros(33, 256, dtype=torch.bfloat16)) == L._DT_TILE_BIG
     assert L._dt_tile(small, torch.zeros(32, 256, dtype=torch.bfloat16))[0] == 128
     assert L._dt_tile(small, torch.zeros(64, 256, dtype=torch.float16))[0] == 128
+    deep = ms.quantize(torch.randn(128, 256), "nvfp4")  # K = 2 N
+    assert [L._dt_tile(deep, torch.zeros(m, 256, dtype=torch.bfloat16))[0] for m in (1, 8, 9, 16, 32, 64)] == \
+        [128, 128, 256, 256, 256, 256]
+    assert L._dt_tile(deep, torch.zeros(16, 256, dtype=torch.float16))[0] == 128
+    assert L._dt_tile(ms.quantize(torch.randn(129, 256), "nvfp4"), x)[0] == 128  # K < 2 N
     i4 = ms.quantize(torch.randn(8192, 256), "int4_affine_g128")
     assert L._dt_table_rows(i4, 128) == 128 and L._dt_tile(i4, torch.zeros(64, 256, dtype=torch.bfloat16))[0] == 128
     monkeypatch.setattr(L, "_DT_ONE_TABLE", False)
     assert L._dt_table_rows(small, 128) == 128
     assert L._dt_tile(small, torch.zeros(64, 256, dtype=torch.bfloat16))[0] == 128
+    assert L._dt_tile(deep, x)[0] == 128
 
 
 @pytest.mark.parametrize("m", [8, 32])
