@@ -2127,6 +2127,8 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q), CB=cb,
            EI=_gluon_elem_kind(q), F16=f16,
            POST=_dt_post(q, tok), WARP_ARRIVE=_DT_WARP_ARRIVE and _ptx.active(), SLICES=slices,
+           # a shared tile's first program may wait for later ones: only when all programs fit at once
+           OWNER=slices == 2 and grid <= per_sm * _num_sms(x2.device),
            num_warps=rows // (16 * slices), maxnreg=nreg)
     return out
 

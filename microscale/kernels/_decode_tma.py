@@ -45,8 +45,8 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from . import _ptx
-from ._prefill_gluon import (_SKS, _SKZ, ARRIVE2_ASM, ARRIVE2_CONS, BK, SIGNAL4_ASM, SIGNAL4_CONS, WAIT4_ASM,
-                             _decode, code_word_layout, ring_barriers)
+from ._prefill_gluon import (_SKS, _SKZ, ARRIVE2_ASM, ARRIVE2_CONS, ARRIVE4_ASM, ARRIVE4_CONS, BK, SIGNAL4_ASM,
+                             SIGNAL4_CONS, WAIT4_ASM, _decode, code_word_layout, ring_barriers)
 
 _ptx.install()
 
@@ -66,7 +66,7 @@ def _signal(cnt_ptr, r, tile, steps, SLICES: gl.constexpr):
     """A later K part's release to its tile's first program: ``steps`` added to this thread's counters
     of ``tile`` (its rows ``r``) after one fence (:func:`._prefill_gluon.signal_asm`)."""
     ROWS: gl.constexpr = r.shape[0]
-    gl.static_assert(SLICES == 2, "the first program adds the parts of 256-row tiles")
+    gl.static_assert(SLICES == 2, "the first program adds the parts of 256-row tiles only")
     cnt = cnt_ptr + tile * (ROWS * 4) + r * 4
     gl.inline_asm_elementwise(SIGNAL4_ASM, SIGNAL4_CONS, [cnt, gl.zeros_like(r) + steps], dtype=gl.int32,
                               is_pure=False, pack=4)
@@ -113,7 +113,8 @@ def _producer(w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_t
 def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles, maxp,
               ke, post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, HAS_GS: gl.constexpr,
               HAS_BIAS: gl.constexpr, NPS: gl.constexpr, CB: gl.constexpr, POST: gl.constexpr,
-              EI: gl.constexpr, F16: gl.constexpr, WARP_ARRIVE: gl.constexpr, SLICES: gl.constexpr):
+              EI: gl.constexpr, F16: gl.constexpr, WARP_ARRIVE: gl.constexpr, SLICES: gl.constexpr,
+              OWNER: gl.constexpr):
     """``NW = ROWS / (16 SLICES)`` warps, ``SLICES`` slices of 16 rows each (rows ``16 w + 16 NW j``). Per
     chunk: wait for its slot, decode and ``mma.sync`` its ``C`` steps, free the slot (``POST``: see
     :func:`_decode_tma_kernel`). Per tile it touches: the epilogue (a shared tile's part to the workspace;
@@ -151,12 +152,13 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
     P = gl.num_programs(0)
     T = n_tiles * NCT
     c0, c1 = _chunks(n_tiles, NCT)
-    # Shared tiles, OWNER (256-row tiles): only the first tile of a share can start inside a tile (a later K
-    # part, stored to the workspace and signalled to the tile's first program), only the last can stop inside
-    # one (the tile's first part, which waits for the later ones and adds them). The signal's fence waits for
-    # the stores, so it goes out after one chunk of the next tile, and before any wait of this program.
-    # Else (128-row tiles, often cut in 3-5 parts, two programs per SM) the last part to arrive adds them up.
-    OWNER: gl.constexpr = SLICES == 2
+    # Shared tiles, OWNER (256-row tiles, all programs resident): only the first tile of a share can start
+    # inside a tile (a later K part, stored to the workspace and signalled to the tile's first program), only
+    # the last can stop inside one (the tile's first part, which waits for the later ones and adds them). The
+    # signal's fence waits for the stores, so it goes out after one chunk of the next tile, and before any
+    # wait of this program.
+    # Else (128-row tiles, often cut in 3-5 parts, two programs per SM; or more programs than fit at once,
+    # where a wait could block the SM that a later part needs) the last part to arrive adds them up.
     t0 = c0 // NCT
     pend = c0 - c0  # 1 while that signal is due (its counters and steps are recomputed: registers)
     it = 0
@@ -203,10 +205,11 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
                 pl = ((tile + 1) * NCT * P - 1) // T
                 gl.store(ws_ptr + (tile * maxp + gl.program_id(0) - pf) * TILE + elem, acc)
                 z = gl.full([ROWS], 0, gl.int32, gl.SliceLayout(1, mma_l))
-                # one release fence for the thread's rows (pack: all of them in one asm)
-                last = gl.inline_asm_elementwise(ARRIVE2_ASM, ARRIVE2_CONS,
+                # one release fence for the thread's 2 SLICES rows (pack: all of them in one asm)
+                last = gl.inline_asm_elementwise(ARRIVE4_ASM if SLICES == 2 else ARRIVE2_ASM,
+                                                 ARRIVE4_CONS if SLICES == 2 else ARRIVE2_CONS,
                                                  [cnt_ptr + tile * (ROWS * 4) + r * 4, z + (k1 - k0) * C, z + NCT * C],
-                                                 dtype=gl.int32, is_pure=False, pack=2)
+                                                 dtype=gl.int32, is_pure=False, pack=2 * SLICES)
                 ok = gl.expand_dims(last, 1) != 0
                 lm = gl.broadcast(ok, acc)[0]
                 acc = gl.zeros_like(acc)
@@ -247,7 +250,7 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
                        post, NCT: gl.constexpr, C: gl.constexpr, SK: gl.constexpr, STAGES: gl.constexpr,
                        HAS_GS: gl.constexpr, HAS_BIAS: gl.constexpr, NPS: gl.constexpr = 1, CB: gl.constexpr = 4,
                        POST: gl.constexpr = False, EI: gl.constexpr = 0, F16: gl.constexpr = False,
-                       WARP_ARRIVE: gl.constexpr = False, SLICES: gl.constexpr = 1):
+                       WARP_ARRIVE: gl.constexpr = False, SLICES: gl.constexpr = 1, OWNER: gl.constexpr = False):
     """``out[M <= TOK, N] = x @ dequant(W)^T (+ bias)``. ``w_desc``: TMA descriptor of the
     int32 code words ``[N, K CB / 32]`` (``CB``: 4-bit codes, or 8; block ``[ROWS, 2 CB CW]``,
     ``CW`` dividing ``C``);
@@ -264,7 +267,9 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     row's fp16 scale (one ``fma`` per accumulator element instead of two bf16 ops per weight pair).
     ``F16``: fp16 activations and output, f16 decodes and fp16 MMAs (:func:`._prefill_gluon._decode`).
     ``SLICES``: 16-row slices per consumer warp (1, or 2: ``ROWS / 32`` warps, each reading a step's
-    activation fragments once for both slices); launched with ``ROWS / (16 SLICES)`` warps."""
+    activation fragments once for both slices); launched with ``ROWS / (16 SLICES)`` warps. ``OWNER``
+    (``SLICES`` 2, every program resident at once): a shared tile's first program adds the later parts,
+    which signal without an atomic round trip; else its last part to arrive adds them all."""
     ROWS: gl.constexpr = w_desc.block_type.shape[0]
     CW: gl.constexpr = w_desc.block_type.shape[1] // (2 * CB)  # K steps per code box (2 CB code words a step)
     w_bufs = gl.allocate_shared_memory(gl.int32, [STAGES * (C // CW), ROWS, 2 * CB * CW], w_desc.layout)
@@ -286,7 +291,8 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     ready, empty = ring_barriers(STAGES, ROWS // (16 * SLICES) if WARP_ARRIVE else 1)
     gl.warp_specialize([
         (_consumer, (w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, n_tiles,
-                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB, POST, EI, F16, WARP_ARRIVE, SLICES)),
+                     maxp, ke, post, NCT, C, SK, HAS_GS, HAS_BIAS, NPS, CB, POST, EI, F16, WARP_ARRIVE, SLICES,
+                     OWNER)),
         (_producer, (w_desc, s_desc, x_desc, w_bufs, s_boxes, x_bufs, ready, empty, n_tiles, NCT, C, NPS, CB)),
     ], [1], [40])
 

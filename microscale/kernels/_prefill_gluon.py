@@ -653,6 +653,9 @@ def arrive_constraints(n: int) -> str:
 #: :func:`arrive_asm` for the two rows a thread holds of a warpgroup's (or a 16-row MMA slice's) accumulator
 ARRIVE2_ASM = gl.constexpr(arrive_asm(2))
 ARRIVE2_CONS = gl.constexpr(arrive_constraints(2))
+#: ... and for the four of two 16-row slices (:mod:`._decode_tma`'s 256-row tiles with more programs than fit)
+ARRIVE4_ASM = gl.constexpr(arrive_asm(4))
+ARRIVE4_CONS = gl.constexpr(arrive_constraints(4))
 
 
 def signal_asm(n: int) -> str:

@@ -231,7 +231,8 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_t
     ``LDSM``, no spills up to 32 token columns (64 spill a little, measured and kept); the
     arrivals of tiles shared by programs are atomics; shared memory for two programs per SM."""
     r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", fmt, "--m", str(m), "--n", str(n), "--k", "1024",
-                 "--config", "{'programs': 5}", "--sass", env={"MICROSCALE_WARP_ARRIVE": "1"})
+                 "--config", "{'programs': 5}", "--sass",
+                 env={"MICROSCALE_WARP_ARRIVE": "1", "MICROSCALE_DT_ONE_TABLE": "0"})  # (the 128-row tile, own table)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Used 80 registers" in r.stdout, r.stdout[-2000:]
     smem = int(r.stdout.split("shared memory: ")[1].split()[0])
@@ -272,6 +273,18 @@ def test_two_slice_tile_compiles(fmt, m, tmp_path, run_tool):
     ptx = (tmp_path / "_decode_tma_kernel.ptx").read_text()
     counts = re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], (\d+);", ptx)
     assert sorted(set(counts)) == ["1", "8"], counts
+
+
+def test_two_slice_tile_without_waits_beyond_residency(tmp_path, run_tool):
+    """More 256-row programs than fit at once (9 on the 8 "SMs" the CPU stand-in reports, one per SM): a
+    first program waiting for a later one could hold the SM that one needs, so the last part to arrive adds
+    the parts (atomics with a value back, no polling loop)."""
+    r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", "nvfp4", "--m", "16", "--n", "1000", "--k", "1024",
+                 "--config", "{'programs': 9, 'rows': 256}", "--sass", env={"MICROSCALE_WARP_ARRIVE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "0 bytes spill stores" in r.stdout, r.stdout[-2000:]
+    sass = (tmp_path / "_decode_tma_kernel.sass").read_text()
+    assert "ATOMG" in sass and "REDG" not in sass and "LDG.E.STRONG.GPU" not in sass
 
 
 def test_two_slice_tile_choice(monkeypatch):
