@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Prepared in the thirty-second session, not run (~6 min): the default suite on this tree, to refresh the
-# generated part of RESULTS.md (regenerate with --md to a temporary file and splice: the plain report
+# Prepared in the thirty-second session, still not run after the thirty-third (~6 min): the default suite on
+# this tree, to refresh the generated part of RESULTS.md (regenerate with --md to a temporary file and splice: the plain report
 # overwrites the hand section).
 set -u
 . "$(dirname "$0")/gpu_steps.sh"
