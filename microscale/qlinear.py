@@ -1898,7 +1898,7 @@ _DT_WARP_ARRIVE = os.environ.get("MICROSCALE_WARP_ARRIVE", "1") != "0"
 #: activations can take 256-row tiles where they are faster: 64 token columns, and 16-32 where K >= 2 N
 #: (:func:`_dt_tile`). H200, thirty-third session, NVFP4, this default against ``MICROSCALE_DT_ONE_TABLE=0``,
 #: µs: 64 columns 8192x8192 37.2 / 43.9, 8192x28672 88.8 / 108.4; 32 columns 8192x28672 57.2 / 61.3; 16
-#: columns 8192x28672 45.6 / 45.0 (1% slower: the 128-row tile through the view would be 3-7% slower);
+#: columns 8192x28672 45.6 / 45.1 (1% slower: the 128-row tile through the view would be 3-7% slower);
 #: 8192x8192 at 8-32 and 8192x28672 at 8 columns even (the 128-row tiles read the view for free there).
 #: ``MICROSCALE_DT_ONE_TABLE=0`` (read at import): each tile height its own table, each weight one height.
 _DT_ONE_TABLE = os.environ.get("MICROSCALE_DT_ONE_TABLE", "1") == "1"

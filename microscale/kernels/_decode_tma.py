@@ -62,14 +62,15 @@ def _chunks(n_tiles, NCT: gl.constexpr):
 
 
 @gluon.jit
-def _signal(cnt_ptr, r, tile, steps, SLICES: gl.constexpr):
-    """A later K part's release to its tile's first program: ``steps`` added to this thread's counters
-    of ``tile`` (its rows ``r``) after one fence (:func:`._prefill_gluon.signal_asm`)."""
+def _signal(cnt_ptr, r, c0, c1, NCT: gl.constexpr, C: gl.constexpr):
+    """The release of the share ``[c0, c1)``'s first tile, a later K part, to that tile's first program:
+    its K steps added to this thread's counters of the tile (its rows ``r``, two 16-row slices) after one
+    fence (:func:`._prefill_gluon.signal_asm`)."""
     ROWS: gl.constexpr = r.shape[0]
-    gl.static_assert(SLICES == 2, "the first program adds the parts of 256-row tiles only")
-    cnt = cnt_ptr + tile * (ROWS * 4) + r * 4
-    gl.inline_asm_elementwise(SIGNAL4_ASM, SIGNAL4_CONS, [cnt, gl.zeros_like(r) + steps], dtype=gl.int32,
-                              is_pure=False, pack=4)
+    t0 = c0 // NCT
+    cnt = cnt_ptr + t0 * (ROWS * 4) + r * 4
+    steps = gl.zeros_like(r) + (gl.minimum(c1, (t0 + 1) * NCT) - c0) * C
+    gl.inline_asm_elementwise(SIGNAL4_ASM, SIGNAL4_CONS, [cnt, steps], dtype=gl.int32, is_pure=False, pack=4)
 
 
 @gluon.jit
@@ -125,6 +126,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
     CW: gl.constexpr = w_bufs.shape[2] // WPS
     NW: gl.constexpr = ROWS // (16 * SLICES)  # consumer warps
     gl.static_assert((SLICES == 1) | (SLICES == 2), "one or two 16-row slices per consumer warp")
+    gl.static_assert((SLICES == 2) | (OWNER == False), "first-program sums: 256-row tiles (two slices) only")  # noqa: E712
     gl.static_assert((NW == 4) | (NW == 8), "4 or 8 consumer warps")
     mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
@@ -159,10 +161,9 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
     # wait of this program.
     # Else (128-row tiles, often cut in 3-5 parts, two programs per SM; or more programs than fit at once,
     # where a wait could block the SM that a later part needs) the last part to arrive adds them up.
-    t0 = c0 // NCT
-    pend = c0 - c0  # 1 while that signal is due (its counters and steps are recomputed: registers)
+    pend = c0 - c0  # 1 while that signal is due (_signal recomputes its counters and steps: registers)
     it = 0
-    for tile in range(t0, (c1 - 1) // NCT + 1):  # the tiles this program's chunks touch
+    for tile in range(c0 // NCT, (c1 - 1) // NCT + 1):  # the tiles this program's chunks touch
         k0 = gl.maximum(c0, tile * NCT)  # the tile's chunks [k0, k1) are this program's
         k1 = gl.minimum(c1, (tile + 1) * NCT)
         acc = gl.zeros([ROWS, TOK], gl.float32, mma_l)
@@ -194,7 +195,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
             it += 1
             if OWNER:
                 if (ch == k0) & (pend != 0):  # one chunk after the stores
-                    _signal(cnt_ptr, r, t0, (gl.minimum(c1, (t0 + 1) * NCT) - c0) * C, SLICES)
+                    _signal(cnt_ptr, r, c0, c1, NCT, C)
                     pend = pend * 0
         ok = gl.full([ROWS, 1], 1, gl.int1, mma_l)
         if not OWNER:
@@ -222,7 +223,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
             pend = pend * 0 + 1
         elif k1 != (tile + 1) * NCT:  # the tile's first part: the later ones added to it in K order
             if pend != 0:
-                _signal(cnt_ptr, r, t0, (gl.minimum(c1, (t0 + 1) * NCT) - c0) * C, SLICES)
+                _signal(cnt_ptr, r, c0, c1, NCT, C)
                 pend = pend * 0
             pl = ((tile + 1) * NCT * P - 1) // T
             steps = gl.zeros_like(r) + (NCT - (k1 - k0)) * C  # the later parts'
@@ -242,7 +243,7 @@ def _consumer(w_bufs, s_bufs, x_bufs, ready, empty, gs_ptr, b_ptr, out_ptr, ws_p
         gl.store(out_ptr + c[None, :].to(gl.int64) * N + r_o[:, None], v.to(out_ptr.dtype.element_ty), mask=okm)
     if OWNER:
         if pend != 0:  # a share inside one tile: its signal at the end
-            _signal(cnt_ptr, r, t0, (gl.minimum(c1, (t0 + 1) * NCT) - c0) * C, SLICES)
+            _signal(cnt_ptr, r, c0, c1, NCT, C)
 
 
 @gluon.jit

@@ -400,7 +400,7 @@ def _gpu():
                                        ("int8_fp16@128", True), ("int8_affine_g128", True),
                                        ("int8_affine_g128", False), ("int8_affine_g32", True),
                                        ("mxfp8_e5m2", True), ("mxint4", True), ("nvfp4/256", True),
-                                       ("mxfp4/256", True), ("nvfp4/one", True), ("mxfp4/one", True)])
+                                       ("mxfp4/256", True), ("nvfp4/own", True), ("mxfp4/own", True)])
 def test_gpu_decode_tma(name, post, monkeypatch):
     """The kernel on an H200: 1-64 tokens (8, 16, 32 and 64 token columns), ragged rows, bias,
     whole tiles and tiles shared by 2-5 programs (stream-K shares), one program for all; each
@@ -410,11 +410,12 @@ def test_gpu_decode_tma(name, post, monkeypatch):
     or with ``MICROSCALE_DT_POST_SCALE=0`` each pair (against the bf16-rounded weights; 8-bit
     integers within 2^-15 of a rounding tie may take the other neighbour: a looser bound).
     ``name@B``: the format with blocks of ``B``; ``name/256``: the 256-row tile of two row slices per warp;
-    ``name/one``: ``_DT_ONE_TABLE`` (128-row tiles reading the 256-row scale table, 256-row tiles from 33 tokens)."""
+    E2M1 weights by default read one 256-row scale table (``_DT_ONE_TABLE``: 128-row tiles through a 4-d view,
+    256-row tiles at 33-64 tokens or where K >= 2 N); ``name/own``: that switch off (each height its own table)."""
     dev = _gpu()
     monkeypatch.setattr(L, "_DT_POST_SCALE", post)
-    if name.endswith("/one"):
-        monkeypatch.setattr(L, "_DT_ONE_TABLE", True)
+    if name.endswith("/own"):
+        monkeypatch.setattr(L, "_DT_ONE_TABLE", False)
         name = name[:-4]
     g = torch.Generator(device=dev).manual_seed(12)
     cases = [(16, 1000, 2048, None), (9, 300, 1024, 3), (16, 4096, 8192, None), (1, 520, 4096, 5),
