@@ -74,7 +74,7 @@ __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_co
            "GemvConfig", "choose_gemv_config", "GEMV_MAX_M", "prefill", "prefill_supported", "PrefillConfig",
            "choose_prefill_config", "PREFILL_MIN_M", "prefill_ws",
            "choose_prefill_ws_tile", "PREFILL_WS_MIN_M", "PREFILL_WS_MIN_M_8BIT", "PREFILL_WS_SMALL_MIN_M",
-           "PREFILL_WS_SMALL_MAX_NK", "decode_tma", "choose_decode_tma_programs",
+           "PREFILL_WS_SMALL_MAX_NK", "PREFILL_WS_SMALL_MAX_NK_BF16", "decode_tma", "choose_decode_tma_programs",
            "DECODE_TMA_MIN_M", "DECODE_TMA_SMALL_MIN_M", "DECODE_TMA_MAX_M", "DECODE_TMA_EAGER_MIN_NK",
            "DECODE_TMA_EAGER_MIN_M", "DECODE_TMA_MIN_M_INT4", "DECODE_TMA_MIN_M_INT4_SYM"]
 
@@ -501,7 +501,8 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     ``PREFILL_WS_MIN_M_8BIT`` (33; 8-bit integers with fp16 scales in blocks of 32 from 65)
     (``MICROSCALE_PREFILL_WS=0``: the prefill kernel), and so do
     ``PREFILL_WS_SMALL_MIN_M..DECODE_TMA_MAX_M`` (33-64) tokens on E2M1 weights of at most
-    ``PREFILL_WS_SMALL_MAX_NK`` elements while a CUDA graph is being captured, ahead of
+    ``PREFILL_WS_SMALL_MAX_NK`` elements (bf16 activations: ``PREFILL_WS_SMALL_MAX_NK_BF16``) while a
+    CUDA graph is being captured, ahead of
     :func:`decode_tma` (which also serves the 4-bit integers, from ``DECODE_TMA_MIN_M_INT4`` (3;
     signed codes ``DECODE_TMA_MIN_M_INT4_SYM``, 4) tokens on large weights, and MXFP8 and the 8-bit
     integers from ``DECODE_TMA_MIN_M_8BIT`` (4; 8-bit integers on small weights
@@ -1529,6 +1530,13 @@ def _ws_min_m(q: QTensor) -> int:
 #: twenty-seventh session)
 PREFILL_WS_SMALL_MIN_M = 33
 PREFILL_WS_SMALL_MAX_NK = 1 << 26
+#: The limit for bf16 activations while ``_DT_ONE_TABLE`` is on: :func:`decode_tma` then takes its 256-row
+#: tile at 33-64 tokens (64 columns; thirty-third session), behind up to 2^25 elements and ahead from 2^25.8
+#: (sizes between not measured). H200, graphs, weights past L2 (thirty-fourth session,
+#: ``benchmarks/run_gpu_s34c.sh``), NVFP4 at 64 tokens, :func:`prefill_ws` / :func:`decode_tma`, µs:
+#: 4096x4096 19.7 / 27.8; 6144x4096 24.9 / 29.6; 8192x4096 25.5 / 27.2; 4096x8192 26.7 / 33.0; 14336x4096
+#: 35.8 / 33.7; 4096x14336 43.7 / 41.0; 8192x8192 41.2 / 36.9 (48 tokens and MXFP4 within ~1 µs of these)
+PREFILL_WS_SMALL_MAX_NK_BF16 = 1 << 25
 
 
 def _prefill_ws_small_wanted(x: torch.Tensor, q: QTensor) -> bool:
@@ -1536,9 +1544,10 @@ def _prefill_ws_small_wanted(x: torch.Tensor, q: QTensor) -> bool:
     (see ``PREFILL_WS_SMALL_MAX_NK``; the kernel's own limits aside; ``MICROSCALE_DECODE_TMA=1``
     keeps these calls on :func:`decode_tma`)."""
     k = x.shape[-1]
+    limit = PREFILL_WS_SMALL_MAX_NK_BF16 if _DT_ONE_TABLE and x.dtype == torch.bfloat16 else PREFILL_WS_SMALL_MAX_NK
     return (_PREFILL_WS and _DECODE_TMA != "1" and x.is_cuda and _fp4_codes(q)
             and PREFILL_WS_SMALL_MIN_M * k <= x.numel() <= DECODE_TMA_MAX_M * k
-            and q.shape[0] * q.shape[-1] <= PREFILL_WS_SMALL_MAX_NK and torch.cuda.is_current_stream_capturing())
+            and q.shape[0] * q.shape[-1] <= limit and torch.cuda.is_current_stream_capturing())
 
 
 #: :func:`prefill_ws` default: the tiles past the last full wave split in K

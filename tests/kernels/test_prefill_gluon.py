@@ -546,16 +546,18 @@ def test_ws_token_thresholds():
 
 
 def test_small_weight_routing(monkeypatch):
-    """33-64 tokens on E2M1 weights of at most ``PREFILL_WS_SMALL_MAX_NK`` elements go to
+    """33-64 tokens on E2M1 weights of at most ``PREFILL_WS_SMALL_MAX_NK`` elements
+    (``PREFILL_WS_SMALL_MAX_NK_BF16`` for bf16 activations while ``_DT_ONE_TABLE`` is on) go to
     ``prefill_ws`` only while a CUDA graph is being captured, on CUDA, with ``_PREFILL_WS`` on
     and decode_tma not forced (4-bit integers keep ``decode_tma``)."""
     from types import SimpleNamespace as NS
 
     capturing = [True]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(L, "_DT_ONE_TABLE", True)
 
-    def x(m, cuda=True):
-        return NS(is_cuda=cuda, shape=(m, 8192), numel=lambda: m * 8192)
+    def x(m, cuda=True, dtype=torch.float16):
+        return NS(is_cuda=cuda, shape=(m, 8192), numel=lambda: m * 8192, dtype=dtype)
 
     f4 = ms.get_format("nvfp4")
     small, big = NS(shape=(8192, 8192), fmt=f4), NS(shape=(8192, 8193), fmt=f4)
@@ -564,6 +566,15 @@ def test_small_weight_routing(monkeypatch):
     assert [L._prefill_ws_small_wanted(x(m), small) for m in (32, 33, 48, 64, 65)] == [False, True, True, True, False]
     assert not L._prefill_ws_small_wanted(x(48), big) and not L._prefill_ws_small_wanted(x(48, False), small)
     assert small.shape[0] * small.shape[1] == L.PREFILL_WS_SMALL_MAX_NK
+    # bf16 activations: decode_tma's 256-row tile from PREFILL_WS_SMALL_MAX_NK_BF16 on (fp16 has no such tile)
+    bf16 = torch.bfloat16
+    half, half1 = NS(shape=(4096, 8192), fmt=f4), NS(shape=(4096, 8193), fmt=f4)
+    assert half.shape[0] * half.shape[1] == L.PREFILL_WS_SMALL_MAX_NK_BF16
+    assert L._prefill_ws_small_wanted(x(48, dtype=bf16), half) and L._prefill_ws_small_wanted(x(64, dtype=bf16), half)
+    assert not L._prefill_ws_small_wanted(x(48, dtype=bf16), half1)
+    assert not L._prefill_ws_small_wanted(x(48, dtype=bf16), small)
+    monkeypatch.setattr(L, "_DT_ONE_TABLE", False)  # 128-row tiles only: the larger limit
+    assert L._prefill_ws_small_wanted(x(48, dtype=bf16), small)
     monkeypatch.setattr(L, "_PREFILL_WS", False)
     assert not L._prefill_ws_small_wanted(x(48), small)
     monkeypatch.setattr(L, "_PREFILL_WS", True)
