@@ -1531,12 +1531,13 @@ def _ws_min_m(q: QTensor) -> int:
 PREFILL_WS_SMALL_MIN_M = 33
 PREFILL_WS_SMALL_MAX_NK = 1 << 26
 #: The limit for bf16 activations while ``_DT_ONE_TABLE`` is on: :func:`decode_tma` then takes its 256-row
-#: tile at 33-64 tokens (64 columns; thirty-third session), behind up to 2^25 elements and ahead from 2^25.8
-#: (sizes between not measured). H200, graphs, weights past L2 (thirty-fourth session,
+#: tile at 33-64 tokens (64 columns; thirty-third session): behind up to 2^25 elements, mixed at 2^25.3, ahead
+#: from 2^25.8 (the limit, 3 x 2^24, lies between). H200, graphs, weights past L2 (thirty-fourth session,
 #: ``benchmarks/run_gpu_s34c.sh``), NVFP4 at 64 tokens, :func:`prefill_ws` / :func:`decode_tma`, µs:
-#: 4096x4096 19.7 / 27.8; 6144x4096 24.9 / 29.6; 8192x4096 25.5 / 27.2; 4096x8192 26.7 / 33.0; 14336x4096
-#: 35.8 / 33.7; 4096x14336 43.7 / 41.0; 8192x8192 41.2 / 36.9 (48 tokens and MXFP4 within ~1 µs of these)
-PREFILL_WS_SMALL_MAX_NK_BF16 = 1 << 25
+#: 4096x4096 19.7 / 27.8; 6144x4096 24.9 / 29.6; 8192x4096 25.5 / 27.2; 4096x8192 26.7 / 33.0; 5120x8192
+#: 33.9 / 37.6; 8192x5120 29.7 / 29.7; 4096x10240 32.6 / 35.7; 10240x4096 33.5 / 30.9; 14336x4096 35.8 / 33.7;
+#: 4096x14336 43.7 / 41.0; 8192x8192 41.2 / 36.9 (48 tokens and MXFP4 within ~1 µs of these where timed)
+PREFILL_WS_SMALL_MAX_NK_BF16 = 3 << 24
 
 
 def _prefill_ws_small_wanted(x: torch.Tensor, q: QTensor) -> bool:

@@ -568,7 +568,7 @@ def test_small_weight_routing(monkeypatch):
     assert small.shape[0] * small.shape[1] == L.PREFILL_WS_SMALL_MAX_NK
     # bf16 activations: decode_tma's 256-row tile from PREFILL_WS_SMALL_MAX_NK_BF16 on (fp16 has no such tile)
     bf16 = torch.bfloat16
-    half, half1 = NS(shape=(4096, 8192), fmt=f4), NS(shape=(4096, 8193), fmt=f4)
+    half, half1 = NS(shape=(6144, 8192), fmt=f4), NS(shape=(6144, 8193), fmt=f4)
     assert half.shape[0] * half.shape[1] == L.PREFILL_WS_SMALL_MAX_NK_BF16
     assert L._prefill_ws_small_wanted(x(48, dtype=bf16), half) and L._prefill_ws_small_wanted(x(64, dtype=bf16), half)
     assert not L._prefill_ws_small_wanted(x(48, dtype=bf16), half1)
