@@ -1,7 +1,7 @@
 """Thirty-third session: what in ``decode_tma``'s split epilogue costs equal stream-K shares ~6-8 us
 (28672x8192 NVFP4, 16 tokens)? Ran in the thirty-third session on 5d20f66's kernel, whose split epilogue
 it patches (``s33/d``; the kernel since adds up 256-row tiles in their first program, so on later trees the
-patch's asserts stop it: run it on ``benchmarks/ab_trees.sh --prep 5d20f66``'s tree). Times ``benchmarks/profile_dtma_programs.py`` on copies of the package with
+patch's assert stops it: run it on ``benchmarks/ab_trees.sh --prep 5d20f66``'s tree). Times ``benchmarks/profile_dtma_programs.py`` on copies of the package with
 the consumer's split epilogue cut down (wrong results for split tiles: timing only, never kept):
 ``base``; ``nows``: no workspace, arrivals or sums (every part stores its own sums to the output);
 ``noarrive``: the partial store to the workspace, then the direct store; ``nosum``: store and arrivals,
@@ -21,6 +21,8 @@ SUM = "acc += gl.load(ws_ptr + (tile * maxp + q) * TILE + elem, mask=lm, other=0
 
 
 def patched(src: str, variant: str) -> str:
+    # later kernels still hold COND (their last-arriver path) but add 256-row tiles up in the first program
+    assert "OWNER" not in src, "this patch is for 5d20f66's kernel: see the docstring"
     for s in (COND, STORE, ARRIVE_START, SUM):
         assert s in src, s
     if variant == "nows":

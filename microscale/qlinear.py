@@ -1530,9 +1530,10 @@ def _ws_min_m(q: QTensor) -> int:
 #: twenty-seventh session)
 PREFILL_WS_SMALL_MIN_M = 33
 PREFILL_WS_SMALL_MAX_NK = 1 << 26
-#: The limit for bf16 activations while ``_DT_ONE_TABLE`` is on: :func:`decode_tma` then takes its 256-row
-#: tile at 33-64 tokens (64 columns; thirty-third session): behind up to 2^25 elements, mixed at 2^25.3, ahead
-#: from 2^25.8 (the limit, 3 x 2^24, lies between). H200, graphs, weights past L2 (thirty-fourth session,
+#: The limit where :func:`decode_tma` takes its 256-row tile (:func:`_dt_big`: bf16 activations, at 33-64
+#: tokens whenever ``_DT_ONE_TABLE`` is on; thirty-third session): that tile is behind :func:`prefill_ws` up
+#: to 2^25 elements, mixed at 2^25.3, ahead from 2^25.8 (the limit, 3 x 2^24, lies between). H200, graphs,
+#: weights past L2 (thirty-fourth session,
 #: ``benchmarks/run_gpu_s34c.sh``), NVFP4 at 64 tokens, :func:`prefill_ws` / :func:`decode_tma`, µs:
 #: 4096x4096 19.7 / 27.8; 6144x4096 24.9 / 29.6; 8192x4096 25.5 / 27.2; 4096x8192 26.7 / 33.0; 5120x8192
 #: 33.9 / 37.6; 8192x5120 29.7 / 29.7; 4096x10240 32.6 / 35.7; 10240x4096 33.5 / 30.9; 14336x4096 35.8 / 33.7;
@@ -1545,10 +1546,12 @@ def _prefill_ws_small_wanted(x: torch.Tensor, q: QTensor) -> bool:
     (see ``PREFILL_WS_SMALL_MAX_NK``; the kernel's own limits aside; ``MICROSCALE_DECODE_TMA=1``
     keeps these calls on :func:`decode_tma`)."""
     k = x.shape[-1]
-    limit = PREFILL_WS_SMALL_MAX_NK_BF16 if _DT_ONE_TABLE and x.dtype == torch.bfloat16 else PREFILL_WS_SMALL_MAX_NK
-    return (_PREFILL_WS and _DECODE_TMA != "1" and x.is_cuda and _fp4_codes(q)
+    if not (_PREFILL_WS and _DECODE_TMA != "1" and x.is_cuda and _fp4_codes(q)
             and PREFILL_WS_SMALL_MIN_M * k <= x.numel() <= DECODE_TMA_MAX_M * k
-            and q.shape[0] * q.shape[-1] <= limit and torch.cuda.is_current_stream_capturing())
+            and torch.cuda.is_current_stream_capturing()):
+        return False
+    big = _dt_big(q, x.numel() // k, x.dtype, x.device)  # decode_tma's 256-row tile: ahead on smaller weights
+    return q.shape[0] * q.shape[-1] <= (PREFILL_WS_SMALL_MAX_NK_BF16 if big else PREFILL_WS_SMALL_MAX_NK)
 
 
 #: :func:`prefill_ws` default: the tiles past the last full wave split in K
@@ -2053,19 +2056,27 @@ def _dt_parts(tiles: int, nct: int, programs: int) -> int:
                for t in range(tiles))
 
 
-def _dt_tile(q: QTensor, x2: torch.Tensor, rows: int | None = None) -> tuple[int, int, int, int]:
-    """:func:`decode_tma`'s tile for activations like ``x2`` on ``q``: ``(rows, row slices per consumer
-    warp, programs per SM, registers)``. ``rows`` None: ``_DT_TILE_BIG`` where it was measured faster: at
+def _dt_big(q: QTensor, m: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether :func:`decode_tma` takes its 256-row tile (``_DT_TILE_BIG``) for ``m`` tokens of ``dtype`` on
+    ``q`` by default: E2M1 weights with bf16 activations (what that tile was built and tested for), at
     every token count where one 256-row tile per SM keeps 80-100% of the SMs busy (see ``_DT_TILE_BIG``),
     and with ``_DT_ONE_TABLE`` (one scale table for both heights) at 64 token columns, and at 16-32 where
-    K >= 2 N; else the tile of that height, ValueError where the kernel has none."""
+    K >= 2 N (where each was measured faster)."""
+    if not (_fp4_codes(q) and dtype == torch.bfloat16):
+        return False
+    sms = _num_sms(device)
+    fills = 0.8 * sms <= cdiv(q.shape[0], _DT_TILE_BIG[0]) <= sms
+    tok = _dt_tokens(m)
+    return fills or (_DT_ONE_TABLE and (tok == 64 or (tok >= 16 and q.shape[1] >= 2 * q.shape[0])))
+
+
+def _dt_tile(q: QTensor, x2: torch.Tensor, rows: int | None = None) -> tuple[int, int, int, int]:
+    """:func:`decode_tma`'s tile for activations like ``x2`` on ``q``: ``(rows, row slices per consumer
+    warp, programs per SM, registers)``. ``rows`` None: ``_DT_TILE_BIG`` where :func:`_dt_big` says so, else
+    ``_DT_ROWS``; else the tile of that height, ValueError where the kernel has none."""
     big = _fp4_codes(q) and x2.dtype == torch.bfloat16  # (the 256-row tile was built and tested for these)
     if rows is None:
-        sms = _num_sms(x2.device)
-        fills = 0.8 * sms <= cdiv(q.shape[0], _DT_TILE_BIG[0]) <= sms
-        tok = _dt_tokens(x2.shape[0])
-        deep = _DT_ONE_TABLE and (tok == 64 or (tok >= 16 and q.shape[1] >= 2 * q.shape[0]))
-        rows = _DT_TILE_BIG[0] if big and (fills or deep) else _DT_ROWS
+        rows = _DT_TILE_BIG[0] if _dt_big(q, x2.shape[0], x2.dtype, x2.device) else _DT_ROWS
     if rows == _DT_TILE_BIG[0] and big:
         return _DT_TILE_BIG
     if rows == _DT_ROWS:

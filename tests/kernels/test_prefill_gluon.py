@@ -547,7 +547,8 @@ def test_ws_token_thresholds():
 
 def test_small_weight_routing(monkeypatch):
     """33-64 tokens on E2M1 weights of at most ``PREFILL_WS_SMALL_MAX_NK`` elements
-    (``PREFILL_WS_SMALL_MAX_NK_BF16`` for bf16 activations while ``_DT_ONE_TABLE`` is on) go to
+    (``PREFILL_WS_SMALL_MAX_NK_BF16`` where decode_tma would take its 256-row tile: bf16 activations while
+    ``_DT_ONE_TABLE`` is on, or 103-132 such tiles on 132 SMs) go to
     ``prefill_ws`` only while a CUDA graph is being captured, on CUDA, with ``_PREFILL_WS`` on
     and decode_tma not forced (4-bit integers keep ``decode_tma``)."""
     from types import SimpleNamespace as NS
@@ -555,9 +556,10 @@ def test_small_weight_routing(monkeypatch):
     capturing = [True]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     monkeypatch.setattr(L, "_DT_ONE_TABLE", True)
+    monkeypatch.setattr(L, "_num_sms", lambda device: 132)
 
     def x(m, cuda=True, dtype=torch.float16):
-        return NS(is_cuda=cuda, shape=(m, 8192), numel=lambda: m * 8192, dtype=dtype)
+        return NS(is_cuda=cuda, shape=(m, 8192), numel=lambda: m * 8192, dtype=dtype, device=None)
 
     f4 = ms.get_format("nvfp4")
     small, big = NS(shape=(8192, 8192), fmt=f4), NS(shape=(8192, 8193), fmt=f4)
@@ -573,8 +575,10 @@ def test_small_weight_routing(monkeypatch):
     assert L._prefill_ws_small_wanted(x(48, dtype=bf16), half) and L._prefill_ws_small_wanted(x(64, dtype=bf16), half)
     assert not L._prefill_ws_small_wanted(x(48, dtype=bf16), half1)
     assert not L._prefill_ws_small_wanted(x(48, dtype=bf16), small)
-    monkeypatch.setattr(L, "_DT_ONE_TABLE", False)  # 128-row tiles only: the larger limit
+    monkeypatch.setattr(L, "_DT_ONE_TABLE", False)  # 128-row tiles: the larger limit
     assert L._prefill_ws_small_wanted(x(48, dtype=bf16), small)
+    tall = NS(shape=(28672, 2048), fmt=f4)  # 112 256-row tiles fill the SMs: that tile even without one table
+    assert not L._prefill_ws_small_wanted(x(48, dtype=bf16), tall) and L._prefill_ws_small_wanted(x(48), tall)
     monkeypatch.setattr(L, "_PREFILL_WS", False)
     assert not L._prefill_ws_small_wanted(x(48), small)
     monkeypatch.setattr(L, "_PREFILL_WS", True)
