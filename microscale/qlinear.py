@@ -1835,6 +1835,13 @@ _DT_ROWS, _DT_CHUNK, _DT_STAGES, _DT_PER_SM = 128, 4, 3, 2
 #: 256-row one on weights of 80-100% of a wave of its tiles (bf16), the 128-row one elsewhere. (A weight used
 #: with both bf16 and fp16 activations keeps both tables.)
 _DT_TILE_BIG = (256, 2, 1, 160)
+#: ring of the 256-row tile up to ``_DT_BIG_CHUNK_MAX_TOK`` token columns where K is a multiple of 64 x
+#: ``_DT_BIG_CHUNK``: chunks of 8 K steps in 2 stages (16 steps of ring, 176 KB at 16 columns) instead of 4 in 3
+#: (half the slot handshakes a step). H200, graphs, weights past L2, two rounds each (thirty-fifth session,
+#: ``h200_2026-12-04/s35/f``), NVFP4 µs against 4-step chunks: 28672x8192 (112 whole tiles) at 8 / 16 / 32
+#: tokens 40.7 / 45.2 / 58.4 against 41.3 / 45.9 / 58.0, MXFP4 at 16 46.1 against 46.5; 8192x28672 (128
+#: shares) 42.0 / 46.1 / 59.1 against 41.9 / 46.1 / 57.8. So up to 16 columns
+_DT_BIG_CHUNK, _DT_BIG_STAGES, _DT_BIG_CHUNK_MAX_TOK = 8, 2, 16
 #: most tokens :func:`decode_tma` serves, as 8, 16, 32 or 64 token columns (shared memory per
 #: program 66 / 78 / 102 / 100 KB with 3 / 3 / 3 / ``_DT_STAGES_64`` ring chunks: two programs per SM).
 #: H200, graphs (fifteenth session, ``benchmarks/exp_dtma_tokens.py``): 24-32 tokens 64-68 µs
@@ -2023,16 +2030,28 @@ def _decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
     return None
 
 
-def choose_decode_tma_programs(n: int, k: int, num_sms: int, rows: int = 0, per_sm: int = 0) -> int:
-    """Programs for :func:`decode_tma` on an ``n x k`` weight, with tiles of ``rows`` rows and
-    ``per_sm`` programs resident per SM (default ``_DT_ROWS``, ``_DT_PER_SM``). Units: row tiles, cut into
+def _dt_ring(rows: int, tok: int, k: int, bits: int) -> tuple[int, int]:
+    """``(K steps per ring chunk, ring chunks)`` of :func:`decode_tma`'s ``rows``-row tiles with ``tok`` token
+    columns on ``bits``-bit codes and K = ``k``: ``_DT_BIG_CHUNK`` / ``_DT_BIG_STAGES`` for the 256-row tile
+    where they apply (4-bit codes, at most ``_DT_BIG_CHUNK_MAX_TOK`` columns, K a multiple of 64 x that chunk),
+    else ``_DT_CHUNK`` steps in as many chunks as shared memory holds."""
+    if (rows == _DT_TILE_BIG[0] and bits == 4 and tok <= _DT_BIG_CHUNK_MAX_TOK and _DT_BIG_CHUNK != _DT_CHUNK
+            and k % (64 * _DT_BIG_CHUNK) == 0):
+        return _DT_BIG_CHUNK, _DT_BIG_STAGES
+    return _DT_CHUNK, _DT_STAGES_8BIT if bits == 8 else _DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64)
+
+
+def choose_decode_tma_programs(n: int, k: int, num_sms: int, rows: int = 0, per_sm: int = 0, chunk: int = 0) -> int:
+    """Programs for :func:`decode_tma` on an ``n x k`` weight, with tiles of ``rows`` rows,
+    ``per_sm`` programs resident per SM and ring chunks of ``chunk`` K steps (default ``_DT_ROWS``, ``_DT_PER_SM``,
+    ``_DT_CHUNK``). Units: row tiles, cut into
     the fewest K parts (a power of two, at most 8, dividing the chunks) that give every SM
     one; as many units per program as ``per_sm`` resident per SM need (whole units where the
     count divides) where that spreads evenly over the SMs, else ``per_sm`` programs per SM, each
     with an equal stream-K share (H200, 16 tokens, ``benchmarks/exp_balance.py``: 176 tiles 44.6
     µs with equal shares against 51.5 with one program per tile; 224 tiles 57.3 against 54.9)."""
     rows, per_sm = rows or _DT_ROWS, per_sm or _DT_PER_SM
-    tiles, nct = cdiv(n, rows), k // (64 * _DT_CHUNK)
+    tiles, nct = cdiv(n, rows), k // (64 * (chunk or _DT_CHUNK))
     parts = 1
     while parts < 8 and tiles * parts < num_sms and nct % (2 * parts) == 0:
         parts *= 2
@@ -2098,7 +2117,7 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     :func:`prefill_ws`). :func:`linear` routes here
     from ``DECODE_TMA_MIN_M``
     (``DECODE_TMA_SMALL_MIN_M``; per format :func:`_dt_min_m`) tokens while a CUDA graph is being
-    captured and for large weights (``_decode_tma_wanted``). Work: the row tiles' ring chunks (256 K elements) in
+    captured and for large weights (``_decode_tma_wanted``). Work: the row tiles' ring chunks (256 K elements, or 512: :func:`_dt_ring`) in
     tile-major order, split into ``programs`` contiguous shares of equal size (stream-K;
     default :func:`choose_decode_tma_programs`); a tile shared by several programs is added
     up in K order by its last part. ``tokens``: the tile's token columns (8, 16, 32 or 64, at
@@ -2138,13 +2157,13 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     gs = wv.global_scale if wv.global_scale is not None else out
     tiles = cdiv(n, rows)
-    nct = k // (64 * _DT_CHUNK)
-    grid = min(tiles * nct, programs or choose_decode_tma_programs(n, k, _num_sms(x2.device), rows, per_sm))
+    chunk, stages = _dt_ring(rows, tok, k, cb)
+    nct = k // (64 * chunk)
+    grid = min(tiles * nct, programs or choose_decode_tma_programs(n, k, _num_sms(x2.device), rows, per_sm, chunk))
     maxp = _dt_parts(tiles, nct, grid)
     ws, cnt = _workspace(x2.device, tiles * maxp * rows * tok if maxp > 1 else 0, tiles * rows * 4 if maxp > 1 else 0)
     launch(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
-           out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=_DT_CHUNK, SK=sk,
-           STAGES=_DT_STAGES_8BIT if cb == 8 else _DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64),
+           out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=chunk, SK=sk, STAGES=stages,
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=_dt_nps(q), CB=cb,
            EI=_gluon_elem_kind(q), F16=f16,
            POST=_dt_post(q, tok), WARP_ARRIVE=_DT_WARP_ARRIVE and _ptx.active(), SLICES=slices,

@@ -278,13 +278,26 @@ def test_two_slice_tile_compiles(fmt, m, tmp_path, run_tool):
 def test_two_slice_tile_without_waits_beyond_residency(tmp_path, run_tool):
     """More 256-row programs than fit at once (9 on the 8 "SMs" the CPU stand-in reports, one per SM): a
     first program waiting for a later one could hold the SM that one needs, so the last part to arrive adds
-    the parts (atomics with a value back, no polling loop)."""
-    r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", "nvfp4", "--m", "16", "--n", "1000", "--k", "1024",
+    the parts (atomics with a value back, no polling loop). K 2048: 4 tiles x 2 ring chunks of 8 steps would cap
+    the grid at 8."""
+    r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", "nvfp4", "--m", "16", "--n", "1000", "--k", "2048",
                  "--config", "{'programs': 9, 'rows': 256}", "--sass", env={"MICROSCALE_WARP_ARRIVE": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "0 bytes spill stores" in r.stdout, r.stdout[-2000:]
     sass = (tmp_path / "_decode_tma_kernel.sass").read_text()
     assert "ATOMG" in sass and "REDG" not in sass and "LDG.E.STRONG.GPU" not in sass
+
+
+def test_ring_of_the_two_slice_tile():
+    """256-row tiles take 8-step ring chunks in 2 stages up to 16 token columns where K is a multiple of 512
+    (4-bit codes); elsewhere 4-step chunks in as many stages as shared memory holds."""
+    big = L._DT_TILE_BIG[0]
+    assert L._dt_ring(big, 16, 8192, 4) == (8, 2) and L._dt_ring(big, 8, 512, 4) == (8, 2)
+    assert L._dt_ring(big, 32, 8192, 4) == (4, 3) and L._dt_ring(big, 64, 8192, 4) == (4, 2)
+    assert L._dt_ring(big, 16, 768, 4) == (4, 3)
+    assert L._dt_ring(128, 16, 8192, 4) == (4, 3) and L._dt_ring(128, 64, 8192, 4) == (4, 2)
+    assert L._dt_ring(128, 16, 8192, 8) == (4, 2)
+    assert L.choose_decode_tma_programs(28672, 8192, 132, 256, 1, 8) == 112  # whole tiles either way
 
 
 def test_two_slice_tile_choice(monkeypatch):
