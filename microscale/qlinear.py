@@ -2117,8 +2117,8 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     :func:`prefill_ws`). :func:`linear` routes here
     from ``DECODE_TMA_MIN_M``
     (``DECODE_TMA_SMALL_MIN_M``; per format :func:`_dt_min_m`) tokens while a CUDA graph is being
-    captured and for large weights (``_decode_tma_wanted``). Work: the row tiles' ring chunks (256 K elements, or 512: :func:`_dt_ring`) in
-    tile-major order, split into ``programs`` contiguous shares of equal size (stream-K;
+    captured and for large weights (``_decode_tma_wanted``). Work: the row tiles' ring chunks (256 K elements,
+    or 512: :func:`_dt_ring`) in tile-major order, split into ``programs`` contiguous shares of equal size (stream-K;
     default :func:`choose_decode_tma_programs`); a tile shared by several programs is added
     up in K order by its last part. ``tokens``: the tile's token columns (8, 16, 32 or 64, at
     least M; default the fewest). ``rows``: the tile height, 128 (8 consumer warps of 16 rows, two
