@@ -1840,7 +1840,7 @@ _DT_TILE_BIG = (256, 2, 1, 160)
 #: (half the slot handshakes a step). H200, graphs, weights past L2, two rounds each (thirty-fifth session,
 #: ``h200_2026-12-04/s35/f``), NVFP4 µs against 4-step chunks: 28672x8192 (112 whole tiles) at 8 / 16 / 32
 #: tokens 40.7 / 45.2 / 58.4 against 41.3 / 45.9 / 58.0, MXFP4 at 16 46.1 against 46.5; 8192x28672 (128
-#: shares) 42.0 / 46.1 / 59.1 against 41.9 / 46.1 / 57.8. So up to 16 columns
+#: shares) 42.0 / 46.1 / 59.1 against 41.9 / 46.1 / 57.8. So up to 16 columns (``_DT_BIG_CHUNK_MAX_TOK = 0``: none)
 _DT_BIG_CHUNK, _DT_BIG_STAGES, _DT_BIG_CHUNK_MAX_TOK = 8, 2, 16
 #: most tokens :func:`decode_tma` serves, as 8, 16, 32 or 64 token columns (shared memory per
 #: program 66 / 78 / 102 / 100 KB with 3 / 3 / 3 / ``_DT_STAGES_64`` ring chunks: two programs per SM).
@@ -2035,8 +2035,7 @@ def _dt_ring(rows: int, tok: int, k: int, bits: int) -> tuple[int, int]:
     columns on ``bits``-bit codes and K = ``k``: ``_DT_BIG_CHUNK`` / ``_DT_BIG_STAGES`` for the 256-row tile
     where they apply (4-bit codes, at most ``_DT_BIG_CHUNK_MAX_TOK`` columns, K a multiple of 64 x that chunk),
     else ``_DT_CHUNK`` steps in as many chunks as shared memory holds."""
-    if (rows == _DT_TILE_BIG[0] and bits == 4 and tok <= _DT_BIG_CHUNK_MAX_TOK and _DT_BIG_CHUNK != _DT_CHUNK
-            and k % (64 * _DT_BIG_CHUNK) == 0):
+    if rows == _DT_TILE_BIG[0] and bits == 4 and tok <= _DT_BIG_CHUNK_MAX_TOK and k % (64 * _DT_BIG_CHUNK) == 0:
         return _DT_BIG_CHUNK, _DT_BIG_STAGES
     return _DT_CHUNK, _DT_STAGES_8BIT if bits == 8 else _DT_STAGES if tok < 64 else min(_DT_STAGES, _DT_STAGES_64)
 
@@ -2120,7 +2119,8 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     captured and for large weights (``_decode_tma_wanted``). Work: the row tiles' ring chunks (256 K elements,
     or 512: :func:`_dt_ring`) in tile-major order, split into ``programs`` contiguous shares of equal size (stream-K;
     default :func:`choose_decode_tma_programs`); a tile shared by several programs is added
-    up in K order by its last part. ``tokens``: the tile's token columns (8, 16, 32 or 64, at
+    up in K order (256-row tiles by their first program when every program is resident, else by the
+    last part to arrive). ``tokens``: the tile's token columns (8, 16, 32 or 64, at
     least M; default the fewest). ``rows``: the tile height, 128 (8 consumer warps of 16 rows, two
     programs per SM) or 256 (E2M1 weights and bf16 activations: 8 warps of two 16-row slices, one
     program per SM); default :func:`_dt_tile`. The first call on a weight makes its step-major scales

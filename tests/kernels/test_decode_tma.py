@@ -288,9 +288,10 @@ def test_two_slice_tile_without_waits_beyond_residency(tmp_path, run_tool):
     assert "ATOMG" in sass and "REDG" not in sass and "LDG.E.STRONG.GPU" not in sass
 
 
-def test_ring_of_the_two_slice_tile():
+def test_ring_of_the_two_slice_tile(monkeypatch):
     """256-row tiles take 8-step ring chunks in 2 stages up to 16 token columns where K is a multiple of 512
-    (4-bit codes); elsewhere 4-step chunks in as many stages as shared memory holds."""
+    (4-bit codes); elsewhere 4-step chunks in as many stages as shared memory holds;
+    ``_DT_BIG_CHUNK_MAX_TOK = 0`` turns the longer chunks off."""
     big = L._DT_TILE_BIG[0]
     assert L._dt_ring(big, 16, 8192, 4) == (8, 2) and L._dt_ring(big, 8, 512, 4) == (8, 2)
     assert L._dt_ring(big, 32, 8192, 4) == (4, 3) and L._dt_ring(big, 64, 8192, 4) == (4, 2)
@@ -298,6 +299,8 @@ def test_ring_of_the_two_slice_tile():
     assert L._dt_ring(128, 16, 8192, 4) == (4, 3) and L._dt_ring(128, 64, 8192, 4) == (4, 2)
     assert L._dt_ring(128, 16, 8192, 8) == (4, 2)
     assert L.choose_decode_tma_programs(28672, 8192, 132, 256, 1, 8) == 112  # whole tiles either way
+    monkeypatch.setattr(L, "_DT_BIG_CHUNK_MAX_TOK", 0)
+    assert L._dt_ring(big, 8, 8192, 4) == (4, 3)
 
 
 def test_two_slice_tile_choice(monkeypatch):
