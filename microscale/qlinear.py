@@ -1646,34 +1646,9 @@ def _launch_direct(fn, grid, *args, **kwargs) -> None:
     fn[grid](*args, **kwargs)
 
 
-#: :func:`prefill_ws` reads the activations as given (no K-permutation pass) for E2M1 weights with
-#: normal UE4M3 or E8M0 scales from this many tokens (``nat``; ``MICROSCALE_WS_NAT=0``: never)
-PREFILL_WS_NAT_MIN_M = 65
-_WS_NAT = os.environ.get("MICROSCALE_WS_NAT", "1") == "1"
-
-
-def _ws_nat_scales(q: QTensor, x2: torch.Tensor, sk: int) -> torch.Tensor | None:
-    """The scales as one int32 (16-element blocks) or int16 (32) word per row and 64-element K step,
-    when :func:`prefill_ws` can read ``x2`` in natural K order for ``q`` (E2M1 codes, scales by one
-    multiply-add, bf16 activations whose rows TMA can read as given), else None."""
-    from .kernels import _prefill_gluon as pg
-
-    g = q.fmt.block_size
-    s = _weight_views(q).scales_u8
-    if (not _fp4_codes(q) or x2.dtype != torch.bfloat16 or sk not in (pg.SK_UE4M3N, pg.SK_E8M0N)
-            or g not in (16, 32) or s is None or s.stride(-1) != 1 or x2.data_ptr() % 16
-            or x2.stride(0) * x2.element_size() % 16):
-        return None
-    w = 64 // g  # scale bytes per step
-    if s.stride(0) % w or s.storage_offset() % w or s.data_ptr() % w:
-        return None
-    return torch.as_strided(s, (s.shape[0], s.shape[1] // w * w), (s.stride(0), 1)).view(
-        torch.int32 if w == 4 else torch.int16)
-
-
 def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, block_t: int | None = None,
                stages: int | None = None, group_t: int = 4, persistent: bool = True,
-               split_tail: bool | None = None, nat: bool | None = None) -> torch.Tensor:
+               split_tail: bool | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(q)^T (+ bias)`` for many tokens of bf16 or fp16 activations on Hopper and an
     E2M1 weight (NVFP4, MXFP4), 4-bit integers with fp16 block scales (``int4_affine_g*`` with
     zero points of at most 15, ``int4_fp16``), 8-bit integers with fp16 block scales
@@ -1692,10 +1667,8 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     tile); ``split_tail`` (persistent only; default ``PREFILL_WS_SPLIT_TAIL``): the ``R``
     tiles past the last full wave (all tiles when fewer than the SMs) are split in K into
     ``SMs // R`` parts (2 to 8) on as many programs, the parts' fp32 sums added up in K
-    order by each tile's last part (a workspace per device and stream); ``nat``: the activations read
-    in natural K order, no permutation pass before the kernel (E2M1 weights with normal UE4M3 or E8M0
-    scales and bf16 activations; default from ``PREFILL_WS_NAT_MIN_M`` tokens where it applies; True
-    where it does not raises). Raises ValueError saying why when it cannot serve the call."""
+    order by each tile's last part (a workspace per device and stream). Raises ValueError
+    saying why when it cannot serve the call."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -1723,22 +1696,12 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
     cb = f.element.bits  # 4, or 8 (E4M3, 8-bit integers)
     f16 = x2.dtype == torch.float16
     gdt = gl.float16 if f16 else gl.bfloat16
+    xp = torch.empty((m, k), dtype=x2.dtype, device=x2.device)  # activations in the consumers' K order
+    launch(pg._xperm_kernel, (cdiv(m, 32), k // bk), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, CB=cb, num_warps=4)
+    desc = TensorDescriptor.from_tensor(xp, [block_t, bk], gl.NVMMASharedLayout.get_default_for([block_t, bk], gdt))
     wv = _weight_views(q)
     scales, zps = wv.scales_u8, wv.scales_u8
     sk, ke, post = _gluon_scale_args(q, f16)
-    nat_scales = _ws_nat_scales(q, x2, sk) if nat or nat is None else None
-    if nat and nat_scales is None:
-        raise ValueError(f"{_OP}: prefill_ws nat=True needs an E2M1 weight with normal UE4M3 or E8M0 scales "
-                         "and bf16 activations with 16-byte aligned rows")
-    nat = nat_scales is not None and (nat or (_WS_NAT and m >= PREFILL_WS_NAT_MIN_M))
-    if nat:  # the activations as given
-        xp = x2
-        scales = zps = nat_scales
-    else:  # the activations in the consumers' K order
-        xp = torch.empty((m, k), dtype=x2.dtype, device=x2.device)
-        launch(pg._xperm_kernel, (cdiv(m, 32), k // bk), x2, xp, m, x2.stride(0), K=k, BLOCK_R=32, CB=cb,
-               num_warps=4)
-    desc = TensorDescriptor.from_tensor(xp, [block_t, bk], gl.NVMMASharedLayout.get_default_for([block_t, bk], gdt))
     if f.scale.name == "fp16":  # integers: fp16 scales as int16 bits, zero points
         scales = wv.scales_int
         zps = wv.zero_points if f.zero_point else scales
@@ -1757,8 +1720,7 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
                    bias if bias is not None else out, out, out_desc, ws, cnt, n, m, k, wv.words.stride(0),
                    scales.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
                    SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
-                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=_gluon_elem_kind(q), F16=f16, NAT=nat,
-                   num_warps=4)
+                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=_gluon_elem_kind(q), F16=f16, num_warps=4)
     return out
 
 

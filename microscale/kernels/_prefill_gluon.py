@@ -66,7 +66,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from ._gemv_mma import _PAIR_MASK, SK_E8M0, SK_UE4M3, UE4M3_ADD, _word_lines_select
+from ._gemv_mma import SK_E8M0, SK_UE4M3, UE4M3_ADD, _word_lines_select
 
 #: scale kinds of the integer weights with fp16 scales (``SK``): fp16 scale and uint8 zero point per
 #: block (unsigned codes), fp16 scale alone (two's-complement codes)
@@ -120,39 +120,6 @@ UE4M3_ASM = gl.constexpr("{\n.reg .b16 lo, hi;\n.reg .b32 sc;\n.reg .f32 fa;\ncv
 #: ``(e + ke) << 7``; ``ke``: ``126 - D`` for E2M1, ``120 - D'`` for E4M3, ``120 - D`` for E5M2, ``-D`` for
 #: integers: :func:`microscale.qlinear._gluon_scale_args`)
 E8M0_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nshl.b32 t, t, 7;\nprmt.b32 $0, t, 0, 0x1010;\n}")
-
-
-def nat_decode_asm(tps: int, sk: int) -> str:
-    """PTX of one row and K step of E2M1 codes for the activations in natural K order (``NAT``): the
-    step's 8 code words ``$16..$23`` (all of the row's 32 bytes), the thread's quad member ``t`` in
-    ``$24``, the step's ``4 / tps`` block scale bytes in ``$25`` (UE4M3 with ``sk`` :data:`SK_UE4M3N`,
-    E8M0 with :data:`SK_E8M0N` and ``ke`` in ``$26``, see :data:`E8M0_MUL`) -> 16 bf16 outputs, output ``2 W + e``
-    the K slot ``8 W + 2 t + e`` times its block scale. The wgmma A operand wants byte ``t`` of each
-    word (its nibbles are the pair ``e`` = 0, 1): three ``prmt`` gather 4 of them, the low and high
-    nibbles are split off once, then per pair one ``prmt`` puts them at bits 0-3 and 16-19 (zeros by
-    the sign-replicating selector 8 on a byte whose top bit is clear), and one multiply by
-    ``2^6 + 2^12`` copies each magnitude to bits 6-8 and its sign to bit 15 of its half (no carries:
-    the two copies do not overlap), which the pair mask keeps: the same bf16 pairs as
-    :func:`_word_lines_select`."""
-    lines = ["mad.lo.u32 sel, $24, 17, 64;"]  # selector t | (t + 4) << 4: byte t of two words
-    if sk != SK_UE4M3N:
-        lines.append(f"mul.lo.u32 k, $26, {hex(E8M0_MUL)};")
-    for b in range(4 // tps):
-        lines.append(f"prmt.b32 s{b}, $25, 0, {hex(b | 4 << 4 | b << 8 | 4 << 12)};")  # byte b in both halves
-        lines.append(f"mad.lo.u32 s{b}, s{b}, 16, {hex(UE4M3_ADD)};" if sk == SK_UE4M3N
-                     else f"mad.lo.u32 s{b}, s{b}, 128, k;")
-    for g in range(2):
-        w = 16 + 4 * g
-        lines += [f"prmt.b32 x, ${w}, ${w + 1}, sel;", f"prmt.b32 y, ${w + 2}, ${w + 3}, sel;",
-                  "prmt.b32 x, x, y, 0x5410;", "and.b32 lo, x, 0x0F0F0F0F;", "shr.u32 hi, x, 4;",
-                  "and.b32 hi, hi, 0x0F0F0F0F;"]
-        for i in range(4):
-            wd = 4 * g + i  # word W: 16-element block W // 2 of the step
-            lines += [f"prmt.b32 p, lo, hi, {hex(i | 8 << 4 | (4 + i) << 8 | 8 << 12)};",
-                      "mul.lo.u32 p, p, 0x1040;", f"and.b32 p, p, {_PAIR_MASK};",
-                      f"mul.rn.bf16x2 p, p, s{wd // 2 // tps};", f"mov.b32 {{${2 * wd}, ${2 * wd + 1}}}, p;"]
-    regs = ", ".join(["sel", "x", "y", "lo", "hi", "p", "k"] + [f"s{b}" for b in range(4 // tps)])
-    return "{\n.reg .b32 " + regs + ";\n" + "\n".join(lines) + "\n}"
 
 
 def e4m3_decode_asm(mbits: int = 3) -> str:
@@ -377,11 +344,6 @@ _E8M0_MUL = gl.constexpr(E8M0_MUL)
 #: scale kinds ``SK`` of the bf16 decodes with the scale by one multiply-add (UE4M3, E8M0); the f16
 #: decodes take them as ``SK_UE4M3`` / ``SK_E8M0``
 SK_UE4M3N, SK_E8M0N = 5, 6
-#: :func:`nat_decode_asm` per scale kind: 16-element (NVFP4) and 32-element blocks (MXFP4)
-NAT_UE4M3_ASM = gl.constexpr(nat_decode_asm(1, SK_UE4M3N))
-NAT_E8M0_ASM = gl.constexpr(nat_decode_asm(2, SK_E8M0N))
-NAT_E8M0_G16_ASM = gl.constexpr(nat_decode_asm(1, SK_E8M0N))
-NAT_UE4M3_G32_ASM = gl.constexpr(nat_decode_asm(2, SK_UE4M3N))
 
 
 @gluon.jit
@@ -471,17 +433,6 @@ def code_word_layout(rows, warp_bases, CB, shape3=True, rep_rows=()):
                                       block_bases=[], shape=[rows, 4 * w])
 
 
-@gluon.constexpr_function
-def nat_word_layout(rows, warp_bases):
-    """The register layout of a step's code words for :func:`nat_decode_asm`: ``[rows, t, w]``, each
-    thread quad member ``t`` holding all 8 words ``w`` of its rows (the same addresses in the four:
-    the data repeats along ``t``); registers ``w`` (two 16-byte vectors) then row + 8, lanes ``t``
-    then rows 0-7, warps ``warp_bases``, as :func:`code_word_layout`."""
-    return gl.DistributedLinearLayout(reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [8, 0, 0]],
-                                      lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-                                      warp_bases=warp_bases, block_bases=[], shape=[rows, 4, 8])
-
-
 @gluon.jit
 def _tile_origin(tile, n_t, n_n, BT: gl.constexpr, GROUP_T: gl.constexpr):
     """``(off_t, off_n)`` of tile number ``tile``: groups of ``GROUP_T`` token tiles sweep all
@@ -556,16 +507,13 @@ def _producer(xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT: gl.constexpr
 
 @gluon.jit
 def _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, step, k_lo, tq, TPS: gl.constexpr, SK: gl.constexpr,
-           CB: gl.constexpr, NAT: gl.constexpr = False):
+           CB: gl.constexpr):
     """The code words (``CB``-bit codes) and (int32) block scales of K step ``step`` after
-    ``k_lo``: UE4M3 / E8M0 bytes (``BK / G`` per step, ``s_off`` from ``k_lo`` on; ``NAT``: all of
-    them as one int32 / int16 at ``s_ptr``), or for the
+    ``k_lo``: UE4M3 / E8M0 bytes (``BK / G`` per step, ``s_off`` from ``k_lo`` on), or for the
     int4 kinds the fp16 scale bits | zero point << 16 of block ``(4 (k_lo + step) + tq) // TPS``
     (any ``TPS``)."""
     words = gl.load(w_ptr + w_off + step * (BK * CB // 32))
-    if NAT:
-        sraw = gl.load(s_ptr + s_off + step).to(gl.int32)
-    elif SK == _SKZ or SK == _SKS:
+    if SK == _SKZ or SK == _SKS:
         idx = s_off + ((k_lo + step) * 4 + tq) // TPS
         sraw = gl.load(s_ptr + idx).to(gl.int32) & 0xFFFF
         if SK == _SKZ:
@@ -579,57 +527,19 @@ def _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, step, k_lo, tq, TPS: gl.constexpr,
 
 @gluon.jit
 def _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, nk, r_w, w_col, s_col, tq, N, stride_wn, stride_sn,
-                TPS: gl.constexpr, SK: gl.constexpr, CB: gl.constexpr, NAT: gl.constexpr = False):
+                TPS: gl.constexpr, SK: gl.constexpr, CB: gl.constexpr):
     """Offsets of this warpgroup's code words and scales in the row tile at ``off_n`` from K
     step ``k_lo`` on (rows clamped: reads of a ragged last tile stay in bounds, its stores are
     masked) and the codes and scales of the first two of its ``nk`` steps."""
     rows = gl.minimum(off_n + r_w, N - 1)
     w_off = rows[:, None, None].to(gl.int64) * stride_wn + (w_col + k_lo * (BK * CB // 32))
-    if NAT:
-        s_off = rows[:, None].to(gl.int64) * stride_sn + (s_col + k_lo)
-    elif SK == _SKZ or SK == _SKS:
+    if SK == _SKZ or SK == _SKS:
         s_off = rows[:, None].to(gl.int64) * stride_sn
     else:
         s_off = rows[:, None].to(gl.int64) * stride_sn + (s_col + k_lo * (4 // TPS))
-    words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, 0, k_lo, tq, TPS, SK, CB, NAT)
-    words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(1, nk - 1), k_lo, tq, TPS, SK, CB, NAT)
+    words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, 0, k_lo, tq, TPS, SK, CB)
+    words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(1, nk - 1), k_lo, tq, TPS, SK, CB)
     return w_off, s_off, words, sraw, words_n, sraw_n
-
-
-@gluon.jit
-def _decode_nat(words, sraw, ke, SK: gl.constexpr, TPS: gl.constexpr, a_l: gl.constexpr):
-    """:func:`_decode` for E2M1 codes and activations in natural K order: ``words`` ``[rows, t, 8]``
-    (:func:`nat_word_layout`), ``sraw`` ``[rows, t]`` the step's scale bytes; :func:`nat_decode_asm`
-    gives output ``2 W + e`` for K slot ``8 W + 2 t + e``."""
-    R: gl.constexpr = words.shape[0]
-    x5 = gl.reshape(words, [R, 4, 2, 2, 2])  # words W = 4 W2 + 2 W1 + W0
-    p0, p1 = gl.split(x5)  # W0
-    p00, p01 = gl.split(p0)  # W1
-    p10, p11 = gl.split(p1)
-    w0, w4 = gl.split(p00)  # W2
-    w2, w6 = gl.split(p01)
-    w1, w5 = gl.split(p10)
-    w3, w7 = gl.split(p11)
-    l_: gl.constexpr = w0.type.layout
-    t = gl.broadcast(gl.arange(0, 4, layout=gl.SliceLayout(0, l_))[None, :], w0)[0]
-    sr = gl.convert_layout(sraw, l_, assert_trivial=True)
-    if SK == 5:
-        asm: gl.constexpr = NAT_UE4M3_ASM if TPS == 1 else NAT_UE4M3_G32_ASM
-        o = gl.inline_asm_elementwise(asm, "=h," * 16 + "r,r,r,r,r,r,r,r,r,r", [w0, w1, w2, w3, w4, w5, w6, w7, t, sr],
-                                      dtype=(gl.bfloat16,) * 16, is_pure=True, pack=1)
-    else:
-        asm2: gl.constexpr = NAT_E8M0_G16_ASM if TPS == 1 else NAT_E8M0_ASM
-        kk = gl.full(w0.shape, 0, gl.int32, l_) + ke
-        o = gl.inline_asm_elementwise(asm2, "=h," * 16 + "r,r,r,r,r,r,r,r,r,r,r",
-                                      [w0, w1, w2, w3, w4, w5, w6, w7, t, sr, kk], dtype=(gl.bfloat16,) * 16,
-                                      is_pure=True, pack=1)
-    q00 = gl.join(gl.join(o[0], o[1]), gl.join(o[2], o[3]))  # [rows, t, e, W0] of W = 0, 1
-    q01 = gl.join(gl.join(o[4], o[5]), gl.join(o[6], o[7]))
-    q10 = gl.join(gl.join(o[8], o[9]), gl.join(o[10], o[11]))
-    q11 = gl.join(gl.join(o[12], o[13]), gl.join(o[14], o[15]))
-    v = gl.join(gl.join(q00, q01), gl.join(q10, q11))  # [rows, t, e, W0, W1, W2]
-    v = gl.permute(v, (0, 5, 4, 3, 1, 2))  # [rows, W2, W1, W0, t, e] = K slot 8 W + 2 t + e
-    return gl.convert_layout(gl.reshape(v, [R, BK]), a_l, assert_trivial=True)
 
 
 @gluon.jit
@@ -843,7 +753,7 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
               n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
               GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
               HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr, CB: gl.constexpr,
-              EI: gl.constexpr, F16: gl.constexpr, NAT: gl.constexpr):
+              EI: gl.constexpr, F16: gl.constexpr):
     """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T`` per tile, for each
     of this program's segments (:func:`_plan`). Per K step it decodes its code words
     (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``W t + a`` with ``W`` = ``CB / 2``
@@ -854,21 +764,14 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
     tile's partial goes through :func:`_split_sum`."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
-    WPT: gl.constexpr = 8 if NAT else CB // 2
-    if NAT:  # every quad member loads the row's 8 words and the step's scales
-        w_l: gl.constexpr = nat_word_layout(WG_ROWS, [[16, 0, 0], [32, 0, 0]])
-    else:
-        w_l: gl.constexpr = code_word_layout(WG_ROWS, [[16, 0, 0], [32, 0, 0]], CB)
+    WPT: gl.constexpr = CB // 2
+    w_l: gl.constexpr = code_word_layout(WG_ROWS, [[16, 0, 0], [32, 0, 0]], CB)
     s_l: gl.constexpr = gl.SliceLayout(2, w_l)
     r_w = WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_l))
     tq = gl.arange(0, 4, layout=gl.SliceLayout(0, s_l))
     av = gl.arange(0, WPT, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_l)))
-    if NAT:
-        w_col = 0 * tq[None, :, None] + av[None, None, :]
-        s_col = 0 * tq[None, :]
-    else:
-        w_col = WPT * tq[None, :, None] + av[None, None, :]
-        s_col = tq[None, :] // TPS
+    w_col = WPT * tq[None, :, None] + av[None, None, :]
+    s_col = tq[None, :] // TPS
     dp, s_lo, s_hi, S = _plan(n_t * n_n, n_steps, SPLIT_TAIL)
     n_seg = dp + (s_hi > s_lo).to(gl.int32)
     j = 0
@@ -876,8 +779,7 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
     off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
     tq2 = tq[None, :]
     w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, k_hi - k_lo, r_w,
-                                                             w_col, s_col, tq2, N, stride_wn, stride_sn, TPS, SK, CB,
-                                                             NAT)
+                                                             w_col, s_col, tq2, N, stride_wn, stride_sn, TPS, SK, CB)
     it = 0
     while j < n_seg:
         nk = k_hi - k_lo
@@ -886,21 +788,15 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
         # predecessor two steps back has just decoded (no register moves that wait for a load
         # issued one step earlier): loads land two steps ahead (~1 us at 256 tokens)
         for i in range(0, nk, 2):
-            if NAT:
-                a = _decode_nat(words, sraw, ke, SK, TPS, a_l)
-            else:
-                a = _decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI, F16)
+            a = _decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI, F16)
             words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 2, nk - 1), k_lo, tq2, TPS, SK,
-                                 CB, NAT)
+                                 CB)
             acc = _mma_step(a, x_bufs, ready, empty, acc, it)
             it += 1
             if i + 1 < nk:
-                if NAT:
-                    a = _decode_nat(words_n, sraw_n, ke, SK, TPS, a_l)
-                else:
-                    a = _decode(words_n, sraw_n, ke, SK, s_l, a_l, CB, False, EI, F16)
+                a = _decode(words_n, sraw_n, ke, SK, s_l, a_l, CB, False, EI, F16)
                 words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 3, nk - 1), k_lo, tq2,
-                                         TPS, SK, CB, NAT)
+                                         TPS, SK, CB)
                 acc = _mma_step(a, x_bufs, ready, empty, acc, it)
                 it += 1
         # the next segment's first two steps of codes and scales, in flight during the epilogue
@@ -913,7 +809,7 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
             off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
         w_off, s_off, words, sraw, words_n, sraw_n = _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, k_hi - k_lo, r_w,
                                                                  w_col, s_col, tq2, N, stride_wn, stride_sn, TPS, SK,
-                                                                 CB, NAT)
+                                                                 CB)
         partial = nk < n_steps  # always whole tiles without SPLIT_TAIL
         if partial:
             tot, last = _split_sum(acc, ws_ptr, cnt_ptr, nk, n_t * n_n, n_steps, WG, acc_l)
@@ -944,8 +840,7 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
                        stride_wn, stride_sn, stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr,
                        GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
                        HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr,
-                       CB: gl.constexpr = 4, EI: gl.constexpr = 0, F16: gl.constexpr = False,
-                       NAT: gl.constexpr = False):
+                       CB: gl.constexpr = 4, EI: gl.constexpr = 0, F16: gl.constexpr = False):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
     ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K CB / 32]`` (``CB``: 4, or 8 for E4M3 / E5M2
@@ -965,9 +860,7 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
     zero on entry, left zero). ``TMA_OUT``: each consumer writes a whole tile's
     ``[BT, WG_ROWS]`` output through shared memory with one TMA store (``out_desc``, block
     ``[BT, WG_ROWS]``; N a multiple of 8), else with masked 2-byte stores. ``F16``: fp16
-    activations and output, f16 decodes (:func:`f16_decode_asm`) and fp16 MMAs. ``NAT`` (E2M1 codes,
-    ``SK`` 5 / 6, bf16): ``xp_desc`` over the activations as given, ``s_ptr`` the scales as int32 (16-element
-    blocks) or int16 words of a step (:func:`nat_decode_asm`)."""
+    activations and output, f16 decodes (:func:`f16_decode_asm`) and fp16 MMAs."""
     n_t = gl.cdiv(M, BT)
     n_n = gl.cdiv(N, 2 * WG_ROWS)
     n_steps = K // BK
@@ -980,10 +873,10 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
     gl.warp_specialize([
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16, NAT)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16)),
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16, NAT)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16)),
         (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T, SPLIT_TAIL)),
     ], [4, 1], [232, 40])
 

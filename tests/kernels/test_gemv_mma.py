@@ -129,8 +129,6 @@ class Warp:
             regs[ops[0]] = (v(ops[1]).astype(np.uint64) + v(ops[2])).astype(u32)
         elif op == "sub.s32":
             regs[ops[0]] = ((v(ops[1]).astype(np.int64) - v(ops[2]).astype(np.int64)) & 0xFFFFFFFF).astype(u32)
-        elif op == "mul.lo.u32":  # the low 32 bits of a * b
-            regs[ops[0]] = ((v(ops[1]).astype(np.uint64) * v(ops[2])) & 0xFFFFFFFF).astype(u32)
         elif op == "mad.lo.u32":  # the low 32 bits of a * b + c
             regs[ops[0]] = ((v(ops[1]).astype(np.uint64) * v(ops[2]) + v(ops[3])) & 0xFFFFFFFF).astype(u32)
         elif op == "max.s32":
@@ -140,17 +138,13 @@ class Warp:
             assert (np.abs(val) < 2 ** 24).all()
             regs[ops[0]] = _bits32(val)
         elif op == "prmt.b32":
-            # per-lane selectors (a register or an immediate); selector bit 3: the selected byte's top
-            # bit replicated over the output byte (the PTX ISA's sign-extend mode)
-            a, b, sel = v(ops[1]), v(ops[2]), v(ops[3])
+            a, b, sel = v(ops[1]), v(ops[2]), int(ops[3], 0)
             src = np.stack([(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)])
             out = np.zeros(32, dtype=u32)
-            lanes = np.arange(32)
             for i in range(4):
-                s = (sel >> u32(4 * i)) & u32(0xF)
-                byte = src[s & u32(7), lanes].astype(u32)
-                byte = np.where(s & u32(8), np.where(byte & u32(0x80), u32(0xFF), u32(0)), byte)
-                out |= byte << u32(8 * i)
+                s = (sel >> (4 * i)) & 0xF
+                assert s < 8, "sign-replicate selectors are not emitted"
+                out |= src[s].astype(u32) << u32(8 * i)
             regs[ops[0]] = out
         elif op in ("cvt.rn.f16x2.e4m3x2", "cvt.rn.f16x2.e5m2x2"):
             h = v(ops[1])

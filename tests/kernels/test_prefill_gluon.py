@@ -421,57 +421,6 @@ def test_kernel_arithmetic_matches_float64(name, gen):
     assert (np.abs(out - ref) <= 2.0 ** -20 * cond + 1e-300).all()  # the reference rounds s * gs to fp32
 
 
-def emulate_nat(x: torch.Tensor, q, asm_tps: int | None = None) -> np.ndarray:
-    """:func:`emulate` for the natural-K-order decode (``NAT``, E2M1 codes): every thread quad member
-    ``t`` of a row takes all 8 code words of each 64-element K chunk and the chunk's ``4 / tps`` scale
-    bytes (one int32 / int16), output ``2 W + e`` fills K slot ``8 W + 2 t + e``; the activations as
-    given. ``asm_tps`` (default: the format's ``G / 16``) is what the decode is generated for."""
-    n, k = q.shape
-    tps = q.fmt.block_size // 16
-    words = q.data.contiguous().view(torch.int32).numpy().view(np.uint32).reshape(n, k // 8)
-    sbytes = q.scales.contiguous().view(torch.uint8).numpy().astype(np.uint32).reshape(n, -1)
-    nb = 4 // tps
-    sw = sum(sbytes[:, b::nb] << np.uint32(8 * b) for b in range(nb))  # [n, k / 64] scale words
-    sk = L._gluon_scale_args(q)[0]
-    assert sk in (pg.SK_UE4M3N, pg.SK_E8M0N)
-    ke, post = (0, 2.0 ** 7) if q.fmt.scale.name == "ue4m3" else _emulated_e8m0(q)
-    kew = np.full(32, ke & 0xFFFFFFFF, dtype=np.uint32)
-    asm = pg.nat_decode_asm(asm_tps or tps, sk)
-    cons = ",".join(["=h"] * 16 + ["r"] * (11 if sk == pg.SK_E8M0N else 10))
-    warp = Warp(np.zeros(1, np.uint8))
-    a = np.zeros((n, k))
-    r, c, t = (v.reshape(-1) for v in np.meshgrid(np.arange(n), np.arange(k // 64), np.arange(4), indexing="ij"))
-    for lo in range(0, r.size, 32):
-        sl = slice(lo, lo + 32)
-        ins = [words[r[sl], 8 * c[sl] + w] for w in range(8)] + [t[sl].astype(np.uint32), sw[r[sl], c[sl]]]
-        outs = warp.run(asm, cons, ins + ([kew] if sk == pg.SK_E8M0N else []))
-        for o in range(16):
-            val = ((outs[o].astype(np.uint32) & 0xFFFF) << 16).view(np.float32).astype(np.float64)
-            a[r[sl], 64 * c[sl] + 8 * (o // 2) + 2 * t[sl] + o % 2] = val
-    out = x.double().numpy() @ a.T * post
-    if q.global_scale is not None:
-        out *= float(q.global_scale.reshape(-1)[0])
-    return out
-
-
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
-def test_natural_order_decode_matches_float64(name, gen):
-    """The natural-K-order decode against float64 on the activations as given: every code in every
-    slot (rows of all 256 byte values), scales over many binades (E8M0: both ends of the window);
-    with the wrong scale grouping (a block's scale applied to the next) it is caught."""
-    span = 1 if name == "nvfp4" else 6  # UE4M3 scales stay normal (subnormal ones keep the permuted path)
-    w = torch.randn(24, 512, generator=gen) * torch.logspace(-span, span, 24).reshape(24, 1)
-    q = ms.quantize(w, name)
-    q.data[1:4, :] = torch.arange(256, dtype=torch.uint8).repeat(2)[:256]
-    x = (torch.randn(5, 512, generator=gen) * 2).to(torch.bfloat16)
-    wd = q.dequantize(torch.float64)
-    ref = (x.double() @ wd.T).numpy()
-    cond = (x.double().abs() @ wd.abs().T).numpy()
-    assert (np.abs(emulate_nat(x, q) - ref) <= 2.0 ** -20 * cond + 1e-300).all()  # the reference rounds s * gs
-    other = 2 if name == "nvfp4" else 1
-    assert not (np.abs(emulate_nat(x, q, other) - ref) <= 2.0 ** -20 * cond + 1e-300).all()
-
-
 def _int4_weight(name: str, gen, n: int = 24, k: int = 512):
     """A 4-bit integer weight with scales over many binades (normal and subnormal fp16, with
     low mantissa bits set: the ``lo`` part of the split) and every code and zero point."""
@@ -563,41 +512,6 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, tmp_path, run_tool
     assert "HGMMA.64x256x16.F32.BF16" in sass and "LDG.E.64" in sass and "LDSM" not in sass
     # direct 2-byte stores serve N % 8 != 0 and the split tail tiles; their arrivals are atomics
     assert ("UTMASTG" in sass) == (n % 8 == 0) and "STG.E.U16" in sass and "ATOMG" in sass
-
-
-@pytest.mark.parametrize("fmt,n", [("nvfp4", 256), ("mxfp4", 260)])
-def test_natural_order_compiles_for_sm90(fmt, n, tmp_path, run_tool):
-    """``nat=True``: no permutation kernel, the decode lands in the wgmma operand without data
-    movement (asserted in the kernel), the code words as 16-byte vectors, no spills, no serialized
-    wgmma."""
-    r = run_tool("gemv_ptx.py", str(tmp_path), "--ws", "--fmt", fmt, "--m", "512", "--n", str(n), "--k", "1024",
-                 "--config", "{'block_t': 256, 'nat': True}", "--sass")
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "0 bytes spill stores" in r.stdout and "C7512" not in r.stdout, r.stdout[-2000:]
-    assert not (tmp_path / "_xperm_kernel.ptx").exists()
-    sass = (tmp_path / "_prefill_ws_kernel.sass").read_text()
-    assert "HGMMA.64x256x16.F32.BF16" in sass and "LDG.E.128" in sass and "LDSM" not in sass
-
-
-def test_natural_order_scales(gen):
-    """What ``prefill_ws`` reads in natural K order: NVFP4 scales as one int32 and MXFP4 as one int16
-    per row and step (the same bytes); not for subnormal UE4M3 scales, fp16 activations, other
-    formats or activation rows TMA cannot address."""
-    x = torch.randn(4, 512, generator=gen).to(torch.bfloat16)
-    q = ms.quantize(torch.randn(8, 512, generator=gen), "nvfp4")
-    s = L._ws_nat_scales(q, x, L._gluon_scale_args(q)[0])
-    assert s.dtype == torch.int32 and s.shape == (8, 8)
-    assert torch.equal(s.view(torch.uint8), q.scales.view(torch.uint8))
-    q2 = ms.quantize(torch.randn(8, 512, generator=gen), "mxfp4")
-    s2 = L._ws_nat_scales(q2, x, L._gluon_scale_args(q2)[0])
-    assert s2.dtype == torch.int16 and s2.shape == (8, 8) and torch.equal(s2.view(torch.uint8), q2.scales.view(torch.uint8))
-    assert L._ws_nat_scales(q, x.half(), L._gluon_scale_args(q, True)[0]) is None
-    assert L._ws_nat_scales(q, x, pg.SK_UE4M3) is None  # subnormal scales: the conversion PTX
-    xs = torch.randn(4, 516, generator=gen).to(torch.bfloat16)[:, 4:]  # rows 1032 bytes apart
-    assert L._ws_nat_scales(q, xs, pg.SK_UE4M3N) is None
-    assert L._ws_nat_scales(q, xs.contiguous(), pg.SK_UE4M3N) is not None
-    q3 = ms.quantize(torch.randn(8, 512, generator=gen), "int4_affine_g128")
-    assert L._ws_nat_scales(q3, x, L._gluon_scale_args(q3)[0]) is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
@@ -752,39 +666,6 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
         tol = 2.0 ** -12 if q.fmt.scale.name == "fp16" and q.fmt.element.bits == 8 else 2.0 ** -16
         assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + tol * cond).all(), (m, n, k)
     assert any(parts) == split_tail
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("programs", [None, 3])
-def test_gpu_prefill_ws_natural_order(name, programs, monkeypatch):
-    """``nat=True`` (the activations as given, no permutation launch: counted) and ``nat=False`` on
-    ragged shapes, with bias, split tails, an activation view with a row stride, each within the bound
-    of :func:`test_gpu_prefill_ws`; the default takes ``nat`` from ``PREFILL_WS_NAT_MIN_M`` tokens."""
-    dev = torch.device("cuda")
-    if torch.cuda.get_device_capability(dev) != (9, 0):
-        pytest.skip("sm_90 (wgmma)")
-    if programs is not None:
-        monkeypatch.setattr(L, "_num_sms", lambda device: programs)
-    names = []
-    launch = L.launch
-    monkeypatch.setattr(L, "launch", lambda fn, *a, **kw: names.append(fn.fn.__name__) or launch(fn, *a, **kw))
-    g = torch.Generator(device=dev).manual_seed(5)
-    for (m, n, k, bt) in [(300, 196, 1024, 256), (64, 128, 512, 128), (513, 200, 2048, 256), (700, 390, 1088, 128),
-                          (520, 264, 1088, 64), (4100, 256, 512, 256)]:
-        q = ms.quantize(torch.randn(n, k, device=dev, generator=g), name)
-        wd = q.dequantize(torch.float64)
-        x = (torch.randn(m, k + 64, device=dev, generator=g) * 2).to(torch.bfloat16)[:, 64:]  # a view
-        bias = torch.randn(n, device=dev, generator=g)
-        ref = x.double() @ wd.T + bias.double()
-        cond = x.double().abs() @ wd.abs().T + bias.double().abs()
-        for nat in (True, False, None):
-            names.clear()
-            out = L.prefill_ws(x, q, bias, block_t=bt, nat=nat)
-            used = nat if nat is not None else m >= L.PREFILL_WS_NAT_MIN_M
-            assert ("_xperm_kernel" in names) != used, (m, nat)
-            assert out.shape == (m, n) and torch.isfinite(out).all()
-            assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, n, k, nat)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
