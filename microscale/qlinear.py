@@ -1646,11 +1646,6 @@ def _launch_direct(fn, grid, *args, **kwargs) -> None:
     fn[grid](*args, **kwargs)
 
 
-#: :func:`prefill_ws`'s consumers take the ring a round at a time, each step on a slot known at compile time
-#: (every segment starts at slot 0)
-_WS_ALIGN = os.environ.get("MICROSCALE_WS_ALIGN", "0") == "1"
-
-
 def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, block_t: int | None = None,
                stages: int | None = None, group_t: int = 4, persistent: bool = True,
                split_tail: bool | None = None) -> torch.Tensor:
@@ -1725,8 +1720,7 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
                    bias if bias is not None else out, out, out_desc, ws, cnt, n, m, k, wv.words.stride(0),
                    scales.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
                    SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
-                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=_gluon_elem_kind(q), F16=f16,
-                   ALIGN=_WS_ALIGN and stages % 2 == 0, num_warps=4)
+                   TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=_gluon_elem_kind(q), F16=f16, num_warps=4)
     return out
 
 

@@ -487,11 +487,10 @@ def _segment(j, dp, s_lo, s_hi, S, n_steps):
 
 @gluon.jit
 def _producer(xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT: gl.constexpr, GROUP_T: gl.constexpr,
-              SPLIT_TAIL: gl.constexpr, ALIGN: gl.constexpr = False):
+              SPLIT_TAIL: gl.constexpr):
     """TMA of the activation tile of every K step of this program's segments into the ring
     (slot ``it % STAGES`` of the running step count ``it``): it runs ahead into the next
-    segment while the consumers finish the last one. ``ALIGN``: every segment starts at slot 0
-    (the rest of a segment's last round passes through the ring empty, :func:`_pad_ring`)."""
+    segment while the consumers finish the last one."""
     STAGES: gl.constexpr = x_bufs.shape[0]
     dp, s_lo, s_hi, S = _plan(n_t * n_n, n_steps, SPLIT_TAIL)
     it = 0
@@ -504,25 +503,6 @@ def _producer(xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT: gl.constexpr
             mbarrier.expect(ready.index(s), xp_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(xp_desc, [off_t, i * BK], ready.index(s), x_bufs.index(s))
             it += 1
-        if ALIGN:
-            it = _pad_ring(ready, empty, it, STAGES, True)
-
-
-@gluon.jit
-def _pad_ring(ready, empty, it, STAGES: gl.constexpr, PRODUCER: gl.constexpr):
-    """Pass the ring slots from ``it`` to the next multiple of ``STAGES`` through without data (the
-    producer marks them ready with no bytes, the consumers free them), so that the next segment
-    starts at slot 0 on both sides with the barrier phases intact; returns the new ``it``."""
-    while it % STAGES != 0:
-        s = it % STAGES
-        if PRODUCER:
-            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-            mbarrier.arrive(ready.index(s), count=1)
-        else:
-            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            mbarrier.arrive(empty.index(s), count=1)
-        it += 1
-    return it
 
 
 @gluon.jit
@@ -644,17 +624,6 @@ def _mma_step(a, x_bufs, ready, empty, acc, it):
     # reads. The other consumer warpgroup's decode overlaps these MMAs instead
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     mbarrier.arrive(empty.index(s), count=1)  # slot free (one arrive per warpgroup)
-    return acc
-
-
-@gluon.jit
-def _mma_slot(a, x_buf, rdy, emp, acc, phase):
-    """:func:`_mma_step` on a ring slot known at compile time (its shared-memory descriptor and barriers
-    constant: no address arithmetic per step), ``phase`` the round's barrier parity."""
-    mbarrier.wait(rdy, phase)
-    acc = warpgroup_mma(a, x_buf.permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])  # (see _mma_step)
-    mbarrier.arrive(emp, count=1)
     return acc
 
 
@@ -784,7 +753,7 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
               n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
               GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
               HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr, CB: gl.constexpr,
-              EI: gl.constexpr, F16: gl.constexpr, ALIGN: gl.constexpr = False):
+              EI: gl.constexpr, F16: gl.constexpr):
     """One warpgroup: ``WG_ROWS`` weight rows x ``BT`` tokens of ``out^T`` per tile, for each
     of this program's segments (:func:`_plan`). Per K step it decodes its code words
     (``[rows, t, a]``: rows ``16 w + g`` and ``+ 8``, words ``W t + a`` with ``W`` = ``CB / 2``
@@ -815,38 +784,21 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
     while j < n_seg:
         nk = k_hi - k_lo
         acc = gl.zeros([WG_ROWS, BT], gl.float32, acc_l)
-        if ALIGN:  # a round of STAGES steps per iteration, each on its own slot (the segment starts at 0)
-            STAGES: gl.constexpr = x_bufs.shape[0]
-            for i in range(0, nk, STAGES):
-                ph = ((it + i) // STAGES) & 1
-                for u in gl.static_range(STAGES):
-                    if i + u < nk:
-                        if u % 2 == 0:
-                            a = _decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI, F16)
-                            words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + u + 2, nk - 1),
-                                                 k_lo, tq2, TPS, SK, CB)
-                        else:
-                            a = _decode(words_n, sraw_n, ke, SK, s_l, a_l, CB, False, EI, F16)
-                            words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off,
-                                                     gl.minimum(i + u + 2, nk - 1), k_lo, tq2, TPS, SK, CB)
-                        acc = _mma_slot(a, x_bufs.index(u), ready.index(u), empty.index(u), acc, ph)
-            it = _pad_ring(ready, empty, it + nk, STAGES, False)
-        else:
-            # two steps per iteration, so that each step's codes load into the registers its
-            # predecessor two steps back has just decoded (no register moves that wait for a load
-            # issued one step earlier): loads land two steps ahead (~1 us at 256 tokens)
-            for i in range(0, nk, 2):
-                a = _decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI, F16)
-                words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 2, nk - 1), k_lo, tq2, TPS, SK,
-                                     CB)
+        # two steps per iteration, so that each step's codes load into the registers its
+        # predecessor two steps back has just decoded (no register moves that wait for a load
+        # issued one step earlier): loads land two steps ahead (~1 us at 256 tokens)
+        for i in range(0, nk, 2):
+            a = _decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI, F16)
+            words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 2, nk - 1), k_lo, tq2, TPS, SK,
+                                 CB)
+            acc = _mma_step(a, x_bufs, ready, empty, acc, it)
+            it += 1
+            if i + 1 < nk:
+                a = _decode(words_n, sraw_n, ke, SK, s_l, a_l, CB, False, EI, F16)
+                words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 3, nk - 1), k_lo, tq2,
+                                         TPS, SK, CB)
                 acc = _mma_step(a, x_bufs, ready, empty, acc, it)
                 it += 1
-                if i + 1 < nk:
-                    a = _decode(words_n, sraw_n, ke, SK, s_l, a_l, CB, False, EI, F16)
-                    words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 3, nk - 1), k_lo, tq2,
-                                             TPS, SK, CB)
-                    acc = _mma_step(a, x_bufs, ready, empty, acc, it)
-                    it += 1
         # the next segment's first two steps of codes and scales, in flight during the epilogue
         # (past the last segment: this one's again, never used)
         e_t = off_t
@@ -888,8 +840,7 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
                        stride_wn, stride_sn, stride_om, ke, post, BT: gl.constexpr, STAGES: gl.constexpr,
                        GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
                        HAS_BIAS: gl.constexpr, TMA_OUT: gl.constexpr, SPLIT_TAIL: gl.constexpr,
-                       CB: gl.constexpr = 4, EI: gl.constexpr = 0, F16: gl.constexpr = False,
-                       ALIGN: gl.constexpr = False):
+                       CB: gl.constexpr = 4, EI: gl.constexpr = 0, F16: gl.constexpr = False):
     """``out[M, N] = x @ dequant(W)^T (+ bias)`` in tiles of ``2 * WG_ROWS`` weight rows x
     ``BT`` tokens. ``xp_desc``: TMA descriptor of the K-permuted activations (block
     ``[BT, BK]``); ``w_ptr``: int32 code words ``[N, K CB / 32]`` (``CB``: 4, or 8 for E4M3 / E5M2
@@ -922,11 +873,11 @@ def _prefill_ws_kernel(xp_desc, w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out
     gl.warp_specialize([
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 0, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16, ALIGN)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16)),
         (_consumer, (w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr,
                      n_t, n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, 1, BT, GROUP_T, SK, TPS,
-                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16, ALIGN)),
-        (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T, SPLIT_TAIL, ALIGN)),
+                     HAS_GS, HAS_BIAS, TMA_OUT, SPLIT_TAIL, CB, EI, F16)),
+        (_producer, (xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT, GROUP_T, SPLIT_TAIL)),
     ], [4, 1], [232, 40])
 
 
