@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (The _WS_ALIGN switch lives on branch exp/ws-align; run this script there.)
 # Thirty-sixth session (~6 min): prefill_ws consumers taking the ring a round at a time on compile-time slots
 # (_WS_ALIGN, MICROSCALE_WS_ALIGN=1: 103 SASS per step against 124): GPU tests with the switch on (E2M1, int4,
 # routing, graphs), then an A/B against the default at 128 / 512 / 4096 tokens on issue 4's shapes.
