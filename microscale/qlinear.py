@@ -482,7 +482,8 @@ def _(x, codes, scales, zero_points, global_scale, bias, fmt_json, n, k, special
 def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ dequant(qweight)^T + bias``.
 
-    On CUDA a QTensor weight takes, in this order (README.md has the table per format): on
+    On CUDA a QTensor weight takes, in this order (README.md has the table per format,
+    docs/linear.md the details): on
     Hopper, while a CUDA graph is being captured or in eager calls from ``DECODE_TMA_EAGER_MIN_M``
     (2) tokens on weights of at least ``DECODE_TMA_EAGER_MIN_NK`` elements (any weight from 17
     tokens; the format's own start, :func:`_dt_min_m`, applies in both), the TMA-fed
