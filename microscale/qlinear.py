@@ -65,8 +65,8 @@ import torch
 
 from . import reference
 from .formats import Format, pack_codes, unpack_codes
-from .kernels import _launch as _kl
-from .kernels._launch import cdiv, launch, next_pow2, pdl_capable
+from .runtime import launch as _kl
+from .runtime.launch import cdiv, launch, next_pow2, pdl_capable
 from .qtensor import QTensor
 
 __all__ = ["linear", "prepare", "PackedLinearWeight", "LinearConfig", "choose_config", "gemv", "gemv_supported",
@@ -660,7 +660,7 @@ def _plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple |
 
 class _Plan:
     """The launches of one :func:`linear` call, replayed with a new x, bias and output; bound
-    once (:func:`microscale.kernels._launch.bind`: TMA descriptors encoded, tensors as addresses)."""
+    once (:func:`microscale.runtime.launch.bind`: TMA descriptors encoded, tensors as addresses)."""
 
     __slots__ = ("launches", "shape", "dtype", "device")
 
@@ -1762,7 +1762,7 @@ DECODE_TMA_EAGER_MIN_NK = 1 << 27
 #: clock-settled (twenty-fifth session, ``benchmarks/exp_eager_routes.py``, ``h200_2026-12-03/s25/``),
 #: medians of 3 windows of 2000 calls, 2 / 4 / 8 tokens: 28672x8192 47.0 / 46.8 / 46.9 µs against the
 #: GEMV's / gemv_mma's 46.1 / 53.3 / 57.6; 8192x28672 44.1 / 44.6 / 45.0 against 47.5 / 51.8 / 56.0.
-#: That needs the plans' bound launches (:func:`microscale.kernels._launch.bind`): with the
+#: That needs the plans' bound launches (:func:`microscale.runtime.launch.bind`): with the
 #: descriptors encoded at every launch the host time per call is close to the kernel's and a third
 #: of the windows took 51.8-52.7 µs (the twenty-fourth session's 55-66)
 DECODE_TMA_EAGER_MIN_M = 2

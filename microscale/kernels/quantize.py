@@ -42,7 +42,7 @@ from ..formats import (
 from ..formats.elements import _enum
 from ..qtensor import QTensor
 from . import _quantize_kernels as _k
-from ._launch import cdiv, launch, next_pow2, pdl_capable
+from ..runtime.launch import cdiv, launch, next_pow2, pdl_capable
 
 __all__ = ["QuantizeConfig", "choose_config", "choose_dequantize_config", "GemmQuantized", "quantize", "quantize_for_gemm", "dequantize",
            "unsupported_reason"]

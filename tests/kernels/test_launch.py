@@ -1,4 +1,4 @@
-"""``kernels._launch.launch``: the cached-launcher fast path (CPU: its keying with a stub
+"""``runtime.launch.launch``: the cached-launcher fast path (CPU: its keying with a stub
 kernel; GPU: real kernels whose arguments change alignment / specialization between calls,
 each result checked against the reference)."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ import torch
 
 import microscale as ms
 from microscale import reference
-from microscale.kernels import _launch
+from microscale.runtime import launch as _launch
 
 
 def test_fast_launcher_keys_on_triton_specializations(monkeypatch):
-    """``kernels._launch.launch``: Triton's path on a miss; on a hit the compiled kernel's
+    """``runtime.launch.launch``: Triton's path on a miss; on a hit the compiled kernel's
     launcher with every parameter in order (defaults filled); a new key whenever an
     argument changes what Triton specializes on (alignment, == 1, % 16, dtype, constexpr)."""
     calls = []

@@ -1,5 +1,5 @@
 """Eager call plans of ``ms.linear`` (``qlinear._Plan``): launch recording in
-``kernels._launch``, the plan's substitution of x / bias / output and its refusals, the
+``runtime.launch``, the plan's substitution of x / bias / output and its refusals, the
 state machine in ``linear`` (first call marks, second records, later ones replay) on the
 CPU with stub kernels; on a GPU, replays against the routes they stand for."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 import microscale as ms
 from microscale import qlinear as L
-from microscale.kernels import _launch
+from microscale.runtime import launch as _launch
 
 
 class _Param:

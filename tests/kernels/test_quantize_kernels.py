@@ -741,7 +741,7 @@ def test_reciprocal_and_markstein_division_are_ieee_on_the_gpu(gen):
 def test_host_int_helpers_match_triton():
     """The wrappers' host-side ceil-division / next power of two (triton's own are
     microseconds per host call) agree with triton's on the values the tilings use."""
-    from microscale.kernels._launch import cdiv, next_pow2
+    from microscale.runtime.launch import cdiv, next_pow2
 
     for n in range(1, 5000):
         assert next_pow2(n) == triton.next_power_of_2(n)
