@@ -31,7 +31,7 @@ import torch
 from ..formats import Format, get_format
 from ..qtensor import QTensor
 
-__all__ = ["Convention", "Group", "CONVENTIONS", "get_convention", "register_convention"]
+__all__ = ["Convention", "Group", "CONVENTIONS", "get_convention", "register_convention", "has_activation_scale"]
 
 
 @dataclass
@@ -90,9 +90,11 @@ class Convention:
 
     # ---- files beside the tensors -------------------------------------------------
     def config_files(self, fmt: Format, quantized: list[str], skipped: list[str],
-                     config: dict | None) -> dict[str, dict]:
+                     config: dict | None, activation_scales: bool = False) -> dict[str, dict]:
         """JSON files to write in the output directory (name -> content), given the
-        source ``config.json`` (or None)."""
+        source ``config.json`` (or None). ``activation_scales``: some quantized tensor
+        carries a static activation scale (see :func:`has_activation_scale`), so the
+        config must declare quantized inputs."""
         return {}
 
 
@@ -116,6 +118,12 @@ def get_convention(name: str | Convention) -> Convention:
     if key not in CONVENTIONS:
         raise KeyError(f"unknown convention {name!r}; known: {', '.join(CONVENTIONS)}")
     return CONVENTIONS[key]
+
+
+def has_activation_scale(q: QTensor) -> bool:
+    """Whether ``q`` carries a static activation scale (ModelOpt ``input_scale`` or
+    compressed-tensors ``input_global_scale``) that a checkpoint writes beside it."""
+    return "input_scale" in q.meta or "input_global_scale" in q.meta
 
 
 def _stem(base: str) -> str:
@@ -223,7 +231,7 @@ class ModelOpt(Convention):
             out[m + ".input_scale"] = 1.0 / _scalar_from_meta(q.meta["input_global_scale"]).reshape(())
         return out, {}
 
-    def config_files(self, fmt, quantized, skipped, config):
+    def config_files(self, fmt, quantized, skipped, config, activation_scales=False):
         excl = sorted({_stem(s) for s in skipped})
         hq = {"producer": {"name": "modelopt", "version": "microscale"},
               "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
@@ -311,16 +319,23 @@ class CompressedTensors(Convention):
             out[m + ".input_global_scale"] = (1.0 / _scalar_from_meta(q.meta["input_scale"])).reshape(1)
         return out, {}
 
-    def config_files(self, fmt, quantized, skipped, config):
+    # compressed-tensors' own NVFP4 preset (``quant_scheme.NVFP4``): its input_activations
+    # declare the per-tensor ``input_global_scale`` with dynamic local 16-blocks.
+    NVFP4_INPUT_ACTIVATIONS = {"num_bits": 4, "type": "float", "symmetric": True, "group_size": 16,
+                               "strategy": "tensor_group", "dynamic": "local", "scale_dtype": "torch.float8_e4m3fn",
+                               "observer": "static_minmax"}
+
+    def config_files(self, fmt, quantized, skipped, config, activation_scales=False):
         nv = fmt.global_scale
         w = {"num_bits": 4, "type": "float", "symmetric": True, "dynamic": False,
              "strategy": "tensor_group" if nv else "group", "group_size": 16 if nv else 32}
         w["scale_dtype"] = "torch.float8_e4m3fn" if nv else "torch.uint8"
+        inputs = dict(self.NVFP4_INPUT_ACTIVATIONS) if (nv and activation_scales) else None
         qc = {"quant_method": "compressed-tensors",
               "format": "nvfp4-pack-quantized" if nv else "mxfp4-pack-quantized",
               "quantization_status": "compressed",
               "config_groups": {"group_0": {"targets": sorted({_stem(q) for q in quantized}) or ["Linear"],
-                                            "weights": w, "input_activations": None,
+                                            "weights": w, "input_activations": inputs,
                                             "format": "nvfp4-pack-quantized" if nv else "mxfp4-pack-quantized"}},
               "ignore": sorted({_stem(s) for s in skipped})}
         c = dict(config or {})
@@ -384,7 +399,7 @@ class GptOss(Convention):
         blocks = q.data.reshape(*q.data.shape[:-1], q.data.shape[-1] // 16, 16)
         return {base + "_blocks": blocks, base + "_scales": q.scales}, {}
 
-    def config_files(self, fmt, quantized, skipped, config):
+    def config_files(self, fmt, quantized, skipped, config, activation_scales=False):
         c = dict(config or {})
         c["quantization_config"] = {"quant_method": "mxfp4",
                                     "modules_to_not_convert": sorted({_stem(s) for s in skipped})}

@@ -287,3 +287,43 @@ def test_padded_tensor_rejected_outside_native(tmp_path, conv):
     with pytest.raises(ValueError, match="padded"):
         msio.save({"w.weight": q}, tmp_path / ("x.gguf" if conv == "gguf" else "x"), convention=conv)
     assert not os.path.exists(tmp_path / "x") and not os.path.exists(tmp_path / "x.gguf")
+
+
+# ---- compressed-tensors: config.json agrees with the tensors -------------------------------
+@pytest.mark.parametrize("with_inputs", [True, False], ids=["input_global_scale", "weight_only"])
+def test_compressed_tensors_config_declares_input_activations(tmp_path, with_inputs):
+    """A checkpoint with ``input_global_scale`` tensors declares compressed-tensors' own NVFP4
+    input_activations; applied to a model by compressed-tensors, the config registers exactly
+    the scale tensors the file holds (a strict load finds nothing missing or unexpected)."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, apply_quantization_config
+    from compressed_tensors.quantization.quant_scheme import NVFP4, NVFP4A16
+    from torch import nn
+
+    q = ms.quantize(torch.randn(32, 64, generator=torch.Generator().manual_seed(11)),
+                    msio.get_convention("compressed-tensors").check_format(ms.get_format("nvfp4")))
+    if with_inputs:
+        q.meta["input_scale"] = {"shape": [], "values": [0.5]}  # e.g. from ModelOpt
+    msio.save({"lin.weight": q}, tmp_path / "mo", convention="modelopt")
+    msio.convert(tmp_path / "mo", tmp_path / "ct", convention="compressed-tensors", progress=False)
+    msio.save({"lin.weight": q}, tmp_path / "ct2", convention="compressed-tensors")
+    for out in ("ct", "ct2"):
+        qc = json.loads((tmp_path / out / "config.json").read_text())["quantization_config"]
+        cfg = QuantizationConfig.model_validate(qc)
+        group = cfg.config_groups["group_0"]
+        preset = NVFP4 if with_inputs else NVFP4A16
+        assert group.weights == QuantizationArgs.model_validate(preset["weights"].model_dump())
+        if with_inputs:
+            assert group.input_activations == preset["input_activations"]
+        else:
+            assert group.input_activations is None
+        model = nn.Module()
+        model.lin = nn.Linear(64, 32, bias=False)
+        apply_quantization_config(model, cfg)
+        expected = {k for k in model.state_dict() if k != "lin.weight"}
+        ck = msio.open_checkpoint(tmp_path / out)
+        held = {k for k in ck.names if k != "lin.weight_packed"}
+        assert held == expected, out
+        sd = {k: ck.get(k).float() for k in held}
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        assert unexpected == [] and set(missing) == {"lin.weight"}
