@@ -24,6 +24,7 @@ branches on a convention elsewhere.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -31,7 +32,8 @@ import torch
 from ..formats import Format, get_format
 from ..qtensor import QTensor
 
-__all__ = ["Convention", "Group", "CONVENTIONS", "get_convention", "register_convention", "has_activation_scale"]
+__all__ = ["Convention", "Group", "CONVENTIONS", "get_convention", "register_convention", "has_activation_scale",
+           "ReciprocalRoundingWarning"]
 
 
 @dataclass
@@ -124,6 +126,30 @@ def has_activation_scale(q: QTensor) -> bool:
     """Whether ``q`` carries a static activation scale (ModelOpt ``input_scale`` or
     compressed-tensors ``input_global_scale``) that a checkpoint writes beside it."""
     return "input_scale" in q.meta or "input_global_scale" in q.meta
+
+
+class ReciprocalRoundingWarning(UserWarning):
+    """A per-tensor scale was written as its float32 reciprocal (ModelOpt <-> compressed-tensors)
+    and ``fl(1/fl(1/s)) != s``: reading it back gives ``s`` off by one ulp (2^-23 relative)."""
+
+
+RECIPROCAL_SUFFIX = ".reciprocal_of"  # safetensors metadata: "<key>.reciprocal_of" -> the exact source value
+
+
+def _reciprocal(src: torch.Tensor, key: str, conv: str, what: str) -> tuple[torch.Tensor, dict[str, str]]:
+    """``fl(1/src)`` in float32, and metadata recording ``src`` when the reciprocal does not
+    invert exactly. No float32 value can: ``fl(1/g) == s`` has no solution ``g`` for about
+    15% of float32 ``s``, so one ulp of ``s`` is lost on the way back."""
+    src = src.to(torch.float32)
+    out = (1.0 / src).to(torch.float32)
+    back = (1.0 / out).to(torch.float32)
+    if torch.equal(back, src):
+        return out, {}
+    warnings.warn(f"{conv}: a {what} is stored as its float32 reciprocal, and 1/fl(1/s) != s for some tensors: reading "
+                  "them back gives s off by one ulp (2^-23 relative; decoded values differ by at most 2^-22 "
+                  f"relative, 2 float32 ulps). The exact source values are kept in the safetensors metadata '<key>{RECIPROCAL_SUFFIX}'.",
+                  ReciprocalRoundingWarning, stacklevel=3)
+    return out, {key + RECIPROCAL_SUFFIX: json.dumps([float(v) for v in src.reshape(-1)])}
 
 
 def _stem(base: str) -> str:
@@ -223,13 +249,21 @@ class ModelOpt(Convention):
         self.check_format(q.fmt)
         _unpadded(q, self.name, base)
         m = _stem(base)
-        out = {m + ".weight": q.data, m + ".weight_scale": q.scales,
-               m + ".weight_scale_2": q.global_scale.reshape(q.meta.get("weight_scale_2_shape", []))}
+        meta: dict[str, str] = {}
+        s2 = q.global_scale.reshape(q.meta.get("weight_scale_2_shape", []))
+        if "global_scale_inv" in q.meta:  # from compressed-tensors: fl(1/gs) may not invert back to gs
+            s2, meta = _reciprocal(torch.tensor(q.meta["global_scale_inv"], dtype=torch.float32), m + ".weight_scale_2",
+                                   self.name, "compressed-tensors weight_global_scale")
+            s2 = s2.reshape(q.meta.get("weight_scale_2_shape", []))
+        out = {m + ".weight": q.data, m + ".weight_scale": q.scales, m + ".weight_scale_2": s2}
         if "input_scale" in q.meta:
             out[m + ".input_scale"] = _scalar_from_meta(q.meta["input_scale"])
-        elif "input_global_scale" in q.meta:  # from compressed-tensors: its reciprocal (not ulp exact)
-            out[m + ".input_scale"] = 1.0 / _scalar_from_meta(q.meta["input_global_scale"]).reshape(())
-        return out, {}
+        elif "input_global_scale" in q.meta:  # from compressed-tensors: its reciprocal (as its own converter does)
+            inv, mi = _reciprocal(_scalar_from_meta(q.meta["input_global_scale"]).reshape(()), m + ".input_scale",
+                                  self.name, "compressed-tensors input_global_scale")
+            out[m + ".input_scale"] = inv
+            meta.update(mi)
+        return out, meta
 
     def config_files(self, fmt, quantized, skipped, config, activation_scales=False):
         excl = sorted({_stem(s) for s in skipped})
@@ -308,16 +342,24 @@ class CompressedTensors(Convention):
         self.check_format(q.fmt)
         _unpadded(q, self.name, base)
         m = _stem(base)
+        meta: dict[str, str] = {}
         out = {m + ".weight_packed": q.data, m + ".weight_scale": q.scales}
         if q.fmt.global_scale:
             gs = q.meta.get("global_scale_inv")
-            gs = torch.tensor(gs, dtype=torch.float32) if gs is not None else (1.0 / q.global_scale.float())
+            if gs is not None:
+                gs = torch.tensor(gs, dtype=torch.float32)
+            else:  # a decode multiplier (ModelOpt's weight_scale_2): its reciprocal may not invert back
+                gs, meta = _reciprocal(q.global_scale.reshape(()), m + ".weight_global_scale", self.name,
+                                       "ModelOpt weight_scale_2 (NVFP4 decode multiplier)")
             out[m + ".weight_global_scale"] = gs.reshape(q.meta.get("weight_global_scale_shape", [1]))
         if "input_global_scale" in q.meta:
             out[m + ".input_global_scale"] = _scalar_from_meta(q.meta["input_global_scale"])
-        elif "input_scale" in q.meta:  # from ModelOpt: its reciprocal (not ulp exact)
-            out[m + ".input_global_scale"] = (1.0 / _scalar_from_meta(q.meta["input_scale"])).reshape(1)
-        return out, {}
+        elif "input_scale" in q.meta:  # from ModelOpt: its reciprocal (as compressed-tensors' converter does)
+            inv, mi = _reciprocal(_scalar_from_meta(q.meta["input_scale"]).reshape(()), m + ".input_global_scale",
+                                  self.name, "ModelOpt input_scale")
+            out[m + ".input_global_scale"] = inv.reshape(1)
+            meta.update(mi)
+        return out, meta
 
     # compressed-tensors' own NVFP4 preset (``quant_scheme.NVFP4``): its input_activations
     # declare the per-tensor ``input_global_scale`` with dynamic local 16-blocks.
