@@ -389,7 +389,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
         ti = ck.info(x)
         t = ck.get(x)
         if (qfmt is not None and out_conv.quantizable(x, ti.shape, qfmt)
-                and should_quantize(x, ti.shape, ti.dtype, qfmt, patterns)):
+                and should_quantize(x, out_conv.prepared_shape(x, ti.shape), ti.dtype, qfmt, patterns)):
             summary["quantized"].append(x)
             yield x, ms_quantize(out_conv.prepare(x, t), qfmt, pad=True, **qkw)
         else:

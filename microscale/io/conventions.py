@@ -33,7 +33,8 @@ from ..formats import Format, get_format
 from ..qtensor import QTensor
 
 __all__ = ["Convention", "Group", "CONVENTIONS", "get_convention", "register_convention", "has_activation_scale",
-           "ReciprocalRoundingWarning"]
+           "ReciprocalRoundingWarning",
+           "quantizable_tensors"]
 
 
 @dataclass
@@ -53,6 +54,8 @@ class Convention:
     description: str = ""
     formats: tuple[str, ...] = ()  # accepted preset families (empty: every format)
     config: dict = field(default_factory=dict)
+    #: What the convention quantizes, for messages (e.g. when nothing in a checkpoint matches).
+    selects = "floating tensors of two or more dims whose last dim holds whole blocks"
 
     # ---- detection and grouping --------------------------------------------------
     def detect(self, names: list[str], metadata: dict[str, str], files: dict[str, dict]) -> bool:
@@ -85,6 +88,10 @@ class Convention:
     def prepare(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """A float tensor as it is quantized (e.g. transposed); identity by default."""
         return t
+
+    def prepared_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape :meth:`prepare` gives a tensor of ``shape`` (blocks run along its last dim)."""
+        return tuple(shape)
 
     def restore(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """Inverse of :meth:`prepare`, applied to a dequantized tensor."""
@@ -407,6 +414,9 @@ class GptOss(Convention):
             raise ValueError(f"convention 'gpt-oss' stores mxfp4 only, not {fmt.name!r}")
         return fmt
 
+    selects = ("only 3-D MoE expert tensors named '*.experts.*_proj' (HF [E, in, out], blocks along in, "
+               "in a multiple of 32)")
+
     # gpt-oss quantizes only the MoE expert matrices. HF keeps them as [E, in, out]
     # (``gate_up_proj`` [E, H, 2I], ``down_proj`` [E, I, H]); the MXFP4 blocks run along
     # ``in``: [E, out, in/32, 16] (transformers transposes after dequantizing).
@@ -415,7 +425,12 @@ class GptOss(Convention):
         return ndim == 3 and ".experts." in name and name.endswith("_proj")
 
     def quantizable(self, name, shape, fmt=None):
-        return self._expert(name, len(shape)) and super().quantizable(name, shape, fmt)
+        # blocks run along ``in`` (dim -2 of HF's [E, in, out]), the last dim once prepared
+        return self._expert(name, len(shape)) and super().quantizable(name, self.prepared_shape(name, shape), fmt)
+
+    def prepared_shape(self, name, shape):
+        shape = tuple(shape)
+        return (*shape[:-2], shape[-1], shape[-2]) if self._expert(name, len(shape)) else shape
 
     def prepare(self, name, t):
         return t.transpose(-1, -2).contiguous() if self._expert(name, t.dim()) else t
@@ -470,6 +485,18 @@ register_convention(CompressedTensors("compressed-tensors", "compressed-tensors 
                                       ("nvfp4", "mxfp4")))
 register_convention(GptOss("gpt-oss", "gpt-oss MXFP4 *_blocks / *_scales", ("mxfp4",)))
 register_convention(Gguf("gguf", "GGUF file, MXFP4 (type 39) and NVFP4 (type 40) tensors", ("nvfp4", "mxfp4")))
+
+def quantizable_tensors(convention: str | Convention, shapes: dict[str, tuple[int, ...]],
+                        fmt: str | Format) -> list[str]:
+    """The names among ``shapes`` (tensor name -> shape of a float tensor) that ``convention``
+    would quantize to ``fmt`` by name and shape alone (skip patterns and dtypes aside); an
+    empty list means a conversion would write no quantized tensor (e.g. ``gpt-oss`` on a
+    dense model: see ``convention.selects``)."""
+    conv = get_convention(convention)
+    f = conv.check_format(get_format(fmt))
+    return [n for n, s in shapes.items() if len(s) >= 2 and conv.quantizable(n, tuple(s), f)
+            and conv.prepared_shape(n, tuple(s))[-1] >= f.block_size]
+
 
 # Detection order: the most specific first.
 DETECT_ORDER = ("native", "modelopt", "compressed-tensors", "gpt-oss")
