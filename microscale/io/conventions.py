@@ -188,6 +188,14 @@ def _need(tensors: dict[str, torch.Tensor], role: str, dtype: torch.dtype, g: Gr
 # ---------------------------------------------------------------------------------
 # native
 # ---------------------------------------------------------------------------------
+def native_quantization_config(fmt: Format) -> dict:
+    """``config.json``'s ``quantization_config`` for a native microscale checkpoint. It has no
+    ``quant_method``, so transformers' ``from_pretrained`` raises instead of loading random
+    weights into the Linear layers whose tensors it cannot read."""
+    return {"producer": "microscale", "convention": "native", "format": fmt.name,
+            "load_with": "microscale.nn.load_quantized_state(model, microscale.io.load(path))"}
+
+
 class Native(Convention):
     def groups(self, names, metadata):
         have = set(names)
@@ -205,6 +213,16 @@ class Native(Convention):
 
     def encode(self, base, q):
         return q.state_dict(prefix=base + ".")
+
+    def config_files(self, fmt, quantized, skipped, config, activation_scales=False):
+        # transformers (and so SentenceTransformer) would read this directory as a float model
+        # and fill every quantized Linear with random weights; a quantization_config without
+        # ``quant_method`` makes it raise instead. Loading goes through load_quantized_state.
+        if config is None:
+            return {}
+        c = {k: v for k, v in config.items() if k != "quantization_config"}
+        c["quantization_config"] = native_quantization_config(fmt)
+        return {"config.json": c}
 
 
 # ---------------------------------------------------------------------------------
