@@ -152,9 +152,10 @@ def _reciprocal(src: torch.Tensor, key: str, conv: str, what: str) -> tuple[torc
     back = (1.0 / out).to(torch.float32)
     if torch.equal(back, src):
         return out, {}
-    warnings.warn(f"{conv}: a {what} is stored as its float32 reciprocal, and 1/fl(1/s) != s for some tensors: reading "
-                  "them back gives s off by one ulp (2^-23 relative; decoded values differ by at most 2^-22 "
-                  f"relative, 2 float32 ulps). The exact source values are kept in the safetensors metadata '<key>{RECIPROCAL_SUFFIX}'.",
+    warnings.warn(f"{conv}: a {what} is stored as its float32 reciprocal g, and 1/g does not give the source value "
+                  "s back (no float32 g does for about 15% of s): reading it back gives s one ulp off (2^-23 "
+                  "relative; decoded values within 2^-22). The exact s is kept in the safetensors metadata "
+                  f"'<key>{RECIPROCAL_SUFFIX}'.",
                   ReciprocalRoundingWarning, stacklevel=3)
     return out, {key + RECIPROCAL_SUFFIX: json.dumps([float(v) for v in src.reshape(-1)])}
 

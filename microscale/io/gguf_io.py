@@ -34,7 +34,8 @@ import torch
 from ..formats import Format, get_format, pack_codes, unpack_codes
 from ..qtensor import QTensor
 
-__all__ = ["scale_names", "gguf_type", "qtensor_to_gguf_bytes", "gguf_bytes_to_qtensor", "save_gguf", "iter_gguf", "load_gguf"]
+__all__ = ["scale_names", "gguf_type", "qtensor_to_gguf_bytes", "gguf_bytes_to_qtensor", "save_gguf", "iter_gguf",
+           "load_gguf"]
 
 SCALE_SUFFIX = ".scale"  # llama.cpp: NVFP4 per-tensor decode multiplier (ModelOpt weight_scale_2)
 INPUT_SCALE_SUFFIX = ".input_scale"  # llama.cpp: NVFP4 activation scale (ModelOpt input_scale)

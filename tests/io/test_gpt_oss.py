@@ -1,5 +1,4 @@
 """gpt-oss export: which tensors it quantizes, decided on the axis its blocks run along."""
-import pytest
 import torch
 
 import microscale as ms

@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-import microscale as ms
 from microscale import io as msio
 from microscale.nn import QuantLinear, load_quantized_state, quantize_model, quantized_state
 
