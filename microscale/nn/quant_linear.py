@@ -176,7 +176,8 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
             ``block_size``, ``convention``, ...).
 
     Returns:
-        The model, its Linear layers replaced (on their original device).
+        The model, its Linear layers replaced (on their original device). Every layer is
+        quantized before any is replaced, so on error the model is unchanged.
     """
     import copy
 
@@ -187,10 +188,11 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
     targets = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and n and not _matches(n, skip)]
     if type(model) is nn.Linear and not _matches("", skip):
         return QuantLinear.from_linear(model, fmt, **quantize_kwargs)
-    for name, lin in targets:
+    new = [(name, QuantLinear.from_linear(lin, fmt, **quantize_kwargs)) for name, lin in targets]
+    for name, q in new:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, QuantLinear.from_linear(lin, fmt, **quantize_kwargs))
+        setattr(parent, child, q)
     return model
 
 

@@ -174,3 +174,21 @@ def test_sentence_transformer_on_native_output_raises_never_random(tmp_path, min
     model = transformers.AutoModel.from_config(cfg)
     load_quantized_state(model, msio.load(out))
     assert sum(isinstance(m, QuantLinear) for m in model.modules()) == 6 * 6 + 1
+
+
+def test_quantize_model_error_leaves_model_unchanged(monkeypatch):
+    """A layer that fails to quantize (here the second) leaves every layer as it was."""
+    calls = []
+    real = QuantLinear.from_linear.__func__
+
+    def failing(cls, linear, *a, **k):
+        calls.append(linear)
+        if len(calls) == 2:
+            raise ValueError("cannot quantize this layer")
+        return real(cls, linear, *a, **k)
+
+    monkeypatch.setattr(QuantLinear, "from_linear", classmethod(failing))
+    model = Toy()
+    with pytest.raises(ValueError, match="cannot quantize"):
+        quantize_model(model, "nvfp4")
+    assert _untouched(model) and len(calls) == 2
