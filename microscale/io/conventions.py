@@ -33,8 +33,7 @@ from ..formats import Format, get_format
 from ..qtensor import QTensor
 
 __all__ = ["Convention", "Group", "CONVENTIONS", "get_convention", "register_convention", "has_activation_scale",
-           "ReciprocalRoundingWarning",
-           "quantizable_tensors"]
+           "ReciprocalRoundingWarning", "quantizable_tensors", "native_quantization_config"]
 
 
 @dataclass
