@@ -8,7 +8,8 @@ branches on a convention elsewhere.
 =====================  ===================================================================
 ``native``             ``<base>.data``, ``<base>.scales`` [, ``.global_scale``,
                        ``.zero_points``]; JSON under metadata key ``<base>.microscale``.
-                       Every format.
+                       Every format. ``config.json`` gets a ``quantization_config``
+                       without ``quant_method`` so transformers refuses the directory.
 ``modelopt``           NVIDIA ModelOpt HF export, NVFP4: ``<m>.weight`` u8 [N,K/2],
                        ``<m>.weight_scale`` e4m3fn [N,K/16], ``<m>.weight_scale_2`` fp32
                        (decode multiplier), ``<m>.input_scale`` fp32 when calibrated;

@@ -46,6 +46,10 @@ def test_ggml_nvfp4_without_scale_loads_bit_exact(tmp_path):
     assert tuple(q.shape) == (8, 256) and float(q.global_scale) == 1.0
     theirs = torch.from_numpy(dequantize(raw, T.NVFP4).copy())
     assert torch.equal(q.dequantize(torch.float32), theirs)
+    # written back: the same blocks and, like ggml, no per-tensor scale tensor
+    msio.save({"blk.0.ffn_up.weight": q}, tmp_path / "re.gguf", convention="gguf")
+    (t,) = gguf.GGUFReader(str(tmp_path / "re.gguf")).tensors
+    assert t.name == "blk.0.ffn_up.weight" and np.array_equal(np.array(t.data), raw)
 
 
 def test_llama_cpp_scale_names_read(tmp_path):
