@@ -21,7 +21,7 @@ import torch
 
 from ..formats import Format, get_format
 from ..qtensor import QTensor
-from .conventions import DETECT_ORDER, Convention, Group, get_convention, json_dumps
+from .conventions import DETECT_ORDER, Convention, Group, get_convention, has_activation_scale, json_dumps
 from .safetensors_io import SafetensorsError, SafetensorsReader, SafetensorsWriter
 
 __all__ = ["Checkpoint", "open_checkpoint", "load", "save", "convert", "inspect", "DEFAULT_SKIP", "should_quantize"]
@@ -182,7 +182,8 @@ def save(tensors: dict[str, QTensor | torch.Tensor], path: str | os.PathLike, co
             raise
         if fmts:
             qnames = [n for n, t in tensors.items() if isinstance(t, QTensor)]
-            for fname, content in conv.config_files(fmts[0], qnames, list(skipped), config).items():
+            acts = any(has_activation_scale(t) for t in tensors.values() if isinstance(t, QTensor))
+            for fname, content in conv.config_files(fmts[0], qnames, list(skipped), config, acts).items():
                 with open(os.path.join(tmp, fname), "w", encoding="utf-8") as f:
                     f.write(json_dumps(content))
         elif config is not None:
@@ -363,7 +364,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
         elif k not in member:
             plan[ck.where[k]].append(("plain", k))
     total = sum(ck.info(k).nbytes for k in ck.names)
-    summary = {"quantized": [], "skipped": [], "copied": [], "dequantized": [], "bytes_in": total, "bytes_out": 0}
+    summary = {"quantized": [], "skipped": [], "copied": [], "dequantized": [], "bytes_in": total, "bytes_out": 0,
+               "activation_scales": False}
     first_fmt: list[Format] = []
 
     def produce(item):
@@ -387,7 +389,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
         ti = ck.info(x)
         t = ck.get(x)
         if (qfmt is not None and out_conv.quantizable(x, ti.shape, qfmt)
-                and should_quantize(x, ti.shape, ti.dtype, qfmt, patterns)):
+                and should_quantize(x, out_conv.prepared_shape(x, ti.shape), ti.dtype, qfmt, patterns)):
             summary["quantized"].append(x)
             yield x, ms_quantize(out_conv.prepare(x, t), qfmt, pad=True, **qkw)
         else:
@@ -418,6 +420,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
                         for name, t in produce(item):
                             if isinstance(t, QTensor) and not first_fmt:
                                 first_fmt.append(t.fmt)
+                            if isinstance(t, QTensor) and has_activation_scale(t):
+                                summary["activation_scales"] = True
                             before = set(w._entries)
                             summary["bytes_out"] += _write_one(w, out_conv, name, t)
                             for k in w._entries:
@@ -452,8 +456,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
                 hq = os.path.join(tmp, "hf_quant_config.json")
                 if os.path.exists(hq):
                     os.unlink(hq)
-                for fname, content in out_conv.config_files(first_fmt[0], summary["quantized"],
-                                                            summary["skipped"], config).items():
+                for fname, content in out_conv.config_files(first_fmt[0], summary["quantized"], summary["skipped"],
+                                                            config, summary["activation_scales"]).items():
                     with open(os.path.join(tmp, fname), "w", encoding="utf-8") as f:
                         f.write(json_dumps(content))
             if src_is_dir and (os.path.exists(os.path.join(src, INDEX)) or len(shards) > 1):

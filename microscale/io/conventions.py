@@ -8,7 +8,8 @@ branches on a convention elsewhere.
 =====================  ===================================================================
 ``native``             ``<base>.data``, ``<base>.scales`` [, ``.global_scale``,
                        ``.zero_points``]; JSON under metadata key ``<base>.microscale``.
-                       Every format.
+                       Every format. ``config.json`` gets a ``quantization_config``
+                       without ``quant_method`` so transformers refuses the directory.
 ``modelopt``           NVIDIA ModelOpt HF export, NVFP4: ``<m>.weight`` u8 [N,K/2],
                        ``<m>.weight_scale`` e4m3fn [N,K/16], ``<m>.weight_scale_2`` fp32
                        (decode multiplier), ``<m>.input_scale`` fp32 when calibrated;
@@ -24,6 +25,7 @@ branches on a convention elsewhere.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -31,7 +33,8 @@ import torch
 from ..formats import Format, get_format
 from ..qtensor import QTensor
 
-__all__ = ["Convention", "Group", "CONVENTIONS", "get_convention", "register_convention"]
+__all__ = ["Convention", "Group", "CONVENTIONS", "get_convention", "register_convention", "has_activation_scale",
+           "ReciprocalRoundingWarning", "quantizable_tensors", "native_quantization_config"]
 
 
 @dataclass
@@ -51,6 +54,8 @@ class Convention:
     description: str = ""
     formats: tuple[str, ...] = ()  # accepted preset families (empty: every format)
     config: dict = field(default_factory=dict)
+    #: What the convention quantizes, for messages (e.g. when nothing in a checkpoint matches).
+    selects = "floating tensors of two or more dims whose last dim holds whole blocks"
 
     # ---- detection and grouping --------------------------------------------------
     def detect(self, names: list[str], metadata: dict[str, str], files: dict[str, dict]) -> bool:
@@ -84,15 +89,21 @@ class Convention:
         """A float tensor as it is quantized (e.g. transposed); identity by default."""
         return t
 
+    def prepared_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape :meth:`prepare` gives a tensor of ``shape`` (blocks run along its last dim)."""
+        return tuple(shape)
+
     def restore(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """Inverse of :meth:`prepare`, applied to a dequantized tensor."""
         return t
 
     # ---- files beside the tensors -------------------------------------------------
     def config_files(self, fmt: Format, quantized: list[str], skipped: list[str],
-                     config: dict | None) -> dict[str, dict]:
+                     config: dict | None, activation_scales: bool = False) -> dict[str, dict]:
         """JSON files to write in the output directory (name -> content), given the
-        source ``config.json`` (or None)."""
+        source ``config.json`` (or None). ``activation_scales``: some quantized tensor
+        carries a static activation scale (see :func:`has_activation_scale`), so the
+        config must declare quantized inputs."""
         return {}
 
 
@@ -116,6 +127,37 @@ def get_convention(name: str | Convention) -> Convention:
     if key not in CONVENTIONS:
         raise KeyError(f"unknown convention {name!r}; known: {', '.join(CONVENTIONS)}")
     return CONVENTIONS[key]
+
+
+def has_activation_scale(q: QTensor) -> bool:
+    """Whether ``q`` carries a static activation scale (ModelOpt ``input_scale`` or
+    compressed-tensors ``input_global_scale``) that a checkpoint writes beside it."""
+    return "input_scale" in q.meta or "input_global_scale" in q.meta
+
+
+class ReciprocalRoundingWarning(UserWarning):
+    """A per-tensor scale was written as its float32 reciprocal (ModelOpt <-> compressed-tensors)
+    and ``fl(1/fl(1/s)) != s``: reading it back gives ``s`` off by one ulp (2^-23 relative)."""
+
+
+RECIPROCAL_SUFFIX = ".reciprocal_of"  # safetensors metadata: "<key>.reciprocal_of" -> the exact source value
+
+
+def _reciprocal(src: torch.Tensor, key: str, conv: str, what: str) -> tuple[torch.Tensor, dict[str, str]]:
+    """``fl(1/src)`` in float32, and metadata recording ``src`` when the reciprocal does not
+    invert exactly. No float32 value can: ``fl(1/g) == s`` has no solution ``g`` for about
+    15% of float32 ``s``, so one ulp of ``s`` is lost on the way back."""
+    src = src.to(torch.float32)
+    out = (1.0 / src).to(torch.float32)
+    back = (1.0 / out).to(torch.float32)
+    if torch.equal(back, src):
+        return out, {}
+    warnings.warn(f"{conv}: a {what} is stored as its float32 reciprocal g, and 1/g does not give the source value "
+                  "s back (no float32 g does for about 15% of s): reading it back gives s one ulp off (2^-23 "
+                  "relative; decoded values within 2^-22). The exact s is kept in the safetensors metadata "
+                  f"'<key>{RECIPROCAL_SUFFIX}'.",
+                  ReciprocalRoundingWarning, stacklevel=3)
+    return out, {key + RECIPROCAL_SUFFIX: json.dumps([float(v) for v in src.reshape(-1)])}
 
 
 def _stem(base: str) -> str:
@@ -147,6 +189,14 @@ def _need(tensors: dict[str, torch.Tensor], role: str, dtype: torch.dtype, g: Gr
 # ---------------------------------------------------------------------------------
 # native
 # ---------------------------------------------------------------------------------
+def native_quantization_config(fmt: Format) -> dict:
+    """``config.json``'s ``quantization_config`` for a native microscale checkpoint. It has no
+    ``quant_method``, so transformers' ``from_pretrained`` raises instead of loading random
+    weights into the Linear layers whose tensors it cannot read."""
+    return {"producer": "microscale", "convention": "native", "format": fmt.name,
+            "load_with": "microscale.nn.load_quantized_state(model, microscale.io.load(path))"}
+
+
 class Native(Convention):
     def groups(self, names, metadata):
         have = set(names)
@@ -164,6 +214,16 @@ class Native(Convention):
 
     def encode(self, base, q):
         return q.state_dict(prefix=base + ".")
+
+    def config_files(self, fmt, quantized, skipped, config, activation_scales=False):
+        # transformers (and so SentenceTransformer) would read this directory as a float model
+        # and fill every quantized Linear with random weights; a quantization_config without
+        # ``quant_method`` makes it raise instead. Loading goes through load_quantized_state.
+        if config is None:
+            return {}
+        c = {k: v for k, v in config.items() if k != "quantization_config"}
+        c["quantization_config"] = native_quantization_config(fmt)
+        return {"config.json": c}
 
 
 # ---------------------------------------------------------------------------------
@@ -215,15 +275,23 @@ class ModelOpt(Convention):
         self.check_format(q.fmt)
         _unpadded(q, self.name, base)
         m = _stem(base)
-        out = {m + ".weight": q.data, m + ".weight_scale": q.scales,
-               m + ".weight_scale_2": q.global_scale.reshape(q.meta.get("weight_scale_2_shape", []))}
+        meta: dict[str, str] = {}
+        s2 = q.global_scale.reshape(q.meta.get("weight_scale_2_shape", []))
+        if "global_scale_inv" in q.meta:  # from compressed-tensors: fl(1/gs) may not invert back to gs
+            s2, meta = _reciprocal(torch.tensor(q.meta["global_scale_inv"], dtype=torch.float32), m + ".weight_scale_2",
+                                   self.name, "compressed-tensors weight_global_scale")
+            s2 = s2.reshape(q.meta.get("weight_scale_2_shape", []))
+        out = {m + ".weight": q.data, m + ".weight_scale": q.scales, m + ".weight_scale_2": s2}
         if "input_scale" in q.meta:
             out[m + ".input_scale"] = _scalar_from_meta(q.meta["input_scale"])
-        elif "input_global_scale" in q.meta:  # from compressed-tensors: its reciprocal (not ulp exact)
-            out[m + ".input_scale"] = 1.0 / _scalar_from_meta(q.meta["input_global_scale"]).reshape(())
-        return out, {}
+        elif "input_global_scale" in q.meta:  # from compressed-tensors: its reciprocal (as its own converter does)
+            inv, mi = _reciprocal(_scalar_from_meta(q.meta["input_global_scale"]).reshape(()), m + ".input_scale",
+                                  self.name, "compressed-tensors input_global_scale")
+            out[m + ".input_scale"] = inv
+            meta.update(mi)
+        return out, meta
 
-    def config_files(self, fmt, quantized, skipped, config):
+    def config_files(self, fmt, quantized, skipped, config, activation_scales=False):
         excl = sorted({_stem(s) for s in skipped})
         hq = {"producer": {"name": "modelopt", "version": "microscale"},
               "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
@@ -300,27 +368,42 @@ class CompressedTensors(Convention):
         self.check_format(q.fmt)
         _unpadded(q, self.name, base)
         m = _stem(base)
+        meta: dict[str, str] = {}
         out = {m + ".weight_packed": q.data, m + ".weight_scale": q.scales}
         if q.fmt.global_scale:
             gs = q.meta.get("global_scale_inv")
-            gs = torch.tensor(gs, dtype=torch.float32) if gs is not None else (1.0 / q.global_scale.float())
+            if gs is not None:
+                gs = torch.tensor(gs, dtype=torch.float32)
+            else:  # a decode multiplier (ModelOpt's weight_scale_2): its reciprocal may not invert back
+                gs, meta = _reciprocal(q.global_scale.reshape(()), m + ".weight_global_scale", self.name,
+                                       "ModelOpt weight_scale_2 (NVFP4 decode multiplier)")
             out[m + ".weight_global_scale"] = gs.reshape(q.meta.get("weight_global_scale_shape", [1]))
         if "input_global_scale" in q.meta:
             out[m + ".input_global_scale"] = _scalar_from_meta(q.meta["input_global_scale"])
-        elif "input_scale" in q.meta:  # from ModelOpt: its reciprocal (not ulp exact)
-            out[m + ".input_global_scale"] = (1.0 / _scalar_from_meta(q.meta["input_scale"])).reshape(1)
-        return out, {}
+        elif "input_scale" in q.meta:  # from ModelOpt: its reciprocal (as compressed-tensors' converter does)
+            inv, mi = _reciprocal(_scalar_from_meta(q.meta["input_scale"]).reshape(()), m + ".input_global_scale",
+                                  self.name, "ModelOpt input_scale")
+            out[m + ".input_global_scale"] = inv.reshape(1)
+            meta.update(mi)
+        return out, meta
 
-    def config_files(self, fmt, quantized, skipped, config):
+    # compressed-tensors' own NVFP4 preset (``quant_scheme.NVFP4``): its input_activations
+    # declare the per-tensor ``input_global_scale`` with dynamic local 16-blocks.
+    NVFP4_INPUT_ACTIVATIONS = {"num_bits": 4, "type": "float", "symmetric": True, "group_size": 16,
+                               "strategy": "tensor_group", "dynamic": "local", "scale_dtype": "torch.float8_e4m3fn",
+                               "observer": "static_minmax"}
+
+    def config_files(self, fmt, quantized, skipped, config, activation_scales=False):
         nv = fmt.global_scale
         w = {"num_bits": 4, "type": "float", "symmetric": True, "dynamic": False,
              "strategy": "tensor_group" if nv else "group", "group_size": 16 if nv else 32}
         w["scale_dtype"] = "torch.float8_e4m3fn" if nv else "torch.uint8"
+        inputs = dict(self.NVFP4_INPUT_ACTIVATIONS) if (nv and activation_scales) else None
         qc = {"quant_method": "compressed-tensors",
               "format": "nvfp4-pack-quantized" if nv else "mxfp4-pack-quantized",
               "quantization_status": "compressed",
               "config_groups": {"group_0": {"targets": sorted({_stem(q) for q in quantized}) or ["Linear"],
-                                            "weights": w, "input_activations": None,
+                                            "weights": w, "input_activations": inputs,
                                             "format": "nvfp4-pack-quantized" if nv else "mxfp4-pack-quantized"}},
               "ignore": sorted({_stem(s) for s in skipped})}
         c = dict(config or {})
@@ -350,6 +433,9 @@ class GptOss(Convention):
             raise ValueError(f"convention 'gpt-oss' stores mxfp4 only, not {fmt.name!r}")
         return fmt
 
+    selects = ("only 3-D MoE expert tensors named '*.experts.*_proj' (HF [E, in, out], blocks along in, "
+               "in a multiple of 32)")
+
     # gpt-oss quantizes only the MoE expert matrices. HF keeps them as [E, in, out]
     # (``gate_up_proj`` [E, H, 2I], ``down_proj`` [E, I, H]); the MXFP4 blocks run along
     # ``in``: [E, out, in/32, 16] (transformers transposes after dequantizing).
@@ -358,7 +444,12 @@ class GptOss(Convention):
         return ndim == 3 and ".experts." in name and name.endswith("_proj")
 
     def quantizable(self, name, shape, fmt=None):
-        return self._expert(name, len(shape)) and super().quantizable(name, shape, fmt)
+        # blocks run along ``in`` (dim -2 of HF's [E, in, out]), the last dim once prepared
+        return self._expert(name, len(shape)) and super().quantizable(name, self.prepared_shape(name, shape), fmt)
+
+    def prepared_shape(self, name, shape):
+        shape = tuple(shape)
+        return (*shape[:-2], shape[-1], shape[-2]) if self._expert(name, len(shape)) else shape
 
     def prepare(self, name, t):
         return t.transpose(-1, -2).contiguous() if self._expert(name, t.dim()) else t
@@ -384,7 +475,7 @@ class GptOss(Convention):
         blocks = q.data.reshape(*q.data.shape[:-1], q.data.shape[-1] // 16, 16)
         return {base + "_blocks": blocks, base + "_scales": q.scales}, {}
 
-    def config_files(self, fmt, quantized, skipped, config):
+    def config_files(self, fmt, quantized, skipped, config, activation_scales=False):
         c = dict(config or {})
         c["quantization_config"] = {"quant_method": "mxfp4",
                                     "modules_to_not_convert": sorted({_stem(s) for s in skipped})}
@@ -413,6 +504,18 @@ register_convention(CompressedTensors("compressed-tensors", "compressed-tensors 
                                       ("nvfp4", "mxfp4")))
 register_convention(GptOss("gpt-oss", "gpt-oss MXFP4 *_blocks / *_scales", ("mxfp4",)))
 register_convention(Gguf("gguf", "GGUF file, MXFP4 (type 39) and NVFP4 (type 40) tensors", ("nvfp4", "mxfp4")))
+
+def quantizable_tensors(convention: str | Convention, shapes: dict[str, tuple[int, ...]],
+                        fmt: str | Format) -> list[str]:
+    """The names among ``shapes`` (tensor name -> shape of a float tensor) that ``convention``
+    would quantize to ``fmt`` by name and shape alone (skip patterns and dtypes aside); an
+    empty list means a conversion would write no quantized tensor (e.g. ``gpt-oss`` on a
+    dense model: see ``convention.selects``)."""
+    conv = get_convention(convention)
+    f = conv.check_format(get_format(fmt))
+    return [n for n, s in shapes.items() if len(s) >= 2 and conv.quantizable(n, tuple(s), f)
+            and conv.prepared_shape(n, tuple(s))[-1] >= f.block_size]
+
 
 # Detection order: the most specific first.
 DETECT_ORDER = ("native", "modelopt", "compressed-tensors", "gpt-oss")

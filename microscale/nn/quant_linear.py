@@ -176,7 +176,8 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
             ``block_size``, ``convention``, ...).
 
     Returns:
-        The model, its Linear layers replaced (on their original device).
+        The model, its Linear layers replaced (on their original device). Every layer is
+        quantized before any is replaced, so on error the model is unchanged.
     """
     import copy
 
@@ -187,10 +188,11 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
     targets = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and n and not _matches(n, skip)]
     if type(model) is nn.Linear and not _matches("", skip):
         return QuantLinear.from_linear(model, fmt, **quantize_kwargs)
-    for name, lin in targets:
+    new = [(name, QuantLinear.from_linear(lin, fmt, **quantize_kwargs)) for name, lin in targets]
+    for name, q in new:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, QuantLinear.from_linear(lin, fmt, **quantize_kwargs))
+        setattr(parent, child, q)
     return model
 
 
@@ -211,34 +213,134 @@ def quantized_state(model: nn.Module) -> dict:
     return out
 
 
+def _nonpersistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Buffers a module registered with ``persistent=False`` (e.g. BERT's ``position_ids``)."""
+    out = {}
+    for n, m in model.named_modules():
+        for b in getattr(m, "_non_persistent_buffers_set", ()):
+            t = m._buffers.get(b)
+            if t is not None:
+                out[(n + "." if n else "") + b] = t
+    return out
+
+
+def _find_prefix(qkeys: list[str], wkeys: set[str]) -> tuple[str, str] | None:
+    """``(mode, prefix)`` that maps every quantized key onto a Linear weight key: ``("add", p)``
+    when the model's names are ``p + key`` (e.g. a SentenceTransformer's ``0.auto_model.``),
+    ``("strip", p)`` when the keys are ``p + name``; None when none or several fit."""
+    if all(k in wkeys for k in qkeys):
+        return ("add", "")
+    k0 = qkeys[0]
+    cands = {("add", w[: -len(k0)]) for w in wkeys if w.endswith("." + k0)}
+    cands |= {("strip", k0[: -len(w)]) for w in wkeys if k0.endswith("." + w)}
+    fits = [c for c in cands if all(_mapped(k, c) in wkeys for k in qkeys)]
+    return fits[0] if len(fits) == 1 else None
+
+
+def _mapped(key: str, how: tuple[str, str]) -> str | None:
+    mode, p = how
+    if mode == "add":
+        return p + key
+    return key[len(p):] if key.startswith(p) else None
+
+
 def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -> nn.Module:
     """Load ``tensors`` (e.g. ``microscale.io.load(path)``) into ``model``: every
     ``nn.Linear``/``QuantLinear`` whose ``<name>.weight`` is a QTensor becomes a
-    QuantLinear holding it; the remaining tensors go through ``load_state_dict``."""
-    rest = dict(tensors)
-    done = set()
-    for name, m in list(model.named_modules()):
-        key = (name + "." if name else "") + "weight"
-        q = rest.get(key)
-        if not isinstance(q, QTensor) or not isinstance(m, (nn.Linear, QuantLinear)):
-            continue
+    QuantLinear holding it; the remaining tensors go through ``load_state_dict``.
+
+    Everything is checked before the model is touched (names, shapes, missing and
+    unexpected tensors), so on error the model is unchanged. Names may differ from the
+    model's by one prefix (the checkpoint of a ``SentenceTransformer``'s transformer loaded
+    into the ``SentenceTransformer``, whose names start with ``0.auto_model.``, or the
+    reverse): the prefix that maps every quantized tensor onto a Linear is found and used.
+    Tensors naming a non-persistent buffer (``position_ids``, which transformers recomputes
+    and does not save) are checked for shape and otherwise ignored.
+
+    Raises:
+        ValueError: a quantized tensor with no Linear of its shape, a prefix that fits no
+            or several ways, a shape mismatch, or (``strict``) missing/unexpected tensors.
+    """
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, QuantLinear))}
+    wkeys = {(n + "." if n else "") + "weight": n for n in linears}
+    qkeys = [k for k, v in tensors.items() if isinstance(v, QTensor)]
+    how = ("add", "")
+    if qkeys:
+        found = _find_prefix(qkeys, set(wkeys))
+        if found is None:
+            example = sorted(wkeys)[:2]
+            raise ValueError(f"load_quantized_state: no Linear module for quantized tensors {qkeys[:3]}; the model's "
+                             f"Linear weights are named like {example} (no single prefix to add or strip maps every "
+                             "quantized tensor onto a Linear of the model)")
+        how = found
+    # ---- plan (no change to the model yet) ----------------------------------------------
+    plan = []  # (module name, QTensor, bias or None)
+    rest: dict[str, torch.Tensor] = {}
+    unexpected: list[str] = []
+    for k, v in tensors.items():
+        mk = _mapped(k, how)
+        if mk is None:
+            unexpected.append(k)
+        elif not isinstance(v, QTensor):
+            rest[mk] = v
+    for k in qkeys:
+        mk = _mapped(k, how)
+        name = wkeys[mk]
+        m, q = linears[name], tensors[k]
         if tuple(q.shape) != (m.out_features, m.in_features):
-            raise ValueError(f"load_quantized_state: {key!r} has shape {tuple(q.shape)}, the module expects "
+            raise ValueError(f"load_quantized_state: {k!r} has shape {tuple(q.shape)}, the module {name!r} expects "
                              f"{(m.out_features, m.in_features)}")
-        del rest[key]
-        bias = rest.pop((name + "." if name else "") + "bias", None)
+        bkey = (name + "." if name else "") + "bias"
+        bias = rest.pop(bkey, None)
+        if bias is not None and (m.bias is None or tuple(bias.shape) != (m.out_features,)):
+            raise ValueError(f"load_quantized_state: bias {bkey!r} of shape {tuple(bias.shape)} does not fit {name!r} "
+                             f"({'no bias' if m.bias is None else (m.out_features,)})")
         if bias is None and m.bias is not None:
+            if strict:
+                raise ValueError(f"load_quantized_state: missing [{bkey!r}] (the bias of quantized {name!r}); the "
+                                 "model is unchanged")
             bias = m.bias.detach()
-        new = QuantLinear.from_qtensor(q.to(m.weight_data.device if isinstance(m, QuantLinear) else m.weight.device),
-                                       bias)
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
-        done.add(name + ".")
-    bad = [k for k, v in rest.items() if isinstance(v, QTensor)]
-    if bad:
-        raise ValueError(f"load_quantized_state: no Linear module for quantized tensors {bad[:3]}")
-    missing, unexpected = model.load_state_dict(rest, strict=False)
-    missing = [k for k in missing if not k.endswith("_extra_state") and not any(k.startswith(d) for d in done)]
+        plan.append((name, q, bias))
+    replaced = {name for name, _, _ in plan}
+    expected = {}
+    for k, t in model.state_dict().items():
+        mod = k.rpartition(".")[0]
+        if mod in replaced or (k.endswith("_extra_state") and k not in rest):
+            continue
+        expected[k] = t
+    transient = _nonpersistent_buffers(model)
+    for k in list(rest):
+        if k in expected:
+            if isinstance(expected[k], torch.Tensor) and tuple(rest[k].shape) != tuple(expected[k].shape):
+                raise ValueError(f"load_quantized_state: {k!r} has shape {tuple(rest[k].shape)}, the model expects "
+                                 f"{tuple(expected[k].shape)}")
+        elif k in transient:
+            if tuple(rest[k].shape) != tuple(transient[k].shape):
+                raise ValueError(f"load_quantized_state: buffer {k!r} has shape {tuple(rest[k].shape)}, the model "
+                                 f"expects {tuple(transient[k].shape)}")
+            del rest[k]  # not part of the state dict: the module recomputes it
+        else:
+            unexpected.append(k)
+            del rest[k]
+    missing = [k for k in expected if k not in rest]
     if strict and (unexpected or missing):
-        raise ValueError(f"load_quantized_state: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        hint = f" (names mapped with {how[0]} prefix {how[1]!r})" if how[1] else ""
+        raise ValueError(f"load_quantized_state: missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, unexpected "
+                         f"{unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}{hint}; the model is unchanged")
+    # ---- apply -----------------------------------------------------------------------------
+    undo = []
+    try:
+        for name, q, bias in plan:
+            m = linears[name]
+            dev = m.weight_data.device if isinstance(m, QuantLinear) else m.weight.device
+            new = QuantLinear.from_qtensor(q.to(dev), bias)
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            undo.append((parent, child, getattr(parent, child)))
+            setattr(parent, child, new)
+        model.load_state_dict(rest, strict=False)
+    except BaseException:
+        for parent, child, old in reversed(undo):
+            setattr(parent, child, old)
+        raise
     return model
