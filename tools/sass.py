@@ -4,8 +4,8 @@
     text = sass(kernel, {"x_ptr": "*fp16", "n": "i32"}, {"BLOCK": 256}, num_warps=4)
     print(loop_counts(text))   # instruction count of each backward-branch loop body
 
-Used to predict ALU cost per element before spending device time (see the NOTES_*.md
-files in benchmarks/). Needs only the triton wheel (its bundled ptxas / cuobjdump).
+Used to predict ALU cost per element before spending device time (the counts quoted in
+docs/decisions/). Needs only the triton wheel (its bundled ptxas / cuobjdump).
 """
 from __future__ import annotations
 

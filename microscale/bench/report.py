@@ -498,12 +498,30 @@ def default_results_md() -> Path:
     return Path.cwd() / "benchmarks" / "RESULTS.md"
 
 
+#: Line that separates a hand-written summary (above it, kept) from the generated report
+#: (below it, rewritten) in a RESULTS.md.
+GENERATED_MARK = "<!-- generated below: `python -m microscale.bench report` rewrites everything after this line -->"
+
+
+def hand_preamble(md_path: str | os.PathLike) -> str:
+    """The hand-written text of an existing RESULTS.md up to and including
+    :data:`GENERATED_MARK`, followed by a blank line; ``""`` when the file does not exist or
+    has no such line (then the whole file is generated)."""
+    try:
+        text = Path(md_path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ""
+    i = text.find(GENERATED_MARK)
+    return "" if i < 0 else text[:i + len(GENERATED_MARK)] + "\n\n"
+
+
 def regenerate(json_path: str | os.PathLike, md_path: Optional[str | os.PathLike] = None) -> Path:
     """Regenerate RESULTS.md (default :func:`default_results_md`) from a results JSON,
-    atomically. Returns the path written."""
+    atomically, keeping a hand-written summary above :data:`GENERATED_MARK`. Returns the
+    path written."""
     doc = load_json(json_path)
     md = Path(md_path) if md_path is not None else default_results_md()
-    return write_text_atomic(md, render_markdown(doc, source=str(json_path)))
+    return write_text_atomic(md, hand_preamble(md) + render_markdown(doc, source=str(json_path)))
 
 
 def write_outputs(doc: dict, out_dir: str | os.PathLike) -> dict[str, Optional[Path]]:

@@ -437,6 +437,22 @@ def test_regenerate_is_atomic_and_checks_the_schema(tmp_path):
     assert (tmp_path / "x.csv").exists()
 
 
+def test_regenerate_keeps_the_hand_summary_above_the_mark(tmp_path):
+    j = report.write_json(_doc(), tmp_path / "results.json")
+    md = tmp_path / "RESULTS.md"
+    head = "# Results\n\nA summary written by hand.\n\n" + report.GENERATED_MARK
+    md.write_text(head + "\n\n# microscale benchmark results\n\nstale generated text\n")
+    report.regenerate(j, md)
+    text = md.read_text()
+    assert text.startswith(head + "\n\n# microscale benchmark results")
+    assert "stale generated text" not in text and text.count(report.GENERATED_MARK) == 1
+    report.regenerate(j, md)  # idempotent: the summary is kept once, not stacked
+    assert md.read_text() == text
+    md.write_text("A file without the mark is generated whole.\n")
+    report.regenerate(j, md)
+    assert md.read_text().startswith("# microscale benchmark results")
+
+
 def test_json_replaces_non_finite_floats(tmp_path):
     d = _doc()
     d["results"][0]["check"]["value"] = float("inf")

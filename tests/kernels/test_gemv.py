@@ -1,8 +1,8 @@
 """Decode-path GEMV on the canonical weight layout, against float64 math.
 
 Under TRITON_INTERPRET=1 the plain-Triton twin of the PTX decode runs; on a GPU machine
-the same tests run on CUDA tensors, the PTX path too (benchmarks/run_gpu_gemv.py checks it
-at real shapes). The PTX text is checked here for the pieces the twin cannot see (shifts,
+the same tests run on CUDA tensors, the PTX path too (the benchmark suite checks it at real
+shapes). The PTX text is checked here for the pieces the twin cannot see (shifts,
 masks, operand numbering).
 """
 import pytest

@@ -4,8 +4,8 @@ Its arithmetic is PTX inside ``tl.inline_asm_elementwise``, which the Triton int
 cannot run. So these tests execute the generated PTX text itself: a small interpreter
 for the instructions the generators emit (per lane, 32 lanes at once, ``mma.sync``
 with the fragment layout of the PTX ISA), driven by a Python mirror of the kernel's
-per-lane addressing, and compare with float64 ``x @ dequant(W)^T``. The GPU test and
-``benchmarks/run_gpu_gemv_mma.py`` check the kernel itself.
+per-lane addressing, and compare with float64 ``x @ dequant(W)^T``. The GPU tests check the
+kernel itself (``bash benchmarks/run_gpu.sh`` runs them on an H100 / H200).
 """
 from __future__ import annotations
 

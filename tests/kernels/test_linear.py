@@ -2,7 +2,7 @@
 
     TRITON_INTERPRET=1 python -m pytest tests/kernels/test_linear.py -q
 
-Small shapes only; the H200 run (benchmarks/run_gpu_linear.py) covers real shapes.
+Small shapes only; the benchmark suite (``python -m microscale.bench``) checks real shapes on a GPU.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Prefill kernel on the canonical layout (``qlinear.prefill``), against float64 math, in
-the interpreter (small tiles) or, on a GPU machine, on CUDA tensors; the H200 run
-(benchmarks/run_gpu_prefill.py) covers real shapes."""
+the interpreter (small tiles) or, on a GPU machine, on CUDA tensors; the benchmark suite
+(``python -m microscale.bench``) checks real shapes."""
 import pytest
 import torch
 

@@ -729,7 +729,7 @@ def test_reasons():
     (256, 8192, True, 256), (256, 8192, False, 128)])
 def test_choose_ws_tile(m, n, split, want):
     """The token tile with the least modelled cost (the picks of the H200 sweeps,
-    ``benchmarks/h200_2026-12-02/split``)."""
+    docs/decisions/linear-prefill-ws.md)."""
     bt, stages = L.choose_prefill_ws_tile(m, n, 132, split)
     assert bt == want
     assert (stages + 2) * bt * 128 <= 200 * 1024  # the ring and two output tiles fit

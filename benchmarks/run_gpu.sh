@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Reproduce the GPU results on an H100 / H200. Run from the repository root:
+#
+#     bash benchmarks/run_gpu.sh [OUT]          # OUT defaults to ./gpu_out
+#
+# Steps, each under its own time limit so that one slow or hanging step cannot eat the others':
+#   tests_kernels, tests_quantize, tests_other
+#                 the test files with GPU cases, on CUDA tensors (kernels against the reference)
+#   quantize      benchmarks/run_gpu_quantize.py: every quantize / dequantize kernel path bit for bit
+#                 against the CPU reference at realistic shapes, then their timings
+#                 (OUT/quantize_bench.json)
+#   bench         python -m microscale.bench, the default suite (OUT/bench/: results.json,
+#                 results.csv, roofline.png, RESULTS.md)
+#   matrix        python -m microscale.bench --suite matrix: NVFP4 / MXFP4 at 1-4096 tokens on
+#                 8192x8192, 28672x8192 and 8192x28672, 8-bit formats at one token (OUT/matrix/)
+# Each step's output goes to OUT/<step>.log; OUT/summary.txt lists every step's exit status and
+# seconds. SKIP="tests_kernels matrix" leaves steps out.
+#
+# To update the committed results from a run (the summary above the generated part is kept):
+#     cp OUT/bench/results.json OUT/bench/roofline.png benchmarks/
+#     python -m microscale.bench report benchmarks/results.json
+set -u
+OUT="${1:-${OUT:-$PWD/gpu_out}}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+export OUT PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+: > "$OUT/summary.txt"
+
+step() {  # name, seconds, command...
+  local name=$1 secs=$2
+  shift 2
+  case " ${SKIP:-} " in *" $name "*) echo "$name: skipped" | tee -a "$OUT/summary.txt"; return;; esac
+  local t0=$SECONDS
+  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
+}
+
+step tests_kernels 1200 python -m pytest -q tests/kernels --ignore=tests/kernels/test_quantize_kernels.py
+step tests_quantize 600 python -m pytest -q tests/kernels/test_quantize_kernels.py
+step tests_other 600 python -m pytest -q tests/nn tests/bench tests/reference/test_quantize.py
+step quantize 600 env SWEEP=0 python benchmarks/run_gpu_quantize.py
+step bench 900 python -m microscale.bench --out "$OUT/bench" --md "$OUT/bench/RESULTS.md"
+step matrix 1200 python -m microscale.bench --suite matrix --out "$OUT/matrix" --md "$OUT/matrix/RESULTS.md"
+
+echo "--- summary ($OUT)"
+cat "$OUT/summary.txt"
+for f in "$OUT"/tests_*.log; do [ -f "$f" ] && echo "$(basename "$f"): $(tail -n 1 "$f")"; done
+! grep -q "rc=[1-9]" "$OUT/summary.txt"
