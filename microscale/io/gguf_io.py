@@ -15,7 +15,6 @@ tensors, not a model llama.cpp can run.
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -23,6 +22,7 @@ import torch
 
 from ..formats import Format, get_format, pack_codes, unpack_codes
 from ..qtensor import QTensor
+from ._paths import atomic_output
 
 __all__ = ["gguf_type", "qtensor_to_gguf_bytes", "gguf_bytes_to_qtensor", "save_gguf", "iter_gguf", "load_gguf"]
 
@@ -33,8 +33,8 @@ def _gguf():
     try:
         import gguf
     except ImportError as e:
-        raise ImportError("GGUF support needs the gguf package: pip install 'microscale[gguf]' "
-                          "(or pip install gguf)") from e
+        raise ImportError("GGUF support needs the gguf package: pip install gguf (or, in the microscale "
+                          "checkout, pip install -e '.[gguf]')") from e
     return gguf
 
 
@@ -107,11 +107,17 @@ def gguf_bytes_to_qtensor(raw: torch.Tensor, kind: str, shape, global_scale: tor
 def save_gguf(path: str | os.PathLike, items: Iterable[tuple[str, QTensor | torch.Tensor]],
               arch: str = "microscale") -> None:
     """Write tensors (QTensors in MXFP4/NVFP4, float tensors as F32/F16/BF16) to a GGUF
-    file, atomically; tensor data is spooled to disk one tensor at a time."""
+    file, atomically (an existing ``path`` is replaced; :func:`microscale.io.save` and
+    ``convert`` refuse one unless asked to overwrite); tensor data is spooled to disk
+    one tensor at a time. The temporary file is removed on errors, Ctrl-C, SIGTERM and
+    SIGHUP, and by the next export to ``path`` if its writer was killed."""
     g = _gguf()
     path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".gguf.tmp")
-    os.close(fd)
+    with atomic_output(path, kind="file") as tmp:  # unique locked temp, removed on error and signals
+        _write_gguf(g, tmp, items, arch)
+
+
+def _write_gguf(g, tmp: str, items: Iterable[tuple[str, QTensor | torch.Tensor]], arch: str) -> None:
     w = g.GGUFWriter(tmp, arch, use_temp_file=True)
     try:
         for name, t in items:
@@ -130,13 +136,8 @@ def save_gguf(path: str | os.PathLike, items: Iterable[tuple[str, QTensor | torc
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
+    finally:
         w.close()
-        os.replace(tmp, path)
-    except BaseException:
-        w.close()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def iter_gguf(path: str | os.PathLike) -> Iterator[tuple[str, QTensor | torch.Tensor]]:
