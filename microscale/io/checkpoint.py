@@ -319,7 +319,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
     Memory: one input tensor (or group) and its outputs at a time; dequantizing decodes
     in row chunks straight into the output dtype. Returns a summary dict: tensor names
     under ``quantized``, ``skipped``, ``copied``, ``dequantized``; ``files_copied`` and
-    ``files_skipped`` (``(name, reason)``); ``bytes_in``, ``bytes_out``.
+    ``files_skipped`` (``(name, reason)``); ``bytes_in``, ``bytes_out``; ``format`` (the
+    name of the format written, when quantizing).
     """
     from ..ops import quantize as ms_quantize
 
@@ -369,6 +370,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
     total = sum(ck.info(k).nbytes for k in ck.names)
     summary = {"quantized": [], "skipped": [], "copied": [], "dequantized": [], "files_copied": [],
                "files_skipped": [], "bytes_in": total, "bytes_out": 0}
+    if qfmt is not None:
+        summary["format"] = qfmt.name
     first_fmt: list[Format] = []
 
     def produce(item):
