@@ -265,6 +265,25 @@ def _quant_format(fmt: str | Format, conv: Convention, qkw: dict) -> Format:
     return f.replace(name=base.name + suffix) if suffix else f
 
 
+def _none_quantized(ck: Checkpoint, names: list[str], conv: Convention, fmt: Format, patterns) -> str:
+    """Why no tensor of ``names`` is quantized: counts per reason."""
+    if conv.name in _ONLY:
+        return _ONLY[conv.name]
+    small = stored = skipped = 0
+    for x in names:
+        ti = ck.info(x)
+        if not should_quantize(x, ti.shape, ti.dtype, fmt, ()):
+            small += 1
+        elif not conv.quantizable(x, ti.shape, fmt):
+            stored += 1
+        else:
+            skipped += 1
+    parts = [f"{small} are not float matrices with at least one {fmt.block_size}-element block per row"] * bool(small)
+    parts += [f"{stored} have shapes convention {conv.name!r} cannot store"] * bool(stored)
+    parts += [f"{skipped} match the skip patterns ({', '.join(patterns)})"] * bool(skipped)
+    return "; ".join(parts)
+
+
 def _dequantize_chunked(q: QTensor, dtype: torch.dtype, chunk: int = 1 << 20) -> torch.Tensor:
     """``q.dequantize(dtype)`` computed ``chunk`` elements of rows at a time into one
     output tensor, so the float32 temporaries of the decode stay small (bit-identical:
@@ -361,12 +380,9 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
 
     if qfmt is not None and not ck.groups:
         plain = [x for s in shards for kind, x in plan[s] if kind == "plain"]
-        votes = [wanted(x) for x in plain]
-        if not any(a and b for a, b in votes):
-            why = _ONLY.get(out_conv.name, f"{sum(not a for a, _ in votes)} of them cannot be stored in it and "
-                            f"the skip rules keep {sum(not b for _, b in votes)} as they are")
+        if not any(all(wanted(x)) for x in plain):
             raise ValueError(f"convert: convention {out_conv.name!r} would quantize none of the {len(plain)} "
-                             f"tensors of {src} to {qfmt.name}: {why}")
+                             f"tensors of {src} to {qfmt.name}: {_none_quantized(ck, plain, out_conv, qfmt, patterns)}")
     total = sum(ck.info(k).nbytes for k in ck.names)
     summary = {"quantized": [], "skipped": [], "copied": [], "dequantized": [], "files_copied": [],
                "files_skipped": [], "bytes_in": total, "bytes_out": 0}

@@ -373,8 +373,10 @@ def test_gpt_oss_on_a_dense_model_is_an_error(tmp_path, make_checkpoint):
     src = _small(tmp_path, make_checkpoint)
     with pytest.raises(ValueError, match="gpt-oss.*none of the 1 tensors.*MoE expert"):
         msio.convert(src, tmp_path / "o", fmt="mxfp4", convention="gpt-oss", progress=False)
-    with pytest.raises(ValueError, match="none of the 1 tensors"):
+    with pytest.raises(ValueError, match=r"none of the 1 tensors.*1 match the skip patterns"):
         msio.convert(src, tmp_path / "o", fmt="mxfp4", skip=["l.*"], progress=False)
+    with pytest.raises(ValueError, match=r"none of the 1 tensors.*128-element block"):
+        msio.convert(src, tmp_path / "o", fmt="int4_affine_g128", progress=False)
     assert not (tmp_path / "o").exists()
 
 
