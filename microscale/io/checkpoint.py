@@ -543,15 +543,10 @@ def inspect(path: str | os.PathLike) -> tuple[str, list[tuple[str, str, tuple[in
             ti = ck.info(k)
             rows.append((k, str(ti.dtype).removeprefix("torch."), ti.shape, ti.nbytes))
     order = {k: i for i, k in enumerate(ck.names)}
-    rows.sort(key=lambda r: order.get(r[0], order.get(_first_key(ck, r[0]), 0)))
+    for g in ck.groups:  # a group sorts where its first stored tensor is
+        order.setdefault(g.base, order[next(iter(g.members.values()))])
+    rows.sort(key=lambda r: order.get(r[0], 0))
     return ck.convention, rows
-
-
-def _first_key(ck: Checkpoint, base: str) -> str:
-    for g in ck.groups:
-        if g.base == base:
-            return next(iter(g.members.values()))
-    return base
 
 
 __all__ += ["SafetensorsError", "UnsafePathError"]

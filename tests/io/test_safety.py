@@ -478,3 +478,31 @@ def test_dequantize_peak_memory(tmp_path, make_checkpoint):
     m = json.loads(r.stdout.strip().splitlines()[-1])
     growth = m["peak"] - m["base"]
     assert growth <= 2.0 * nbytes, (growth / nbytes, m)  # output + quantized input + chunk temporaries
+
+
+def test_inspect_walks_the_groups_a_bounded_number_of_times(tmp_path, monkeypatch):
+    """inspect once looked every row's group up by a scan of all groups (quadratic)."""
+    from microscale.io import checkpoint
+
+    n = 200
+    q = ms.quantize(torch.randn(2, 32), "mxfp4")
+    msio.save({f"layers.{i}.weight": q for i in range(n)}, tmp_path / "ck")
+    seen = [0]
+
+    class Counting(list):
+        def __iter__(self):
+            for g in super().__iter__():
+                seen[0] += 1
+                yield g
+
+    real = checkpoint.open_checkpoint
+
+    def wrapped(*a, **k):
+        ck = real(*a, **k)
+        ck.groups = Counting(ck.groups)
+        return ck
+
+    monkeypatch.setattr(checkpoint, "open_checkpoint", wrapped)
+    conv, rows = msio.inspect(tmp_path / "ck")
+    assert conv == "native" and len(rows) == n and [r[0] for r in rows] == [f"layers.{i}.weight" for i in range(n)]
+    assert seen[0] <= 4 * n, seen[0]
