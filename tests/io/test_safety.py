@@ -2,7 +2,6 @@
 input, existing outputs need overwrite, metadata paths stay inside SRC, only regular
 files are read, side files come from an allow-list, replacement is atomic, abandoned
 temporaries are cleaned only when their lock is free."""
-import fcntl
 import json
 import os
 import signal
