@@ -219,3 +219,11 @@ def test_install_hints_name_installable_packages(monkeypatch):
         gguf_io._gguf()
     assert "pip install gguf" in str(e.value) and "pip install -e '.[gguf]'" in str(e.value)
     assert "microscale[" not in str(e.value)
+
+
+def test_demo_run_on_cuda_without_a_gpu_from_python(monkeypatch):
+    from microscale import demo
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="no usable CUDA GPU"):
+        demo.run(device="cuda")
