@@ -392,12 +392,14 @@ class atomic_output:
     crash between the two renames leaves ``dst`` missing for that moment, and the next
     run for the same ``dst`` puts ``<tmp>.old`` back (see :func:`clean_abandoned`).
     Files are replaced with one ``rename``. The caller checks ``dst`` first
-    (:func:`check_output`); a ``dst`` that appears meanwhile is not replaced.
+    (:func:`check_output`); without ``overwrite`` a ``dst`` that appears meanwhile (other
+    than an empty directory) is not replaced: :class:`FileExistsError`.
     """
 
-    def __init__(self, dst: str | os.PathLike, kind: str = "dir"):
+    def __init__(self, dst: str | os.PathLike, kind: str = "dir", overwrite: bool = False):
         self.dst = os.path.abspath(os.fspath(dst))
         self.kind = kind
+        self.overwrite = overwrite
 
     def __enter__(self) -> str:
         parent = os.path.dirname(self.dst)
@@ -434,6 +436,10 @@ class atomic_output:
     def _commit(self) -> None:
         tmp, dst = self.tmp, self.dst
         os.chmod(tmp, output_mode(directory=self.kind == "dir"))
+        if (not self.overwrite and os.path.lexists(dst)
+                and not (self.kind == "dir" and os.path.isdir(dst) and not os.path.islink(dst) and not os.listdir(dst))):
+            raise FileExistsError(f"{dst} appeared while the output was being built; it was not replaced "
+                                  "(pass --overwrite / overwrite=True to replace it)")
         if self.kind == "file":
             if os.path.lexists(dst):
                 os.replace(tmp, dst)

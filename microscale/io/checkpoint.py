@@ -181,11 +181,11 @@ def save(tensors: dict[str, QTensor | torch.Tensor], path: str | os.PathLike, co
         from .gguf_io import save_gguf
 
         check_output(None, path, overwrite, "save", kind="file")
-        save_gguf(path, tensors.items())
+        save_gguf(path, tensors.items(), overwrite=overwrite)
         return
     check_output(None, path, overwrite, "save")
     fmts = [t.fmt for t in tensors.values() if isinstance(t, QTensor)]
-    with atomic_output(path) as tmp:
+    with atomic_output(path, overwrite=overwrite) as tmp:
         w = SafetensorsWriter(os.path.join(tmp, "model.safetensors"), {"format": "pt"})
         try:
             for name, t in tensors.items():
@@ -424,14 +424,14 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
 
     src_is_dir = os.path.isdir(src)
     if out_conv.name == "gguf":
-        return _convert_gguf(ck, plan, shards, produce, dst, total, summary, progress)
+        return _convert_gguf(ck, plan, shards, produce, dst, total, summary, progress, overwrite)
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"convert -> {out_conv.name}")
     try:
-        with atomic_output(dst) as tmp:
+        with atomic_output(dst, overwrite=overwrite) as tmp:
             weight_map: dict[str, str] = {}
             for s in shards:
                 out_name = os.path.normpath(s) if src_is_dir else "model.safetensors"  # resolved inside src
@@ -487,7 +487,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
     return summary
 
 
-def _convert_gguf(ck, plan, shards, produce, dst, total, summary, progress) -> dict:
+def _convert_gguf(ck, plan, shards, produce, dst, total, summary, progress, overwrite) -> dict:
     """Stream every plan item into one GGUF file (tensor data spooled to disk)."""
     from .gguf_io import save_gguf
 
@@ -508,7 +508,7 @@ def _convert_gguf(ck, plan, shards, produce, dst, total, summary, progress) -> d
                     bar.update(sum(ck.info(k).nbytes for k in keys))
 
     try:
-        save_gguf(dst, items())
+        save_gguf(dst, items(), overwrite=overwrite)
     finally:
         if bar is not None:
             bar.close()

@@ -22,7 +22,7 @@ import torch
 
 from ..formats import Format, get_format, pack_codes, unpack_codes
 from ..qtensor import QTensor
-from ._paths import atomic_output
+from ._paths import atomic_output, check_output
 
 __all__ = ["gguf_type", "qtensor_to_gguf_bytes", "gguf_bytes_to_qtensor", "save_gguf", "iter_gguf", "load_gguf"]
 
@@ -105,15 +105,16 @@ def gguf_bytes_to_qtensor(raw: torch.Tensor, kind: str, shape, global_scale: tor
 
 
 def save_gguf(path: str | os.PathLike, items: Iterable[tuple[str, QTensor | torch.Tensor]],
-              arch: str = "microscale") -> None:
+              arch: str = "microscale", overwrite: bool = False) -> None:
     """Write tensors (QTensors in MXFP4/NVFP4, float tensors as F32/F16/BF16) to a GGUF
-    file, atomically (an existing ``path`` is replaced; :func:`microscale.io.save` and
-    ``convert`` refuse one unless asked to overwrite); tensor data is spooled to disk
-    one tensor at a time. The temporary file is removed on errors, Ctrl-C, SIGTERM and
-    SIGHUP, and by the next export to ``path`` if its writer was killed."""
+    file, atomically; tensor data is spooled to disk one tensor at a time. An existing
+    ``path`` is refused unless ``overwrite=True`` (docs/safety.md). The temporary file
+    is removed on errors, Ctrl-C, SIGTERM and SIGHUP, and by the next export to ``path``
+    if its writer was killed."""
     g = _gguf()
     path = os.fspath(path)
-    with atomic_output(path, kind="file") as tmp:  # unique locked temp, removed on error and signals
+    check_output(None, path, overwrite, "save_gguf", kind="file")
+    with atomic_output(path, kind="file", overwrite=overwrite) as tmp:  # unique locked temp, cleaned on any exit
         _write_gguf(g, tmp, items, arch)
 
 

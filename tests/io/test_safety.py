@@ -505,3 +505,18 @@ def test_inspect_walks_the_groups_a_bounded_number_of_times(tmp_path, monkeypatc
     conv, rows = msio.inspect(tmp_path / "ck")
     assert conv == "native" and len(rows) == n and [r[0] for r in rows] == [f"layers.{i}.weight" for i in range(n)]
     assert seen[0] <= 4 * n, seen[0]
+
+
+def test_dst_created_meanwhile_is_not_replaced(tmp_path, make_checkpoint):
+    """Another program creating DST while the output is built keeps its DST."""
+    src = _small(tmp_path, make_checkpoint)
+    dst = tmp_path / "out"
+
+    def create(name):
+        dst.mkdir()
+        (dst / "theirs.txt").write_text("theirs")
+
+    with pytest.raises(FileExistsError, match="appeared"):
+        msio.convert(src, dst, fmt="nvfp4", progress=False, on_tensor=create)
+    assert os.listdir(dst) == ["theirs.txt"]
+    assert [f for f in os.listdir(tmp_path) if ".partial-" in f] == []
