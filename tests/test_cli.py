@@ -217,7 +217,7 @@ def test_install_hints_name_installable_packages(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", fake)
     with pytest.raises(ImportError) as e:
         gguf_io._gguf()
-    assert "pip install gguf" in str(e.value) and "pip install -e '.[gguf]'" in str(e.value)
+    assert "pip install 'gguf>=0.19'" in str(e.value) and "pip install -e '.[gguf]'" in str(e.value)
     assert "microscale[" not in str(e.value)
 
 

@@ -109,7 +109,8 @@ def open_regular(path: str | os.PathLike, follow: bool = True):
     st = os.stat(path, follow_symlinks=follow)  # FileNotFoundError passes through
     if not stat.S_ISREG(st.st_mode):
         raise UnsafePathError(f"{path}: is {_kind(st.st_mode)}, not a regular file; refusing to read it")
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
+    flags = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+             | (0 if follow else getattr(os, "O_NOFOLLOW", 0)))
     try:
         fd = os.open(path, flags)  # O_NONBLOCK: a FIFO swapped in after the stat cannot block the open
     except OSError as e:
@@ -300,7 +301,7 @@ def _try_lock(path: str):
     if fcntl is None:
         return None
     try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
     try:

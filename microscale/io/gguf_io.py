@@ -33,8 +33,8 @@ def _gguf():
     try:
         import gguf
     except ImportError as e:
-        raise ImportError("GGUF support needs the gguf package: pip install gguf (or, in the microscale "
-                          "checkout, pip install -e '.[gguf]')") from e
+        raise ImportError("GGUF support needs the gguf package (0.19 or newer): pip install 'gguf>=0.19' (or, "
+                          "in the microscale checkout, pip install -e '.[gguf]')") from e
     return gguf
 
 
