@@ -173,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
         prog="microscale", formatter_class=raw,
-        description=_desc("Block-scaled low-precision formats (NVFP4, MXFP4, MXFP6, MXFP8, int4/int8 ...): quantize, "
-                    "convert and inspect checkpoints; list formats; run the demo and the benchmarks."),
+        description=_desc("Block-scaled low-precision formats (NVFP4, MXFP4, MXFP6, MXFP8, int4/int8 ...): "
+                          "quantize, convert and inspect checkpoints; list formats; run the demo and the benchmarks."),
         epilog=_examples("microscale formats", "microscale quantize ./llama-bf16 ./llama-nvfp4 -f nvfp4",
                          "microscale inspect ./llama-nvfp4",
                          "microscale <command> --help     # options and examples of one command"))
@@ -193,11 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     conv_help = "; ".join(f"{c.name}: {c.description}" for c in CONVENTIONS.values())
     q = sub.add_parser("quantize", help="quantize a float checkpoint directory/file tensor by tensor",
                        formatter_class=raw,
-                       description=_desc("Quantize SRC into DST (a directory; a .gguf file for --convention gguf). "
-                       "Streams one tensor at a time, builds DST under a temporary name beside it and puts it in "
-                       "place at the end, never modifies SRC. Embeddings, norms, biases and lm_head stay as they "
-                       "are unless --no-default-skip. Side files (config, tokenizer, README, LICENSE) are copied; "
-                       "other files are listed as not copied (docs/safety.md)."),
+                       description=_desc(
+                           "Quantize SRC into DST (a directory; a .gguf file for --convention gguf). Streams one "
+                           "tensor at a time, builds DST under a temporary name beside it and puts it in place at "
+                           "the end, never modifies SRC. Embeddings, norms, biases and lm_head stay as they are "
+                           "unless --no-default-skip. Side files (config, tokenizer, README, LICENSE) are copied; "
+                           "other files are listed as not copied (docs/safety.md)."),
                        epilog=_examples(
                            "microscale quantize ./llama-bf16 ./llama-nvfp4 -f nvfp4",
                            "microscale quantize ./llama-bf16 ./llama-nvfp4-ct -f NVFP4 -c compressed-tensors",
