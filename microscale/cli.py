@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
 from .formats import registry
 
@@ -41,19 +42,28 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _skipped_files(s: dict) -> None:
+    """Print the side files left out of DST, with why (the allow-list is in docs/safety.md)."""
+    for name, why in s.get("files_skipped", ()):
+        print(f"  not copied: {name} ({why})")
+
+
 def _quantize(args: argparse.Namespace) -> int:
     """Quantize a float checkpoint (directory, .safetensors file) to DST in a convention."""
     from . import io as msio
 
     kw = {}
-    if args.scale_rule:
+    if args.scale_rule is not None:
         kw["scale_rule"] = args.scale_rule
-    if args.block_size:
+    if args.block_size is not None:
         kw["block_size"] = args.block_size
     s = msio.convert(args.src, args.dst, fmt=args.format, convention=args.convention, skip=args.skip,
-                     default_skip=not args.no_default_skip, progress=not args.quiet, quantize_kwargs=kw)
-    print(f"{len(s['quantized'])} tensors quantized to {args.format} ({args.convention}), {len(s['skipped'])} skipped, "
-          f"{len(s['copied'])} copied; {s['bytes_in'] / 1e6:.1f} MB -> {s['bytes_out'] / 1e6:.1f} MB in {args.dst}")
+                     default_skip=not args.no_default_skip, progress=not args.quiet, quantize_kwargs=kw,
+                     overwrite=args.overwrite)
+    _skipped_files(s)
+    print(f"{len(s['quantized'])} tensors quantized to {s.get('format', args.format)} ({args.convention}), "
+          f"{len(s['skipped'])} skipped, {len(s['copied'])} copied; {s['bytes_in'] / 1e6:.1f} MB -> "
+          f"{s['bytes_out'] / 1e6:.1f} MB in {args.dst}")
     return 0
 
 
@@ -61,7 +71,9 @@ def _convert(args: argparse.Namespace) -> int:
     """Re-spell a quantized checkpoint in another convention, exactly (no re-quantization)."""
     from . import io as msio
 
-    s = msio.convert(args.src, args.dst, convention=args.convention, progress=not args.quiet)
+    s = msio.convert(args.src, args.dst, convention=args.convention, progress=not args.quiet,
+                     overwrite=args.overwrite)
+    _skipped_files(s)
     print(f"{len(s['quantized'])} quantized tensors re-written as {args.convention}, {len(s['copied'])} copied "
           f"-> {args.dst}")
     return 0
@@ -74,7 +86,9 @@ def _dequantize(args: argparse.Namespace) -> int:
     from . import io as msio
 
     dt = None if args.dtype is None else getattr(torch, _DT[args.dtype])
-    s = msio.convert(args.src, args.dst, dequantize=True, dtype=dt, progress=not args.quiet)
+    s = msio.convert(args.src, args.dst, dequantize=True, dtype=dt, progress=not args.quiet,
+                     overwrite=args.overwrite)
+    _skipped_files(s)
     print(f"{len(s['dequantized'])} tensors dequantized, {len(s['copied'])} copied -> {args.dst}")
     return 0
 
@@ -95,11 +109,21 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     """Quantize all-MiniLM-L6-v2 to each main format; print accuracy and size."""
+    import torch
+
+    if args.device is not None:
+        try:
+            dev = torch.device(args.device)
+        except RuntimeError:
+            return _fail(f"demo: --device {args.device!r} is not a device; use cpu or cuda")
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            return _fail(f"demo: --device {args.device} but this machine has no usable CUDA GPU "
+                         "(torch.cuda.is_available() is False); use --device cpu")
+        if dev.type not in ("cpu", "cuda"):
+            return _fail(f"demo: --device {args.device!r}: the demo runs on cpu or cuda")
     from . import demo
 
     try:
-        import torch
-
         dt = None if args.dtype is None else getattr(torch, _DT[args.dtype])
         demo.run(device=args.device, batch_size=args.batch_size, dtype=dt)
     except ImportError as e:
@@ -108,58 +132,149 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} is not a positive block size")
+    return v
+
+
+def _lower(s: str) -> str:
+    return s.lower()
+
+
+def _conv_name(s: str) -> str:
+    return s.lower().replace("_", "-")  # as get_convention reads it
+
+
+def _desc(text: str) -> str:
+    return textwrap.fill(text, 88)
+
+
+_SRC_HELP = ("input checkpoint: a directory of .safetensors shards (with or without "
+             "model.safetensors.index.json) or one .safetensors file; only read, never modified")
+_DST_HELP = ("output: a new directory (or an empty one); never SRC, inside SRC or a folder holding SRC. "
+             "An existing DST is refused unless --overwrite")
+_OVERWRITE_HELP = ("replace an existing DST; the old one stays in place until the new one is complete "
+                   "(it still may not contain or be SRC)")
+
+
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join("  " + ln for ln in lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (one sub-command per job)."""
-    p = argparse.ArgumentParser(prog="microscale", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("formats", help="list the format registry with bits per element")
+    from . import __version__
+
+    raw = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(
+        prog="microscale", formatter_class=raw,
+        description=_desc("Block-scaled low-precision formats (NVFP4, MXFP4, MXFP6, MXFP8, int4/int8 ...): "
+                          "quantize, convert and inspect checkpoints; list formats; run the demo and the benchmarks."),
+        epilog=_examples("microscale formats", "microscale quantize ./llama-bf16 ./llama-nvfp4 -f nvfp4",
+                         "microscale inspect ./llama-nvfp4",
+                         "microscale <command> --help     # options and examples of one command"))
+    p.add_argument("--version", action="version", version=f"microscale {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    f = sub.add_parser("formats", help="list the format registry with bits per element", formatter_class=raw,
+                       description=_desc("List every format preset: element, block, scale, scale rule and bits "
+                                         "per element (scales included). Names are case-insensitive."),
+                       epilog=_examples("microscale formats", "microscale formats --markdown > formats.md"))
     f.add_argument("--markdown", action="store_true", help="as a Markdown table (docs/formats.md)")
     f.set_defaults(func=_formats)
 
     from .io.conventions import CONVENTIONS
 
     convs = list(CONVENTIONS)
+    conv_help = "; ".join(f"{c.name}: {c.description}" for c in CONVENTIONS.values())
     q = sub.add_parser("quantize", help="quantize a float checkpoint directory/file tensor by tensor",
-                       description="Quantize SRC (a directory of sharded safetensors + index, or one .safetensors "
-                       "file) into DST (a directory; a .gguf file for --convention gguf). Streams one tensor at a "
-                       "time, writes to a temporary directory renamed at the end, never modifies SRC.")
-    q.add_argument("src")
-    q.add_argument("dst")
-    q.add_argument("--format", "-f", required=True, choices=list(registry), metavar="FORMAT",
-                   help="a preset from `microscale formats`")
-    q.add_argument("--convention", "-c", default="native", choices=convs)
+                       formatter_class=raw,
+                       description=_desc(
+                           "Quantize SRC into DST (a directory; a .gguf file for --convention gguf). Streams one "
+                           "tensor at a time, builds DST under a temporary name beside it and puts it in place at "
+                           "the end, never modifies SRC. Embeddings, norms, biases and lm_head stay as they are "
+                           "unless --no-default-skip. Side files (config, tokenizer, README, LICENSE) are copied; "
+                           "other files are listed as not copied (docs/safety.md)."),
+                       epilog=_examples(
+                           "microscale quantize ./llama-bf16 ./llama-nvfp4 -f nvfp4",
+                           "microscale quantize ./llama-bf16 ./llama-nvfp4-ct -f NVFP4 -c compressed-tensors",
+                           "microscale quantize model.safetensors ./out -f mxfp4 --scale-rule rceil --skip '*q_proj*'",
+                           "microscale quantize ./llama-bf16 ./llama-int4 -f int4_affine_g32 --block-size 128",
+                           "microscale quantize ./llama-bf16 llama-mxfp4.gguf -f mxfp4 -c gguf",
+                           "microscale quantize ./llama-bf16 ./llama-nvfp4 -f nvfp4 --overwrite   # replace DST"))
+    q.add_argument("src", metavar="SRC", help=_SRC_HELP)
+    q.add_argument("dst", metavar="DST", help=_DST_HELP)
+    q.add_argument("--format", "-f", required=True, type=_lower, choices=list(registry), metavar="FORMAT",
+                   help="a preset from `microscale formats` (case-insensitive), e.g. nvfp4, mxfp4, mxfp8_e4m3")
+    q.add_argument("--convention", "-c", default="native", type=_conv_name, choices=convs, metavar="CONVENTION",
+                   help=f"how the quantized tensors are spelled in DST (default native). {conv_help}")
     q.add_argument("--skip", action="append", default=[], metavar="PATTERN",
                    help="fnmatch pattern (or substring) of tensor names to keep as they are; repeatable")
     q.add_argument("--no-default-skip", action="store_true",
                    help="also quantize embeddings, norms and lm_head (skipped by default)")
-    q.add_argument("--scale-rule", choices=["floor", "ceil", "even", "rceil"], default=None)
-    q.add_argument("--block-size", type=int, default=None)
+    q.add_argument("--scale-rule", choices=["floor", "ceil", "even", "rceil"], type=_lower, default=None,
+                   help="how a power-of-two (E8M0) block scale is rounded from the block's amax: floor (OCP spec), "
+                        "ceil, even, rceil (round up, as cuDNN/torchao inference); default: the format's own. "
+                        "Recorded in the format name, e.g. mxfp4_rceil")
+    q.add_argument("--block-size", type=_positive_int, default=None, metavar="N",
+                   help="elements per block along the last dimension instead of the format's own (a positive "
+                        "integer; N x element bits must be whole bytes). Recorded in the format name, e.g. nvfp4_b64")
+    q.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
     q.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     q.set_defaults(func=_quantize)
 
-    c = sub.add_parser("convert", help="re-write a quantized checkpoint in another convention (exact)")
-    c.add_argument("src")
-    c.add_argument("dst")
-    c.add_argument("--convention", "-c", required=True, choices=convs)
-    c.add_argument("--quiet", "-q", action="store_true")
+    c = sub.add_parser("convert", help="re-write a quantized checkpoint in another convention (exact)",
+                       formatter_class=raw,
+                       description=_desc("Re-spell the quantized tensors of SRC in another convention, bit for "
+                                         "bit (no re-quantization); a float SRC is an error (use quantize)."),
+                       epilog=_examples("microscale convert ./llama-nvfp4 ./llama-nvfp4-ct -c compressed-tensors",
+                                        "microscale convert ./oss-native ./oss -c gpt-oss",
+                                        "microscale convert ./llama-mxfp4 llama-mxfp4.gguf -c gguf"))
+    c.add_argument("src", metavar="SRC", help="a quantized checkpoint (any detected convention); " + _SRC_HELP)
+    c.add_argument("dst", metavar="DST", help=_DST_HELP)
+    c.add_argument("--convention", "-c", required=True, type=_conv_name, choices=convs, metavar="CONVENTION",
+                   help=f"the convention of DST. {conv_help}")
+    c.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
+    c.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     c.set_defaults(func=_convert)
 
-    d = sub.add_parser("dequantize", help="decode a quantized checkpoint into plain float safetensors")
-    d.add_argument("src")
-    d.add_argument("dst")
-    d.add_argument("--dtype", choices=sorted(_DT), default=None, help="default: each tensor's original dtype "
-                   "(bf16 when the checkpoint does not record it)")
-    d.add_argument("--quiet", "-q", action="store_true")
+    d = sub.add_parser("dequantize", help="decode a quantized checkpoint into plain float safetensors",
+                       formatter_class=raw,
+                       description=_desc("Decode every quantized tensor of SRC into a plain float safetensors "
+                                         "checkpoint DST, tensor by tensor; a float SRC is an error."),
+                       epilog=_examples("microscale dequantize ./llama-nvfp4 ./llama-bf16-again",
+                                        "microscale dequantize ./llama-nvfp4 ./llama-fp32 --dtype fp32"))
+    d.add_argument("src", metavar="SRC", help="a quantized checkpoint; " + _SRC_HELP)
+    d.add_argument("dst", metavar="DST", help=_DST_HELP)
+    d.add_argument("--dtype", choices=sorted(_DT), type=_lower, default=None,
+                   help="default: each tensor's original dtype (bf16 when the checkpoint does not record it)")
+    d.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
+    d.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     d.set_defaults(func=_dequantize)
 
-    i = sub.add_parser("inspect", help="detect a checkpoint's convention; list per-tensor format, shape, bytes")
-    i.add_argument("path")
+    i = sub.add_parser("inspect", help="detect a checkpoint's convention; list per-tensor format, shape, bytes",
+                       formatter_class=raw,
+                       description=_desc("Detect the convention of a checkpoint and list every logical tensor "
+                                         "with its format (or dtype), shape and stored bytes. Reads headers only."),
+                       epilog=_examples("microscale inspect ./llama-nvfp4", "microscale inspect model.safetensors",
+                                        "microscale inspect llama-mxfp4.gguf | head"))
+    i.add_argument("path", metavar="PATH", help="a checkpoint directory, a .safetensors file or a .gguf file")
     i.set_defaults(func=_inspect)
 
-    m = sub.add_parser("demo", help="quantize all-MiniLM-L6-v2 to each main format and report accuracy/size")
+    m = sub.add_parser("demo", help="quantize all-MiniLM-L6-v2 to each main format and report accuracy/size",
+                       formatter_class=raw,
+                       description=_desc("Quantize the all-MiniLM-L6-v2 sentence-embedding model (installed "
+                                         "with the [demo] extra) to each main format; print weight SQNR, embedding "
+                                         "cosine, size and, on a GPU, time per batch."),
+                       epilog=_examples("microscale demo", "microscale demo --device cpu",
+                                        "microscale demo --device cuda --dtype bf16"))
     m.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    m.add_argument("--batch-size", type=int, default=32)
-    m.add_argument("--dtype", choices=sorted(_DT), default=None,
+    m.add_argument("--batch-size", type=_positive_int, default=32, help="sentences per batch (default 32)")
+    m.add_argument("--dtype", choices=sorted(_DT), type=_lower, default=None,
                    help="compute dtype of the models (default fp32 on CPU, fp16 on CUDA)")
     m.set_defaults(func=_demo)
 
@@ -182,11 +297,28 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # the harness parses its own options (argparse REMAINDER drops leading ones)
         return _bench(argparse.Namespace(bench_args=argv[1:]))
-    args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
-    except (ValueError, KeyError, FileNotFoundError, TypeError) as e:
-        return _fail(str(e) if not isinstance(e, KeyError) else str(e.args[0]))
+        args = build_parser().parse_args(argv)
+        try:
+            return int(args.func(args) or 0)
+        except (ValueError, KeyError, TypeError, OSError, ImportError) as e:
+            if isinstance(e, BrokenPipeError):
+                raise
+            return _fail(str(e) if not isinstance(e, KeyError) else str(e.args[0]))
+    except BrokenPipeError:
+        _quiet_stdout()  # e.g. `microscale inspect X | head`: the reader left; stop quietly
+        return 141  # 128 + SIGPIPE, as a tool killed by the signal would report
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush raises nothing more."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":

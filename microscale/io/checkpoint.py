@@ -12,8 +12,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -21,6 +19,8 @@ import torch
 
 from ..formats import Format, get_format
 from ..qtensor import QTensor
+from ._paths import (UnsafePathError, atomic_output, check_output, copy_regular, open_regular, read_regular,
+                     resolve_inside, side_files)
 from .conventions import DETECT_ORDER, Convention, Group, get_convention, has_activation_scale, json_dumps
 from .safetensors_io import SafetensorsError, SafetensorsReader, SafetensorsWriter
 
@@ -73,41 +73,50 @@ class Checkpoint:
 
 def _read_json(path: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
+        obj = json.loads(read_regular(path).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not valid JSON: {e}") from e
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
 
 
 def open_checkpoint(path: str | os.PathLike, convention: str | None = None) -> Checkpoint:
-    """Open a checkpoint directory or a single safetensors file (validating every header)."""
+    """Open a checkpoint directory or a single safetensors file (validating every header).
+
+    Every file name read from the directory or from ``model.safetensors.index.json``
+    must resolve inside it (no absolute path, no ``..``, no symlink leaving it; see
+    docs/safety.md), and only regular files are opened."""
     path = os.fspath(path)
     files: dict[str, dict] = {}
     if os.path.isdir(path):
         for j in ("config.json", "hf_quant_config.json"):
-            if os.path.exists(os.path.join(path, j)):
-                files[j] = _read_json(os.path.join(path, j))
+            if os.path.lexists(os.path.join(path, j)):
+                files[j] = _read_json(resolve_inside(path, j, path))
         idx = os.path.join(path, INDEX)
-        if os.path.exists(idx):
-            wm = _read_json(idx).get("weight_map")
+        if os.path.lexists(idx):
+            wm = _read_json(resolve_inside(path, INDEX, path)).get("weight_map")
             if not isinstance(wm, dict):
                 raise ValueError(f"{idx}: no 'weight_map' object")
+            for s in wm.values():
+                resolve_inside(path, s, f"{idx}: weight_map")
             shards = sorted(set(wm.values()))
         else:
             shards = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
             wm = None
         if not shards:
             raise FileNotFoundError(f"{path}: no .safetensors files")
-        root = path
-    elif os.path.isfile(path):
-        root, shards, wm = os.path.dirname(os.path.abspath(path)), [os.path.basename(path)], None
+        real = {s: resolve_inside(path, s, path) for s in shards}
+    elif os.path.lexists(path):
+        shards, wm = [os.path.basename(path)], None
+        real = {shards[0]: path}  # the file the user named (a link to it is followed)
     else:
         raise FileNotFoundError(f"{path}: no such file or directory")
     readers, where, meta = {}, {}, {}
     for s in shards:
-        fp = os.path.join(root, s)
+        fp = real[s]
         if not os.path.exists(fp):
-            raise FileNotFoundError(f"{fp}: listed in {INDEX} but missing")
+            raise FileNotFoundError(f"{os.path.join(path, s)}: listed in {INDEX} but missing")
         r = SafetensorsReader(fp)
         readers[s] = r
         meta.update(r.metadata)
@@ -135,9 +144,9 @@ def open_checkpoint(path: str | os.PathLike, convention: str | None = None) -> C
 # whole checkpoints in memory
 # ---------------------------------------------------------------------------------
 def _is_gguf(path: str) -> bool:
-    if not os.path.isfile(path):
+    if not os.path.lexists(path) or os.path.isdir(path):
         return False
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO or device raises instead of blocking
         return f.read(4) == b"GGUF"
 
 
@@ -160,18 +169,23 @@ def load(path: str | os.PathLike, convention: str | None = None) -> dict[str, QT
 
 
 def save(tensors: dict[str, QTensor | torch.Tensor], path: str | os.PathLike, convention: str = "native",
-         config: dict | None = None, skipped: Iterable[str] = ()) -> None:
+         config: dict | None = None, skipped: Iterable[str] = (), overwrite: bool = False) -> None:
     """Write ``tensors`` in ``convention``: a ``.gguf`` file for gguf, else a directory
-    holding ``model.safetensors`` and the convention's json files (atomically)."""
+    holding ``model.safetensors`` and the convention's json files, atomically.
+
+    ``path`` must not exist (an empty directory is fine) unless ``overwrite=True``; an
+    existing one is replaced only once the new one is complete (docs/safety.md)."""
     path = os.fspath(path)
     conv = get_convention(convention)
     if conv.name == "gguf":
         from .gguf_io import save_gguf
 
-        save_gguf(path, tensors.items())
+        check_output(None, path, overwrite, "save", kind="file")
+        save_gguf(path, tensors.items(), overwrite=overwrite)
         return
+    check_output(None, path, overwrite, "save")
     fmts = [t.fmt for t in tensors.values() if isinstance(t, QTensor)]
-    with _atomic_dir(path) as tmp:
+    with atomic_output(path, overwrite=overwrite) as tmp:
         w = SafetensorsWriter(os.path.join(tmp, "model.safetensors"), {"format": "pt"})
         try:
             for name, t in tensors.items():
@@ -191,97 +205,21 @@ def save(tensors: dict[str, QTensor | torch.Tensor], path: str | os.PathLike, co
                 f.write(json_dumps(config))
 
 
-def _write_one(w: SafetensorsWriter, conv: Convention, name: str, t: QTensor | torch.Tensor) -> int:
+def _write_one(w: SafetensorsWriter, conv: Convention, name: str, t: QTensor | torch.Tensor,
+               added: list[str] | None = None) -> int:
+    """Write one logical tensor; its stored names are appended to ``added``; bytes written."""
     if isinstance(t, QTensor):
         ts, meta = conv.encode(name, t)
         for k, v in ts.items():
             w.add(k, v)
+        if added is not None:
+            added.extend(ts)
         w.metadata.update(meta)
         return sum(v.numel() * v.element_size() for v in ts.values())
     w.add(name, t)
+    if added is not None:
+        added.append(name)
     return t.numel() * t.element_size()
-
-
-class _atomic_dir:
-    """Build a directory under a temporary name beside ``path``; rename it into place on
-    success, delete it on any error (KeyboardInterrupt and SIGTERM included). An
-    existing ``path`` is replaced only after the new one is complete. A process killed
-    with SIGKILL cannot clean up: its ``.<name>.partial-<pid>-*`` directory is removed by
-    the next run for the same ``path`` once that pid is gone."""
-
-    def __init__(self, path: str):
-        self.path = os.path.abspath(path)
-
-    def _prefix(self) -> str:
-        return "." + os.path.basename(self.path) + ".partial-"
-
-    def _clean_stale(self, parent: str) -> None:
-        for f in os.listdir(parent):
-            if not f.startswith(self._prefix()):
-                continue
-            try:
-                pid = int(f[len(self._prefix()):].split("-")[0])
-            except ValueError:
-                continue
-            if pid != os.getpid() and not _pid_alive(pid):
-                shutil.rmtree(os.path.join(parent, f), ignore_errors=True)
-
-    def __enter__(self) -> str:
-        parent = os.path.dirname(self.path)
-        os.makedirs(parent, exist_ok=True)
-        self._clean_stale(parent)
-        self.tmp = tempfile.mkdtemp(dir=parent, prefix=f"{self._prefix()}{os.getpid()}-")
-        self._term = _sigterm_as_exit().__enter__()
-        return self.tmp
-
-    def __exit__(self, et, ev, tb) -> bool:
-        try:
-            if et is not None:
-                shutil.rmtree(self.tmp, ignore_errors=True)
-                return False
-            old = None
-            if os.path.exists(self.path):
-                old = self.path + ".old-" + os.path.basename(self.tmp)
-                os.replace(self.path, old)
-            os.replace(self.tmp, self.path)
-            if old:
-                shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.unlink(old)
-            return False
-        finally:
-            self._term.__exit__(None, None, None)
-
-
-class _sigterm_as_exit:
-    """While active (main thread only), SIGTERM raises SystemExit so cleanup code runs."""
-
-    def __enter__(self):
-        import signal
-        import threading
-
-        self.old = None
-        if threading.current_thread() is threading.main_thread():
-            def _term(signum, frame):
-                raise SystemExit(128 + signum)
-
-            self.old = signal.signal(signal.SIGTERM, _term)
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        import signal
-
-        if self.old is not None:
-            signal.signal(signal.SIGTERM, self.old)
-        return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---------------------------------------------------------------------------------
@@ -302,55 +240,127 @@ def should_quantize(name: str, shape: tuple[int, ...], dtype: torch.dtype, fmt: 
     return True
 
 
-def _dir_outputs(src: str, dst: str, src_is_dir: bool):
-    """Non-safetensors files to copy (relative names)."""
-    if not src_is_dir:
-        return []
-    out = []
-    for root, dirs, fs in os.walk(src):
-        for f in fs:
-            rel = os.path.relpath(os.path.join(root, f), src)
-            if f.endswith(".safetensors") or rel == INDEX:
-                continue
-            out.append(rel)
-    return out
+#: Why a convention may quantize none of a checkpoint's tensors (named in the error).
+_ONLY = {"gpt-oss": "it quantizes only MoE expert weights: 3-D tensors named '*.experts.*_proj' "
+                    "(gate_up_proj, down_proj)"}
+
+
+def _quant_format(fmt: str | Format, conv: Convention, qkw: dict) -> Format:
+    """The format written: ``fmt`` with the ``block_size``/``scale_rule`` overrides of
+    ``qkw`` (removed from it) applied and named in the format's name (``nvfp4_b64``,
+    ``mxfp4_rceil``), as the convention stores it."""
+    from ..reference import resolve_format
+
+    base = get_format(fmt)
+    bs, rule = qkw.pop("block_size", None), qkw.pop("scale_rule", None)
+    if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs < 1):
+        raise ValueError(f"convert: block_size={bs!r}: expected a positive integer")
+    f = resolve_format(base, bs, rule)
+    want_rule = f.scale_rule
+    f = conv.check_format(f)
+    if rule is not None and f.scale_rule != want_rule:
+        raise ValueError(f"convert: convention {conv.name!r} stores {base.name} with scale rule "
+                         f"{f.scale_rule.value!r}, not the requested {want_rule.value!r}")
+    suffix = (f"_b{f.block_size}" if f.block_size != base.block_size else "") + \
+             (f"_{want_rule.value}" if rule is not None and want_rule != base.scale_rule else "")
+    return f.replace(name=base.name + suffix) if suffix else f
+
+
+def _none_quantized(ck: Checkpoint, names: list[str], conv: Convention, fmt: Format, patterns) -> str:
+    """Why no tensor of ``names`` is quantized: counts per reason."""
+    if conv.name in _ONLY:
+        return _ONLY[conv.name]
+    small = stored = skipped = 0
+    for x in names:
+        ti = ck.info(x)
+        if not should_quantize(x, ti.shape, ti.dtype, fmt, ()):
+            small += 1
+        elif not conv.quantizable(x, ti.shape, fmt):
+            stored += 1
+        else:
+            skipped += 1
+    parts = [f"{small} are not float matrices with at least one {fmt.block_size}-element block per row"] * bool(small)
+    parts += [f"{stored} have shapes convention {conv.name!r} cannot store"] * bool(stored)
+    parts += [f"{skipped} match the skip patterns ({', '.join(patterns)})"] * bool(skipped)
+    return "; ".join(parts)
+
+
+def _dequantize_chunked(q: QTensor, dtype: torch.dtype, chunk: int = 1 << 20) -> torch.Tensor:
+    """``q.dequantize(dtype)`` computed ``chunk`` elements of rows at a time into one
+    output tensor, so the float32 temporaries of the decode stay small (bit-identical:
+    every block is decoded by the same code)."""
+    pshape = q.padded_shape
+    if (q.data.dim() < 2 or q.numel == 0 or q.data.device.type != "cpu"
+            or tuple(pshape[:-1]) != tuple(q.shape[:-1])):  # padded rows (2-D blocks): whole tensor
+        return q.dequantize(dtype)
+    k, kp = q.shape[-1], pshape[-1]
+    data = q.data.reshape(-1, q.data.shape[-1])
+    scales = q.scales.reshape(-1, q.scales.shape[-1]) if q.scales.dim() >= 2 else None
+    zp = None if q.zero_points is None else q.zero_points.reshape(-1, q.zero_points.shape[-1])
+    rows = data.shape[0]
+    if scales is None or rows % scales.shape[0] or (zp is not None and zp.shape[0] != scales.shape[0]):
+        return q.dequantize(dtype)
+    per = rows // scales.shape[0]  # data rows per scale row (block_rows of 2-D blocks)
+    step = max(1, chunk // max(kp * per, 1)) * per
+    out = torch.empty((rows, k), dtype=dtype)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        s0, s1 = r0 // per, r1 // per
+        part = QTensor(data[r0:r1], scales[s0:s1], q.fmt, torch.Size((r1 - r0, k)), q.dtype, q.global_scale,
+                       None if zp is None else zp[s0:s1], dict(q.meta))
+        out[r0:r1] = part.dequantize(dtype)
+    return out.reshape(q.shape)
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format | None = None,
             convention: str = "native", skip: Iterable[str] = (), default_skip: bool = True,
             dequantize: bool = False, dtype: torch.dtype | None = None, progress: bool = True,
-            quantize_kwargs: dict | None = None, on_tensor: Callable[[str], None] | None = None) -> dict:
+            quantize_kwargs: dict | None = None, on_tensor: Callable[[str], None] | None = None,
+            overwrite: bool = False) -> dict:
     """Convert a checkpoint tensor by tensor.
 
     Modes: ``fmt`` given — quantize a float checkpoint (or re-quantize after decoding a
     quantized one) and write it in ``convention``; ``dequantize=True`` — decode every
     quantized tensor to ``dtype`` (default: the original dtype, bfloat16 when unknown)
     and write a plain float checkpoint; neither — re-spell a quantized checkpoint in
-    another ``convention`` (exact: no re-quantization).
+    another ``convention`` (exact: no re-quantization). ``quantize_kwargs`` go to
+    :func:`microscale.quantize`; a ``block_size`` or ``scale_rule`` among them is
+    named in the written format (e.g. ``nvfp4_b64``).
 
-    Memory: one input tensor (or group) and its outputs at a time; peak is about twice
-    the largest tensor plus a constant. The output is built in a temporary directory
-    beside ``dst`` and renamed at the end, so an interrupted run leaves no ``dst``; the
-    input is only read. Shards keep their file names; the index json is rewritten;
-    other files (tokenizer, configs) are copied, ``config.json`` updated for the
-    convention. Returns a summary dict.
+    Safety (docs/safety.md): ``dst`` must not exist (an empty directory is fine) unless
+    ``overwrite=True``, and never equals, contains or lies inside ``src``; every file
+    name read from ``src`` resolves inside it; only regular files are read. The output
+    is built under a unique temporary name beside ``dst`` and put in place atomically
+    (an existing ``dst`` stays until the new one is complete). Shards keep their file
+    names; the index json is rewritten; allow-listed side files (configs, tokenizer,
+    README, LICENSE) are copied, every other file is listed in ``files_skipped``;
+    ``config.json`` is updated for the convention.
+
+    Memory: one input tensor (or group) and its outputs at a time; dequantizing decodes
+    in row chunks straight into the output dtype. Returns a summary dict: tensor names
+    under ``quantized``, ``skipped``, ``copied``, ``dequantized``; ``files_copied`` and
+    ``files_skipped`` (``(name, reason)``); ``bytes_in``, ``bytes_out``; ``format`` (the
+    name of the format written, when quantizing).
     """
     from ..ops import quantize as ms_quantize
 
     src, dst = os.fspath(src), os.fspath(dst)
-    if os.path.abspath(src) == os.path.abspath(dst):
-        raise ValueError("convert: dst must differ from src (the input is never modified)")
-    qfmt = None if fmt is None else get_format(fmt)
-    if qfmt is not None and dequantize:
+    if fmt is not None and dequantize:
         raise ValueError("convert: pass either fmt (quantize) or dequantize=True, not both")
     out_conv = get_convention("native" if dequantize else convention)
-    if qfmt is not None:
-        qfmt = out_conv.check_format(qfmt)
     qkw = dict(quantize_kwargs or {})
+    qfmt = None if fmt is None else _quant_format(fmt, out_conv, qkw)
     patterns = (tuple(DEFAULT_SKIP) if default_skip else ()) + tuple(skip)
+    if not os.path.lexists(src):
+        raise FileNotFoundError(f"{src}: no such file or directory")
+    check_output(src, dst, overwrite, "convert", kind="file" if out_conv.name == "gguf" else "dir")
     if _is_gguf(src):
         raise ValueError("convert: GGUF input is supported by load()/inspect, not by streaming convert")
     ck = open_checkpoint(src)
+    if ck.convention == "float" and qfmt is None:
+        job = "dequantize" if dequantize else f"re-write in convention {out_conv.name!r}"
+        raise ValueError(f"convert: {src} holds no quantized tensors (convention 'float'): nothing to {job}; "
+                         "quantize it with fmt=... (`microscale quantize`)")
     in_conv = get_convention(ck.convention) if ck.convention != "float" else None
     member = {k: g for g in ck.groups for k in g.members.values()}
     primary = {next(iter(g.members.values())): g for g in ck.groups}
@@ -363,9 +373,24 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
             plan[ck.where[k]].append(("group", primary[k]))
         elif k not in member:
             plan[ck.where[k]].append(("plain", k))
+
+    def wanted(x: str) -> tuple[bool, bool]:
+        """(convention can quantize it, the skip rules let it be quantized)."""
+        ti = ck.info(x)
+        return (out_conv.quantizable(x, ti.shape, qfmt),
+                should_quantize(x, out_conv.prepared_shape(x, ti.shape), ti.dtype, qfmt, patterns))
+
+    if qfmt is not None and not ck.groups:
+        plain = [x for s in shards for kind, x in plan[s] if kind == "plain"]
+        if not any(all(wanted(x)) for x in plain):
+            raise ValueError(f"convert: convention {out_conv.name!r} would quantize none of the {len(plain)} "
+                             f"tensors of {src} to {qfmt.name}: {_none_quantized(ck, plain, out_conv, qfmt, patterns)}")
     total = sum(ck.info(k).nbytes for k in ck.names)
-    summary = {"quantized": [], "skipped": [], "copied": [], "dequantized": [], "bytes_in": total, "bytes_out": 0,
+    summary = {"quantized": [], "skipped": [], "copied": [], "dequantized": [], "files_copied": [],
+               "files_skipped": [], "bytes_in": total, "bytes_out": 0,
                "activation_scales": False}
+    if qfmt is not None:
+        summary["format"] = qfmt.name
     first_fmt: list[Format] = []
 
     def produce(item):
@@ -375,9 +400,11 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
             q = ck.qtensor(x)
             if dequantize:
                 summary["dequantized"].append(x.base)
-                yield x.base, in_conv.restore(x.base, q.dequantize(dtype or q.dtype))
+                t = in_conv.restore(x.base, _dequantize_chunked(q, dtype or q.dtype))
+                del q
+                yield x.base, t
             elif qfmt is not None:
-                t = out_conv.prepare(x.base, in_conv.restore(x.base, q.dequantize(torch.float32)))
+                t = out_conv.prepare(x.base, in_conv.restore(x.base, _dequantize_chunked(q, torch.float32)))
                 del q
                 summary["quantized"].append(x.base)
                 yield x.base, ms_quantize(t, qfmt, pad=True, **qkw)
@@ -388,8 +415,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
             return
         ti = ck.info(x)
         t = ck.get(x)
-        if (qfmt is not None and out_conv.quantizable(x, ti.shape, qfmt)
-                and should_quantize(x, out_conv.prepared_shape(x, ti.shape), ti.dtype, qfmt, patterns)):
+        if qfmt is not None and all(wanted(x)):
             summary["quantized"].append(x)
             yield x, ms_quantize(out_conv.prepare(x, t), qfmt, pad=True, **qkw)
         else:
@@ -401,17 +427,18 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
 
     src_is_dir = os.path.isdir(src)
     if out_conv.name == "gguf":
-        return _convert_gguf(ck, plan, shards, produce, dst, total, summary, progress)
+        return _convert_gguf(ck, plan, shards, produce, dst, total, summary, progress, overwrite)
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"convert -> {out_conv.name}")
     try:
-        with _atomic_dir(dst) as tmp:
+        with atomic_output(dst, overwrite=overwrite) as tmp:
             weight_map: dict[str, str] = {}
             for s in shards:
-                out_name = s if src_is_dir else "model.safetensors"
+                out_name = os.path.normpath(s) if src_is_dir else "model.safetensors"  # resolved inside src
+                os.makedirs(os.path.dirname(os.path.join(tmp, out_name)), exist_ok=True)
                 w = SafetensorsWriter(os.path.join(tmp, out_name), {"format": "pt"})
                 try:
                     for item in plan[s]:
@@ -422,11 +449,10 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
                                 first_fmt.append(t.fmt)
                             if isinstance(t, QTensor) and has_activation_scale(t):
                                 summary["activation_scales"] = True
-                            before = set(w._entries)
-                            summary["bytes_out"] += _write_one(w, out_conv, name, t)
-                            for k in w._entries:
-                                if k not in before:
-                                    weight_map[k] = out_name
+                            added: list[str] = []
+                            summary["bytes_out"] += _write_one(w, out_conv, name, t, added)
+                            for k in added:
+                                weight_map[k] = out_name
                             del t
                         if on_tensor is not None:
                             on_tensor(keys[0])
@@ -436,20 +462,19 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
                 except BaseException:
                     w.abort()
                     raise
-            # side files
-            for rel in _dir_outputs(src, dst, src_is_dir):
-                d = os.path.join(tmp, rel)
-                os.makedirs(os.path.dirname(d), exist_ok=True)
-                shutil.copyfile(os.path.join(src, rel), d)
+            if src_is_dir:
+                copy, summary["files_skipped"] = side_files(src, exclude=[INDEX, "hf_quant_config.json", *shards])
+                for rel, real in copy:
+                    d = os.path.join(tmp, rel)
+                    os.makedirs(os.path.dirname(d), exist_ok=True)
+                    copy_regular(real, d)
+                    summary["files_copied"].append(rel)
             config = ck.files.get("config.json")
             if dequantize or (qfmt is None and not first_fmt):
                 if config is not None and "quantization_config" in config:
                     c = {k: v for k, v in config.items() if k != "quantization_config"}
                     with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
                         f.write(json_dumps(c))
-                hq = os.path.join(tmp, "hf_quant_config.json")
-                if os.path.exists(hq):
-                    os.unlink(hq)
             elif first_fmt:
                 if config is not None:
                     config = {k: v for k, v in config.items() if k != "quantization_config"}
@@ -460,7 +485,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
                                                             config, summary["activation_scales"]).items():
                     with open(os.path.join(tmp, fname), "w", encoding="utf-8") as f:
                         f.write(json_dumps(content))
-            if src_is_dir and (os.path.exists(os.path.join(src, INDEX)) or len(shards) > 1):
+            if src_is_dir and (os.path.lexists(os.path.join(src, INDEX)) or len(shards) > 1):
                 idx = {"metadata": {"total_size": summary["bytes_out"]}, "weight_map": dict(sorted(weight_map.items()))}
                 with open(os.path.join(tmp, INDEX), "w", encoding="utf-8") as f:
                     f.write(json_dumps(idx))
@@ -470,7 +495,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, fmt: str | Format
     return summary
 
 
-def _convert_gguf(ck, plan, shards, produce, dst, total, summary, progress) -> dict:
+def _convert_gguf(ck, plan, shards, produce, dst, total, summary, progress, overwrite) -> dict:
     """Stream every plan item into one GGUF file (tensor data spooled to disk)."""
     from .gguf_io import save_gguf
 
@@ -491,8 +516,7 @@ def _convert_gguf(ck, plan, shards, produce, dst, total, summary, progress) -> d
                     bar.update(sum(ck.info(k).nbytes for k in keys))
 
     try:
-        with _sigterm_as_exit():
-            save_gguf(dst, items())
+        save_gguf(dst, items(), overwrite=overwrite)
     finally:
         if bar is not None:
             bar.close()
@@ -527,15 +551,10 @@ def inspect(path: str | os.PathLike) -> tuple[str, list[tuple[str, str, tuple[in
             ti = ck.info(k)
             rows.append((k, str(ti.dtype).removeprefix("torch."), ti.shape, ti.nbytes))
     order = {k: i for i, k in enumerate(ck.names)}
-    rows.sort(key=lambda r: order.get(r[0], order.get(_first_key(ck, r[0]), 0)))
+    for g in ck.groups:  # a group sorts where its first stored tensor is
+        order.setdefault(g.base, order[next(iter(g.members.values()))])
+    rows.sort(key=lambda r: order.get(r[0], 0))
     return ck.convention, rows
 
 
-def _first_key(ck: Checkpoint, base: str) -> str:
-    for g in ck.groups:
-        if g.base == base:
-            return next(iter(g.members.values()))
-    return base
-
-
-__all__ += ["SafetensorsError"]
+__all__ += ["SafetensorsError", "UnsafePathError"]

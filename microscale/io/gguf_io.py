@@ -25,7 +25,6 @@ tensors, not a model llama.cpp can run.
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -33,6 +32,7 @@ import torch
 
 from ..formats import Format, get_format, pack_codes, unpack_codes
 from ..qtensor import QTensor
+from ._paths import atomic_output, check_output
 
 __all__ = ["scale_names", "gguf_type", "qtensor_to_gguf_bytes", "gguf_bytes_to_qtensor", "save_gguf", "iter_gguf",
            "load_gguf"]
@@ -55,8 +55,8 @@ def _gguf():
     try:
         import gguf
     except ImportError as e:
-        raise ImportError("GGUF support needs the gguf package: pip install 'microscale[gguf]' "
-                          "(or pip install gguf)") from e
+        raise ImportError("GGUF support needs the gguf package (0.19 or newer): pip install 'gguf>=0.19' (or, "
+                          "in the microscale checkout, pip install -e '.[gguf]')") from e
     return gguf
 
 
@@ -147,13 +147,20 @@ def gguf_bytes_to_qtensor(raw: torch.Tensor, kind: str, shape, global_scale: tor
 
 
 def save_gguf(path: str | os.PathLike, items: Iterable[tuple[str, QTensor | torch.Tensor]],
-              arch: str = "microscale") -> None:
+              arch: str = "microscale", overwrite: bool = False) -> None:
     """Write tensors (QTensors in MXFP4/NVFP4, float tensors as F32/F16/BF16) to a GGUF
-    file, atomically; tensor data is spooled to disk one tensor at a time."""
+    file, atomically; tensor data is spooled to disk one tensor at a time. An existing
+    ``path`` is refused unless ``overwrite=True`` (docs/safety.md). The temporary file
+    is removed on errors, Ctrl-C, SIGTERM and SIGHUP, and by the next export to ``path``
+    if its writer was killed."""
     g = _gguf()
     path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".gguf.tmp")
-    os.close(fd)
+    check_output(None, path, overwrite, "save_gguf", kind="file")
+    with atomic_output(path, kind="file", overwrite=overwrite) as tmp:  # unique locked temp, cleaned on any exit
+        _write_gguf(g, tmp, items, arch)
+
+
+def _write_gguf(g, tmp: str, items: Iterable[tuple[str, QTensor | torch.Tensor]], arch: str) -> None:
     w = g.GGUFWriter(tmp, arch, use_temp_file=True)
     try:
         for name, t in items:
@@ -172,13 +179,8 @@ def save_gguf(path: str | os.PathLike, items: Iterable[tuple[str, QTensor | torc
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
+    finally:
         w.close()
-        os.replace(tmp, path)
-    except BaseException:
-        w.close()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _side_scales(name: str, q: QTensor) -> dict[str, torch.Tensor]:

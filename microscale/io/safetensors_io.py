@@ -6,7 +6,7 @@ lying file fails with a message that names the file and the tensor. Tensors are 
 one at a time with plain file reads (no mmap), so memory holds only what the caller
 keeps. The writer streams tensors one at a time into a data file and assembles the
 final file (header + data) at close; the result is written under a temporary name and
-renamed into place.
+renamed into place. Only regular files are opened (a FIFO or device is refused).
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import tempfile
 from dataclasses import dataclass
 
 import torch
+
+from ._paths import UnsafePathError, open_regular, output_mode
 
 __all__ = ["SafetensorsError", "TensorInfo", "SafetensorsReader", "SafetensorsWriter", "DTYPES"]
 
@@ -57,18 +59,25 @@ class SafetensorsReader:
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         try:
-            size = os.path.getsize(self.path)
+            f = open_regular(self.path)  # a FIFO, device or directory is refused, never waited on
+        except UnsafePathError as e:
+            raise SafetensorsError(f"not a safetensors file: {e}") from e
         except OSError as e:
             raise SafetensorsError(f"{self.path}: cannot open: {e}") from e
-        with open(self.path, "rb") as f:
+        with f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise SafetensorsError(f"{self.path}: truncated: {size} bytes, a safetensors file starts with an "
                                        "8-byte header length")
             (hlen,) = struct.unpack("<Q", head)
-            if hlen > _MAX_HEADER or 8 + hlen > size:
-                raise SafetensorsError(f"{self.path}: header length {hlen} exceeds the file size {size} "
-                                       "(truncated or not a safetensors file)")
+            if 8 + hlen > size:
+                raise SafetensorsError(f"not a safetensors file: {self.path} (its first 8 bytes, read as the header "
+                                       f"length, say {hlen} bytes but the file has {size}; truncated or another "
+                                       "format)")
+            if hlen > _MAX_HEADER:
+                raise SafetensorsError(f"{self.path}: header of {hlen} bytes exceeds safetensors' limit of "
+                                       f"{_MAX_HEADER} bytes")
             raw = f.read(hlen)
         try:
             header = json.loads(raw.decode("utf-8"))
@@ -130,7 +139,7 @@ class SafetensorsReader:
         """Read one tensor into fresh CPU memory."""
         ti = self.info(name)
         buf = bytearray(ti.nbytes)
-        with open(self.path, "rb") as f:
+        with open_regular(self.path) as f:
             f.seek(ti.start)
             got = f.readinto(buf)
         if got != ti.nbytes:
@@ -186,6 +195,7 @@ class SafetensorsWriter:
                 out.write(raw)
                 while chunk := src.read(1 << 24):
                     out.write(chunk)
+            os.chmod(tmp, output_mode())  # mkstemp's 0600 -> what open() would give under the umask
             os.replace(tmp, self.path)
         except BaseException:
             if os.path.exists(tmp):
