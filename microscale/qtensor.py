@@ -231,8 +231,6 @@ class QTensor:
         if not isinstance(self.meta, dict):
             raise TypeError(f"QTensor: meta must be a dict, got {type(self.meta).__name__}")
         dshape, sshape = _expected_shapes(fmt, tuple(self.shape))
-        layout = (f"for original shape {tuple(self.shape)} in {fmt.name} ({fmt.element.bits}-bit codes, "
-                  f"blocks of {fmt.block_rows}x{fmt.block_size}, padded to whole blocks)")
         if fmt.zero_point != (self.zero_points is not None):
             raise ValueError(f"QTensor: zero_points must be {'given' if fmt.zero_point else 'None'} for "
                              f"{fmt.name} ({'' if fmt.zero_point else 'not '}an affine format)")
@@ -249,7 +247,9 @@ class QTensor:
                 raise ValueError(f"QTensor: {name} dtype {t.dtype} != {dtype} expected for {fmt.name}"
                                  + (f" ({fmt.scale.name} scales)" if name == "scales" else ""))
             if tuple(t.shape) != shp:
-                raise ValueError(f"QTensor: {name} shape {tuple(t.shape)} != {shp} expected {layout}")
+                raise ValueError(f"QTensor: {name} shape {tuple(t.shape)} != {shp} expected for original shape "
+                                 f"{tuple(self.shape)} in {fmt.name} ({fmt.element.bits}-bit codes, blocks of "
+                                 f"{fmt.block_rows}x{fmt.block_size}, padded to whole blocks)")
         g = self.global_scale
         if g is not None:
             if g.dtype != torch.float32 or g.numel() != 1 or g.dim() > 1:
@@ -270,6 +270,18 @@ class QTensor:
             v = float(g)
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"QTensor: global_scale={v} must be finite and > 0 (a decode multiplier)")
+            two = self.meta.get("two_level", self.fmt.two_level.value)
+            if two != self.fmt.two_level.value:
+                raise ValueError(f"QTensor: meta two_level={two!r} disagrees with the format's "
+                                 f"{self.fmt.two_level.value!r}")
+            inv = self.meta.get("global_scale_inv")
+            if inv is not None:  # compressed-tensors' stored scale: written back to its checkpoints
+                if isinstance(inv, bool) or not isinstance(inv, (int, float)) or not math.isfinite(inv) or inv <= 0:
+                    raise ValueError(f"QTensor: meta global_scale_inv={inv!r} must be a finite number > 0")
+                want = float(1.0 / torch.tensor(inv, dtype=torch.float32))
+                if want != v:
+                    raise ValueError(f"QTensor: meta global_scale_inv={inv!r} is not the reciprocal of "
+                                     f"global_scale={v!r} (1/{inv!r} = {want!r} in float32)")
         zp = self.zero_points
         if zp is not None and zp.numel():
             top = int(zp.max())

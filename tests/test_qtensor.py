@@ -284,3 +284,20 @@ def test_load_rejects_malformed_metadata(tmp_path, text):
     q, tensors, m = _saved(tmp_path)
     with pytest.raises(ValueError, match=r"bad\.safetensors"):
         ms.QTensor.load(_write(tmp_path, tensors, text))
+
+
+@pytest.mark.parametrize("change,msg", [({"two_level": "torchao"}, "two_level"),
+                                        ({"global_scale_inv": "2.0"}, "global_scale_inv"),
+                                        ({"global_scale_inv": -1.0}, "global_scale_inv"),
+                                        ({"global_scale_inv": 1234.5}, "not the reciprocal")])
+def test_load_rejects_inconsistent_two_level_meta(tmp_path, change, msg):
+    """The stored compressed-tensors scale is written back to checkpoints: it must be the
+    global scale's reciprocal, and the convention must be the format's."""
+    q = ms.quantize(torch.randn(4, 64), "nvfp4", convention="compressed-tensors")
+    tensors, meta = q.state_dict()
+    q.save(tmp_path / "good.safetensors")
+    assert ms.QTensor.load(tmp_path / "good.safetensors").meta == q.meta
+    m = json.loads(meta["microscale"])
+    m["meta"].update(change)
+    with pytest.raises(ValueError, match=rf"bad\.safetensors.*{msg}"):
+        ms.QTensor.load(_write(tmp_path, tensors, m))

@@ -14,7 +14,10 @@ Rounding and policies are enums, resolved once at the API boundary:
 * :class:`NonFinite` — what NaN / Inf *inputs* become: ``propagate`` (NaN ->
   the type's NaN, or the code ml_dtypes uses for types without NaN, ``0b1000..``;
   Inf -> treated as an overflow under the overflow policy), ``zero`` (both -> +0),
-  ``error`` (raise ``ValueError``).
+  ``error`` (raise ``ValueError``). Block formats: a NaN/Inf makes its block's scale NaN
+  where the block scale is computed from the block's amax (MX, NVFP4, intN/fpN with float
+  scales); affine blocks take their range from their finite values, a NaN element encodes
+  as the zero point (0) and +-Inf as the block's largest / smallest code.
 """
 from __future__ import annotations
 
