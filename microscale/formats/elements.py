@@ -14,10 +14,11 @@ Rounding and policies are enums, resolved once at the API boundary:
 * :class:`NonFinite` — what NaN / Inf *inputs* become: ``propagate`` (NaN ->
   the type's NaN, or the code ml_dtypes uses for types without NaN, ``0b1000..``;
   Inf -> treated as an overflow under the overflow policy), ``zero`` (both -> +0),
-  ``error`` (raise ``ValueError``). Block formats: a NaN/Inf makes its block's scale NaN
-  where the block scale is computed from the block's amax (MX, NVFP4, intN/fpN with float
-  scales); affine blocks take their range from their finite values, a NaN element encodes
-  as the zero point (0) and +-Inf as the block's largest / smallest code.
+  ``error`` (raise ``ValueError``). Block formats whose scale comes from the block amax:
+  a NaN makes the scale NaN, so its whole block decodes to NaN (the OCP MX rule; an Inf
+  does the same to an E8M0 scale and saturates a float scale). Affine blocks take their
+  range from their finite values: a NaN element encodes as the zero point (decodes to 0)
+  and +-Inf as the block's largest / smallest code; the other elements keep their values.
 """
 from __future__ import annotations
 
