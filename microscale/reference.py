@@ -70,6 +70,8 @@ def _check_input(x: torch.Tensor, fmt: Format, pad: bool, op: str,
     """``x`` checked, fitted to float32's range (:func:`fit_float32`) and padded to whole blocks."""
     if x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{op}: x has dtype {x.dtype}; expected one of float32, float16, bfloat16, float64")
+    if not isinstance(pad, bool):
+        raise TypeError(f"{op}: pad must be a bool, got {pad!r} ({type(pad).__name__})")
     x = fit_float32(x, overflow, op)
     if x.dim() < max(1, 2 if fmt.block_rows > 1 else 1):
         raise ValueError(f"{op}: x must have at least {2 if fmt.block_rows > 1 else 1} dims for {fmt.name}")

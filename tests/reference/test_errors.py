@@ -63,3 +63,16 @@ def test_empty_tensors(name, shape):
 def test_empty_tensor_policies(name, nonfinite):
     q = ms.quantize(torch.empty(3, 0, dtype=torch.float64), name, nonfinite=nonfinite, overflow="native")
     assert q.dequantize(torch.float64).shape == (3, 0)
+
+
+@pytest.mark.parametrize("pad", ["no", 1, None])
+def test_pad_must_be_a_bool(pad):
+    with pytest.raises(TypeError, match="pad must be a bool"):
+        ms.quantize(torch.randn(2, 30), "mxfp4", pad=pad)
+
+
+@pytest.mark.parametrize("g", [True, "0.5", torch.ones(2), torch.ones(1, dtype=torch.int32), [0.5]])
+def test_global_scale_must_be_one_float(g):
+    with pytest.raises(TypeError, match="global_scale must be a float"):
+        ms.quantize(torch.randn(2, 32), "nvfp4", global_scale=g)
+    assert ms.quantize(torch.randn(2, 32), "nvfp4", global_scale=torch.tensor([0.5])).global_scale == 0.5
