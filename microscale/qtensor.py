@@ -160,6 +160,8 @@ class QTensor:
                 raise ValueError(f"tensor {prefix + name!r} is missing")
         g = tensors.get(prefix + "global_scale")
         if g is not None:
+            if not isinstance(g, torch.Tensor):
+                raise TypeError(f"global_scale must be a torch.Tensor, got {type(g).__name__}")
             if g.dtype != torch.float32 or g.numel() != 1:
                 raise ValueError(f"global_scale must be float32 with one value, got {g.dtype} of shape "
                                  f"{tuple(g.shape)}")
@@ -204,7 +206,8 @@ class QTensor:
     def validate(self, values: bool = False) -> None:
         """Check the fields against the format (types, dtypes, exact shapes, devices; no
         device sync) and, with ``values``, the values a file could get wrong (the global
-        scale finite and > 0, zero points within the code range; one device sync).
+        scale finite and > 0 and agreeing with the two-level entries of :attr:`meta`, zero
+        points within the code range; a device sync).
         Raises ``TypeError``/``ValueError``. Runs at construction; loading adds ``values``."""
         self._check_structure()
         if values:
