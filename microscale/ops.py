@@ -9,6 +9,7 @@ import torch
 
 from . import reference
 from .formats import Format, NonFinite, Overflow, Rounding, ScaleRule, TwoLevel, get_element
+from .formats.elements import _enum
 from .qtensor import QTensor
 
 __all__ = ["quantize", "dequantize", "encode", "decode"]
@@ -37,8 +38,13 @@ def quantize(
             for E8M0 scales).
         block_size: override the block size.
         rounding: ``nearest_even`` (default), ``nearest_away`` or ``stochastic``.
-        overflow: ``saturate`` (default) or ``native``.
+        overflow: ``saturate`` (default) or ``native``. A finite float64 value beyond
+            float32's range (the quantizers compute in float32) becomes +-float32 max under
+            ``saturate`` and raises ``ValueError`` under ``native``.
         nonfinite: NaN/Inf input policy: ``propagate`` (default), ``zero`` or ``error``.
+            Under ``propagate`` a NaN or Inf never sets an affine block's range: NaN encodes
+            as the zero point (0; unsigned codes have no NaN), +-Inf as the block's largest /
+            smallest code.
         global_scale: two-level formats: the per-tensor decode scale; computed from the
             tensor's amax when omitted.
         convention: two-level formats: ``modelopt`` (default), ``torchao`` or
@@ -57,6 +63,8 @@ def quantize(
 
         f = reference.resolve_format(fmt, block_size, scale_rule, convention)
         if kq.unsupported_reason(f, rounding) is None:
+            # (the kernel reads float64 as float32: saturate or refuse what float32 can't hold first)
+            x = reference.fit_float32(x, _enum(Overflow, overflow, "overflow"))
             return kq.quantize(x, f, rounding=rounding, overflow=overflow, nonfinite=nonfinite,
                                global_scale=global_scale, pad=pad)
     return reference.quantize(

@@ -12,7 +12,8 @@ from .formats import (
     Format, NonFinite, Overflow, Rounding, ScaleRule, TwoLevel, e8m0_from_amax, get_format,
     pack_codes, packed_len, round_integer, unpack_codes,
 )
-from .formats.elements import _enum
+from .formats.elements import _enum, beyond_float32, to_float32
+from .formats.format import check_int
 from .qtensor import QTensor
 
 __all__ = ["quantize", "dequantize", "resolve_format", "nvfp4_global_scale"]
@@ -26,8 +27,10 @@ def resolve_format(fmt: str | Format, block_size: int | None = None, scale_rule:
     """Resolve a name and per-call overrides into one validated :class:`Format`."""
     f = get_format(fmt)
     changes = {}
-    if block_size is not None and block_size != f.block_size:
-        changes["block_size"] = int(block_size)
+    if block_size is not None:
+        block_size = check_int(block_size, "block_size", "quantize")
+        if block_size != f.block_size:
+            changes["block_size"] = block_size
     if scale_rule is not None:
         rule = _enum(ScaleRule, scale_rule, "scale_rule")
         if rule.power_of_two != f.scale.power_of_two or (rule is ScaleRule.MINMAX) != f.zero_point:
@@ -42,9 +45,34 @@ def resolve_format(fmt: str | Format, block_size: int | None = None, scale_rule:
     return f.replace(**changes) if changes else f
 
 
-def _check_input(x: torch.Tensor, fmt: Format, pad: bool, op: str) -> torch.Tensor:
+def fit_float32(x: torch.Tensor, overflow: Overflow, op: str = "quantize") -> torch.Tensor:
+    """float64 input: finite values beyond float32's range (which the quantizers compute in)
+    become +-float32 max under ``overflow='saturate'`` and raise under ``'native'``.
+    Other dtypes pass through untouched (no pass over the data)."""
+    if x.dtype != torch.float64 or x.numel() == 0:
+        return x
+    big = beyond_float32(x)
+    if not bool(big.any()):
+        return x
+    if overflow is Overflow.SATURATE:
+        return torch.where(big, x.clamp(-_F32_MAX, _F32_MAX), x)
+    v = float(x[big].abs().max())
+    raise ValueError(f"{op}: x has finite values beyond float32's range (|x| up to {v:.6g} > {_F32_MAX:.8g}); "
+                     "quantization computes in float32: pass overflow='saturate' to clamp them to "
+                     "+-float32 max")
+
+
+_F32_MAX = torch.finfo(torch.float32).max
+
+
+def _check_input(x: torch.Tensor, fmt: Format, pad: bool, op: str,
+                 overflow: Overflow = Overflow.NATIVE) -> torch.Tensor:
+    """``x`` checked, fitted to float32's range (:func:`fit_float32`) and padded to whole blocks."""
     if x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{op}: x has dtype {x.dtype}; expected one of float32, float16, bfloat16, float64")
+    if not isinstance(pad, bool):
+        raise TypeError(f"{op}: pad must be a bool, got {pad!r} ({type(pad).__name__})")
+    x = fit_float32(x, overflow, op)
     if x.dim() < max(1, 2 if fmt.block_rows > 1 else 1):
         raise ValueError(f"{op}: x must have at least {2 if fmt.block_rows > 1 else 1} dims for {fmt.name}")
     k = x.shape[-1]
@@ -167,7 +195,7 @@ def quantize(
     if global_scale is not None and not fmt.global_scale:
         raise ValueError(f"{op}: global_scale applies only to two-level formats, not {fmt.name!r}")
     shape, dtype = x.shape, x.dtype
-    x = _check_input(x, fmt, pad, op)
+    x = _check_input(x, fmt, pad, op, overflow)
     if nonfinite is NonFinite.ERROR and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{op}: x has NaN or Inf (nonfinite='error')")
     gscale = gs_exact = None
@@ -181,6 +209,11 @@ def quantize(
             else:
                 gscale = nvfp4_global_scale(x, fmt.two_level)
         else:
+            if isinstance(global_scale, bool) or not isinstance(global_scale, (int, float, torch.Tensor)) or (
+                    isinstance(global_scale, torch.Tensor) and (global_scale.numel() != 1
+                                                              or not global_scale.dtype.is_floating_point)):
+                raise TypeError(f"{op}: global_scale must be a float or a one-value float tensor, got "
+                                f"{global_scale!r}")
             gscale = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(())
             g = float(gscale)
             if not (0 < g < float("inf")):
@@ -232,16 +265,21 @@ def _quantize_rows(x, fmt: Format, gscale, gs_exact, rounding, overflow, nonfini
         s = codec.decode(raw)
         xs = xb / _unblock_scales(torch.where(s == 0, torch.ones_like(s), s), fmt)
     else:  # MINMAX (affine): unsigned codes, x = (code - zp) * s
+        # The block's range comes from its finite values: unsigned codes have no NaN or Inf, so
+        # a NaN encodes as the zero point (decodes to 0, as ml_dtypes' NaN-less types do) and
+        # +-Inf saturates to the largest / smallest code; the block's other values are kept.
         qmax = float(elem.max_code)
-        lo = torch.clamp(xb.amin(dim=red).to(torch.float32), max=0.0)
-        hi = torch.clamp(xb.amax(dim=red).to(torch.float32), min=0.0)
+        xr = torch.where(torch.isfinite(xb), xb, torch.zeros((), device=xb.device))
+        lo = torch.clamp(xr.amin(dim=red).to(torch.float32), max=0.0)
+        hi = torch.clamp(xr.amax(dim=red).to(torch.float32), min=0.0)
         raw = codec.encode((hi - lo) / qmax)
-        raw = torch.where(codec.decode(raw) > 0, raw, codec.encode(torch.ones_like(hi)))  # zero/NaN blocks
+        raw = torch.where(codec.decode(raw) > 0, raw, codec.encode(torch.ones_like(hi)))  # zero blocks
         s = codec.decode(raw)
         zpf = torch.clamp(round_integer(-lo / s), 0.0, qmax)
-        zp = torch.nan_to_num(zpf, nan=0.0).to(torch.uint8)  # a NaN block: zero point 0, all codes 0
+        zp = zpf.to(torch.uint8)
         q = round_integer(xb / _unblock_scales(s, fmt), rounding, generator) + _unblock_scales(zpf, fmt)
-        codes = torch.nan_to_num(q, nan=0.0).clamp(0.0, qmax).to(torch.uint8)
+        q = torch.where(torch.isnan(q), _unblock_scales(zpf, fmt), q)
+        codes = torch.nan_to_num(q).clamp(0.0, qmax).to(torch.uint8)
     if zp is None:
         codes = elem.encode(xs, rounding, overflow, nonfinite, generator)
     return pack_codes(codes.reshape(x.shape), elem.bits), raw, zp
@@ -249,6 +287,7 @@ def _quantize_rows(x, fmt: Format, gscale, gs_exact, rounding, overflow, nonfini
 
 def dequantize(q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Decode a :class:`QTensor` with the reference path (any device)."""
+    q.validate()  # (its fields may have been reassigned since construction)
     fmt = q.fmt
     pshape = q.padded_shape
     vals = fmt.element.decode(unpack_codes(q.data, fmt.element.bits, pshape[-1])).reshape(pshape)

@@ -14,7 +14,11 @@ Rounding and policies are enums, resolved once at the API boundary:
 * :class:`NonFinite` — what NaN / Inf *inputs* become: ``propagate`` (NaN ->
   the type's NaN, or the code ml_dtypes uses for types without NaN, ``0b1000..``;
   Inf -> treated as an overflow under the overflow policy), ``zero`` (both -> +0),
-  ``error`` (raise ``ValueError``).
+  ``error`` (raise ``ValueError``). Block formats whose scale comes from the block amax:
+  a NaN makes the scale NaN, so its whole block decodes to NaN (the OCP MX rule; an Inf
+  does the same to an E8M0 scale and saturates a float scale). Affine blocks take their
+  range from their finite values: a NaN element encodes as the zero point (decodes to 0)
+  and +-Inf as the block's largest / smallest code; the other elements keep their values.
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ from functools import cached_property
 
 import torch
 
-__all__ = ["Rounding", "Overflow", "NonFinite", "ElementCodec", "ELEMENTS", "get_element", "round_integer"]
+__all__ = ["Rounding", "Overflow", "NonFinite", "ElementCodec", "ELEMENTS", "get_element", "round_integer",
+           "beyond_float32", "to_float32"]
 
 
 class Rounding(str, enum.Enum):
@@ -183,15 +188,18 @@ class ElementCodec:
         """float tensor -> one ``uint8`` code per element (low ``bits`` bits used).
 
         The input is converted to float32 first (exact for bf16/fp16/fp32 input;
-        float64 input is rounded to float32 once). ``generator`` seeds stochastic
-        rounding.
+        float64 input is rounded to float32 once, and a finite float64 beyond float32's
+        range becomes +-float32 max: an overflow of every element type, never an Inf
+        input). ``generator`` seeds stochastic rounding.
         """
         rounding = _enum(Rounding, rounding, "rounding")
         overflow = _enum(Overflow, overflow, "overflow")
         nonfinite = _enum(NonFinite, nonfinite, "nonfinite")
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{self.name}.encode: x must be a torch.Tensor, got {type(x).__name__}")
         if not x.dtype.is_floating_point:
             raise TypeError(f"{self.name}.encode: x must be a floating tensor, got {x.dtype}")
-        x = x.to(torch.float32)
+        x = to_float32(x)
         if nonfinite is NonFinite.ERROR and not bool(torch.isfinite(x).all()):
             raise ValueError(f"{self.name}.encode: input has NaN or Inf (nonfinite='error')")
         if nonfinite is NonFinite.ZERO:
@@ -256,7 +264,7 @@ class ElementCodec:
             code.masked_fill_(code > self.max_code, self._overflow_code(overflow))
         sign = xb >> (32 - self.bits)
         sign &= 1 << (self.bits - 1)
-        if nonfinite is NonFinite.PROPAGATE and bool(b.max() > 0x7F800000):  # any NaN
+        if nonfinite is NonFinite.PROPAGATE and b.numel() and bool(b.max() > 0x7F800000):  # any NaN
             isnan = torch.isnan(x)
             if self.has_nan:
                 code.masked_fill_(isnan, self.nan_codes[0])
@@ -275,6 +283,26 @@ class ElementCodec:
             if self.has_nan:
                 return self.nan_codes[0]
         return self.max_code
+
+
+_F32_MAX = torch.finfo(torch.float32).max
+
+
+def beyond_float32(x: torch.Tensor) -> torch.Tensor:
+    """Mask of the finite elements of ``x`` that a float32 cast turns into Inf (float64 input
+    only): ``|x| >= 2^128 - 2^103``, float32 max plus half its ulp (below, the cast rounds
+    to float32 max)."""
+    if x.dtype != torch.float64:
+        return torch.zeros((), dtype=torch.bool, device=x.device)
+    return torch.isfinite(x) & (x.abs() >= 2.0**128 - 2.0**103)
+
+
+def to_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as float32, a finite float64 beyond float32's range saturated to +-float32 max
+    (a plain cast would turn it into Inf)."""
+    if x.dtype == torch.float64 and x.numel():
+        x = torch.where(beyond_float32(x), x.clamp(-_F32_MAX, _F32_MAX), x)
+    return x.to(torch.float32)
 
 
 # (id of the CPU table, device) -> (the CPU table, kept alive so its id stays unique; copy)

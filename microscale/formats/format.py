@@ -6,12 +6,13 @@ touches :data:`registry` and nothing else.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass, field
 
 from .elements import ElementCodec, get_element
 from .scales import ScaleCodec, ScaleRule, TwoLevel, get_scale_codec
 
-__all__ = ["Format", "registry", "get_format", "register"]
+__all__ = ["Format", "registry", "get_format", "register", "check_int"]
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,18 @@ class Format:
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        if self.block_size < 1 or self.block_rows < 1:
-            raise ValueError(f"format {self.name!r}: block sizes must be positive")
+        where = f"format {self.name!r}"
+        if not isinstance(self.name, str):
+            raise TypeError(f"format name must be a str, got {self.name!r} ({type(self.name).__name__})")
+        for f, cls in (("element", ElementCodec), ("scale", ScaleCodec), ("scale_rule", ScaleRule),
+                       ("two_level", TwoLevel)):
+            if not isinstance(getattr(self, f), cls):
+                raise TypeError(f"{where}: {f} must be a {cls.__name__}, got {getattr(self, f)!r}")
+        for f in ("global_scale", "zero_point"):
+            if not isinstance(getattr(self, f), bool):
+                raise TypeError(f"{where}: {f} must be a bool, got {getattr(self, f)!r}")
+        for f in ("block_size", "block_rows"):
+            object.__setattr__(self, f, check_int(getattr(self, f), f, where))
         if (self.block_size * self.element.bits) % 8:
             raise ValueError(f"format {self.name!r}: a block of {self.block_size} {self.element.bits}-bit "
                              "codes is not a whole number of bytes")
@@ -82,13 +93,56 @@ class Format:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Format":
-        """Inverse of :meth:`to_dict`."""
-        return cls(
-            name=str(d["name"]), element=get_element(d["element"]), block_size=int(d["block_size"]),
-            scale=get_scale_codec(d["scale"]), scale_rule=ScaleRule(d["scale_rule"]),
-            block_rows=int(d.get("block_rows", 1)), global_scale=bool(d.get("global_scale", False)),
-            two_level=TwoLevel(d.get("two_level", "modelopt")), zero_point=bool(d.get("zero_point", False)),
-        )
+        """Inverse of :meth:`to_dict`. Every field is checked, none coerced: a value of the
+        wrong JSON type or an unknown name raises ``ValueError`` naming the field."""
+        if not isinstance(d, dict):
+            raise ValueError(f"format must be a JSON object, got {d!r}")
+        optional = {"block_rows": 1, "global_scale": False, "two_level": "modelopt", "zero_point": False}
+        types = {"name": str, "element": str, "block_size": int, "scale": str, "scale_rule": str,
+                 "block_rows": int, "global_scale": bool, "two_level": str, "zero_point": bool}
+        unknown = sorted(set(d) - set(types))
+        if unknown:
+            raise ValueError(f"format: unknown field(s) {', '.join(map(repr, unknown))}")
+        v = {}
+        for k, t in types.items():
+            if k not in d and k not in optional:
+                raise ValueError(f"format: field {k!r} is missing")
+            x = d.get(k, optional.get(k))
+            if not isinstance(x, t) or (t is int and isinstance(x, bool)):
+                raise ValueError(f"format.{k}={x!r} must be a JSON {'integer' if t is int else t.__name__}")
+            v[k] = x
+        try:
+            element, scale = get_element(v["element"]), get_scale_codec(v["scale"])
+        except KeyError as e:
+            raise ValueError(f"format: {e.args[0]}") from None
+        rule = _enum_field(ScaleRule, v["scale_rule"], "scale_rule")
+        two = _enum_field(TwoLevel, v["two_level"], "two_level")
+        try:
+            return cls(name=v["name"], element=element, block_size=v["block_size"], scale=scale, scale_rule=rule,
+                       block_rows=v["block_rows"], global_scale=v["global_scale"], two_level=two,
+                       zero_point=v["zero_point"])
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+
+
+def _enum_field(cls, value: str, what: str):
+    try:
+        return cls(value)
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in cls)
+        raise ValueError(f"format.{what}={value!r} is not valid; expected one of {choices}") from None
+
+
+def check_int(value: object, what: str, where: str = "", minimum: int = 1) -> int:
+    """``value`` as an ``int`` >= ``minimum``: ``TypeError`` for a non-integer (a float such
+    as 2.9 or 32.0, a bool, a string), ``ValueError`` when below ``minimum``."""
+    pre = f"{where}: " if where else ""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{pre}{what} must be an int, got {value!r} ({type(value).__name__})")
+    n = operator.index(value)
+    if n < minimum:
+        raise ValueError(f"{pre}{what} must be >= {minimum}, got {n}")
+    return n
 
 
 registry: dict[str, Format] = {}

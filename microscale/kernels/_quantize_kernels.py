@@ -844,11 +844,10 @@ def _quantize_kernel(
             amax = _flt(tl.max(tl.max(ab, axis=3), axis=1))  # [RB, NB]
 
         if RULE == 5:  # ---- affine (minmax): unsigned codes, x = (code - zp) * s
-            hasnan = tl.max(tl.max((xb != xb).to(tl.int32), axis=3), axis=1) != 0
-            lo = tl.minimum(tl.min(tl.min(xb, axis=3), axis=1), 0.0)
-            hi = tl.maximum(tl.max(tl.max(xb, axis=3), axis=1), 0.0)
-            lo = tl.where(hasnan, float("nan"), lo)
-            hi = tl.where(hasnan, float("nan"), hi)
+            # the range from the finite values; NaN -> the zero point, +-Inf -> saturated (as the reference)
+            xr = tl.where(_isfinite(xb), xb, 0.0)
+            lo = tl.minimum(tl.min(tl.min(xr, axis=3), axis=1), 0.0)
+            hi = tl.maximum(tl.max(tl.max(xr, axis=3), axis=1), 0.0)
             raw, s = _scale_encode(tl.math.div_rn(hi - lo, MAX_CODE * 1.0 + tl.zeros_like(hi)), SCALE_KIND,
                                    SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
             one_raw, one_val = _scale_encode(tl.full(hi.shape, 1.0, tl.float32), SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16)
@@ -864,7 +863,7 @@ def _quantize_kernel(
             q = _round_int(tl.minimum(tl.maximum(tl.where(qn, 0.0, q), -4194304.0), 4194304.0), ROUNDING)
             q = q + zf[:, None, :, None]
             q = tl.minimum(tl.maximum(q, 0.0), MAX_CODE * 1.0)
-            codes = tl.where(qn | znan[:, None, :, None], 0, q.to(tl.int32))
+            codes = tl.where(znan[:, None, :, None], 0, q.to(tl.int32))
             clean = False  # (affine blocks have no fast path)
         else:
             # per-block operand: DIV -> xs = x / op (IEEE), else xs = x * op

@@ -513,6 +513,7 @@ _DEQ_REG_STORE = os.environ.get("MICROSCALE_DEQ_REG_STORE", "0") == "1"
 
 def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeConfig | None = None) -> torch.Tensor:
     """Decode ``q`` with the Triton kernel; bit-identical to the reference."""
+    q.validate()  # the kernel addresses scales and zero points by the data's shape: never past their ends
     fmt = q.fmt
     why = unsupported_reason(fmt)
     if why:

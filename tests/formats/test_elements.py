@@ -159,3 +159,15 @@ def test_bad_arguments():
         ms.encode(torch.ones(2), "e9m9")
     with pytest.raises(TypeError, match="integer"):
         ms.decode(torch.ones(2), "e2m1")
+
+
+@pytest.mark.parametrize("name", list(ELEMENTS))
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 4)])
+def test_empty_tensors_encode_and_decode(name, shape):
+    import microscale as ms
+
+    for nonfinite in ("propagate", "zero", "error"):
+        c = ms.encode(torch.empty(shape), name, nonfinite=nonfinite)
+        assert c.dtype == torch.uint8 and c.shape == shape
+    d = ms.decode(torch.empty(shape, dtype=torch.uint8), name)
+    assert d.dtype == torch.float32 and d.shape == shape

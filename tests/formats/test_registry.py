@@ -38,3 +38,38 @@ def test_custom_format_and_errors():
         ms.get_format("fp5")
     with pytest.raises(ValueError, match="already registered"):
         ms.formats.register(registry["nvfp4"])
+
+
+@pytest.mark.parametrize("field", ["block_size", "block_rows"])
+@pytest.mark.parametrize("value,err", [(2.9, TypeError), (32.0, TypeError), (True, TypeError), ("32", TypeError),
+                                       (None, TypeError), (0, ValueError), (-32, ValueError)])
+def test_int_fields_are_not_coerced(field, value, err):
+    """block_size=2.9 is an error, not 2; bools are not ints; sizes are positive."""
+    with pytest.raises(err, match=rf"{field} must be"):
+        registry["int4_fp32"].replace(**{field: value})
+
+
+@pytest.mark.parametrize("value,err", [(2.9, TypeError), (32.0, TypeError), (True, TypeError), (False, TypeError),
+                                       (0, ValueError), (-16, ValueError)])
+def test_quantize_block_size_option_is_checked(value, err):
+    import torch
+
+    with pytest.raises(err, match="block_size must be"):
+        ms.quantize(torch.randn(2, 64), "int4_fp32", block_size=value)
+
+
+def test_numpy_ints_are_ints():
+    import numpy as np
+
+    f = registry["int4_fp32"].replace(block_size=np.int64(16))
+    assert f.block_size == 16 and type(f.block_size) is int
+
+
+@pytest.mark.parametrize("field,value", [("global_scale", 1), ("zero_point", "no"), ("name", 3), ("element", "e2m1"),
+                                         ("scale", "fp16"), ("scale_rule", 5), ("two_level", 1)])
+def test_other_fields_are_typed(field, value):
+    f = registry["int4_fp32"]
+    kw = {k: getattr(f, k) for k in ("name", "element", "block_size", "scale", "scale_rule", "block_rows",
+                                      "global_scale", "two_level", "zero_point")}
+    with pytest.raises((TypeError, ValueError), match=field):
+        Format(**{**kw, field: value})

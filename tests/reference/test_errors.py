@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import microscale as ms
+from microscale.formats import registry
 
 
 def test_k_not_multiple_of_block():
@@ -48,7 +49,30 @@ def test_unknown_names_and_bad_options():
         ms.dequantize(torch.zeros(3))
 
 
-@pytest.mark.parametrize("shape", [(0, 64), (4, 0), (2, 0, 32)])
-def test_empty_tensors(shape):
-    q = ms.quantize(torch.randn(shape), "mxfp4")
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "int4_affine_g32", "mxfp6_e3m2", "fp8_e4m3_block128x128"])
+@pytest.mark.parametrize("shape", [(0, 64), (4, 0), (2, 0, 32), (0, 0)])
+def test_empty_tensors(name, shape):
+    q = ms.quantize(torch.randn(shape), name, pad=True)
     assert q.shape == shape and q.dequantize().shape == shape and q.dequantize().numel() == 0
+    if len(shape) == 1 or registry[name].block_rows == 1:
+        assert ms.quantize(torch.randn(shape[-1:]), name, pad=True).dequantize().shape == shape[-1:]
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "int4_affine_g32"])
+@pytest.mark.parametrize("nonfinite", ["propagate", "zero", "error"])
+def test_empty_tensor_policies(name, nonfinite):
+    q = ms.quantize(torch.empty(3, 0, dtype=torch.float64), name, nonfinite=nonfinite, overflow="native")
+    assert q.dequantize(torch.float64).shape == (3, 0)
+
+
+@pytest.mark.parametrize("pad", ["no", 1, None])
+def test_pad_must_be_a_bool(pad):
+    with pytest.raises(TypeError, match="pad must be a bool"):
+        ms.quantize(torch.randn(2, 30), "mxfp4", pad=pad)
+
+
+@pytest.mark.parametrize("g", [True, "0.5", torch.ones(2), torch.ones(1, dtype=torch.int32), [0.5]])
+def test_global_scale_must_be_one_float(g):
+    with pytest.raises(TypeError, match="global_scale must be a float"):
+        ms.quantize(torch.randn(2, 32), "nvfp4", global_scale=g)
+    assert ms.quantize(torch.randn(2, 32), "nvfp4", global_scale=torch.tensor([0.5])).global_scale == 0.5
