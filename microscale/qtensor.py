@@ -23,7 +23,6 @@ import json
 import math
 import operator
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 import torch
@@ -171,28 +170,30 @@ class QTensor:
         q.validate(values=True)
         return q
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write a safetensors file atomically (temporary file, then rename)."""
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
+        """Write a safetensors file atomically (a temporary file beside it, then one rename).
+
+        An existing ``path`` is refused unless ``overwrite=True``; the new file gets the mode
+        ``open`` would give under the umask."""
         from safetensors.torch import save_file
 
+        from ._paths import atomic_output, check_output, output_mode
+
         tensors, meta = self.state_dict()
-        path = os.fspath(path)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-        os.close(fd)
-        try:
+        check_output(None, path, overwrite, "QTensor.save", kind="file")
+        with atomic_output(path, kind="file", overwrite=overwrite) as tmp:
             save_file(tensors, tmp, metadata=meta)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+            os.chmod(tmp, output_mode())
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: str | torch.device = "cpu") -> "QTensor":
         """Read a file written by :meth:`save` (no code execution: safetensors + JSON)."""
         from safetensors import safe_open
 
+        from ._paths import open_regular
+
         path = os.fspath(path)
+        open_regular(path).close()  # a FIFO or device would block or never end
         with safe_open(path, framework="pt", device=str(device)) as f:
             meta = f.metadata() or {}
             keys = list(f.keys())

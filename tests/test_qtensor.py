@@ -1,5 +1,6 @@
 """QTensor: sizes, devices, safetensors round trip (no pickle), validation."""
 import json
+import os
 
 import pytest
 import torch
@@ -301,3 +302,29 @@ def test_load_rejects_inconsistent_two_level_meta(tmp_path, change, msg):
     m["meta"].update(change)
     with pytest.raises(ValueError, match=rf"bad\.safetensors.*{msg}"):
         ms.QTensor.load(_write(tmp_path, tensors, m))
+
+
+def test_save_refuses_an_existing_file_unless_overwrite(tmp_path):
+    """QTensor.save never replaces a file it was not told to; the new file follows the umask."""
+    p = tmp_path / "w.safetensors"
+    p.write_bytes(b"precious")
+    q = ms.quantize(torch.randn(4, 32), "mxfp4")
+    with pytest.raises(FileExistsError, match="overwrite"):
+        q.save(p)
+    assert p.read_bytes() == b"precious"
+    old = os.umask(0o022)
+    try:
+        q.save(p, overwrite=True)
+    finally:
+        os.umask(old)
+    assert (os.stat(p).st_mode & 0o777) == 0o644
+    assert torch.equal(ms.QTensor.load(p).dequantize(torch.float32), q.dequantize(torch.float32))
+    assert [f for f in os.listdir(tmp_path) if f != "w.safetensors"] == []  # no temporaries left
+
+
+def test_load_refuses_a_fifo(tmp_path):
+    """A FIFO named like a QTensor file is refused at once instead of blocking the reader."""
+    p = tmp_path / "w.safetensors"
+    os.mkfifo(p)
+    with pytest.raises(ValueError, match="not a regular file"):
+        ms.QTensor.load(p)

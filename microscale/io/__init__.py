@@ -8,7 +8,7 @@ Use::
     msio.convert("llama-bf16/", "llama-nvfp4/", fmt="nvfp4", convention="compressed-tensors")
     conv, rows = msio.inspect("llama-nvfp4/")
 """
-from ._paths import UnsafePathError
+from .._paths import UnsafePathError
 from .checkpoint import DEFAULT_SKIP, Checkpoint, convert, inspect, load, open_checkpoint, save, should_quantize
 from .conventions import CONVENTIONS, Convention, get_convention, register_convention
 from .safetensors_io import SafetensorsError, SafetensorsReader, SafetensorsWriter

@@ -19,7 +19,7 @@ import torch
 
 from ..formats import Format, get_format
 from ..qtensor import QTensor
-from ._paths import (UnsafePathError, atomic_output, check_output, copy_regular, open_regular, read_regular,
+from .._paths import (UnsafePathError, atomic_output, check_output, copy_regular, open_regular, read_regular,
                      resolve_inside, side_files)
 from .conventions import DETECT_ORDER, Convention, Group, get_convention, has_activation_scale, json_dumps
 from .safetensors_io import SafetensorsError, SafetensorsReader, SafetensorsWriter

@@ -32,7 +32,7 @@ import torch
 
 from ..formats import Format, get_format, pack_codes, unpack_codes
 from ..qtensor import QTensor
-from ._paths import atomic_output, check_output
+from .._paths import atomic_output, check_output
 
 __all__ = ["scale_names", "gguf_type", "qtensor_to_gguf_bytes", "gguf_bytes_to_qtensor", "save_gguf", "iter_gguf",
            "load_gguf"]

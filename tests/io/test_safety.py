@@ -15,7 +15,7 @@ import torch
 
 import microscale as ms
 from microscale import io as msio
-from microscale.io import _paths
+from microscale import _paths
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
