@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from .._names import skip_matches
 from ..formats import Format, get_format
 from ..qtensor import QTensor
 from .._paths import (UnsafePathError, atomic_output, check_output, copy_regular, open_regular, read_regular,
@@ -228,16 +228,13 @@ def _write_one(w: SafetensorsWriter, conv: Convention, name: str, t: QTensor | t
 def should_quantize(name: str, shape: tuple[int, ...], dtype: torch.dtype, fmt: Format,
                     skip: Iterable[str] = DEFAULT_SKIP) -> bool:
     """Quantize floating tensors with >= 2 dims whose name matches no skip pattern
-    (fnmatch; a pattern without wildcards also matches as a substring) and whose last
-    dim holds at least one block."""
+    (the dialect of :mod:`microscale._names`, shared with ``quantize_model``) and whose
+    last dim holds at least one block."""
     if dtype not in _FLOAT or len(shape) < 2 or shape[-1] < fmt.block_size:
         return False
     if fmt.block_rows > 1 and shape[-2] < fmt.block_rows:
         return False
-    for p in skip:
-        if fnmatch.fnmatchcase(name, p) or (not any(c in p for c in "*?[") and p in name):
-            return False
-    return True
+    return skip_matches(name, skip) is None
 
 
 #: Why a convention may quantize none of a checkpoint's tensors (named in the error).

@@ -1,13 +1,13 @@
 """``QuantLinear``: a Linear whose weight is a :class:`~microscale.QTensor`."""
 from __future__ import annotations
 
-import fnmatch
 from typing import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._names import skip_matches
 from ..formats import Format, get_format, packed_len
 from ..qtensor import QTensor
 
@@ -155,13 +155,6 @@ class QuantLinear(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
-def _matches(name: str, patterns: Iterable[str]) -> bool:
-    for p in patterns:
-        if fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, "*." + p) or name == p:
-            return True
-    return False
-
-
 def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Iterable[str] = (),
                    inplace: bool = True, **quantize_kwargs) -> nn.Module:
     """Replace every ``nn.Linear`` in ``model`` by a :class:`QuantLinear` in ``fmt``.
@@ -169,8 +162,9 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
     Args:
         model: any module (HF transformers models included).
         fmt: preset name or Format.
-        skip: fnmatch patterns on the module's qualified name; ``"lm_head"`` matches
-            ``lm_head`` and ``*.lm_head``, ``"*attention*"`` any attention Linear.
+        skip: patterns on the module's qualified name, in the dialect checkpoint conversion
+            uses too (:mod:`microscale._names`): ``"lm_head"`` matches ``lm_head`` and
+            ``model.lm_head``, ``"*attention*"`` any attention Linear.
         inplace: modify ``model`` (default) or a deep copy.
         **quantize_kwargs: passed to :func:`microscale.quantize` (``scale_rule``,
             ``block_size``, ``convention``, ...).
@@ -185,8 +179,8 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
     skip = list(skip)
     if not inplace:
         model = copy.deepcopy(model)
-    targets = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and n and not _matches(n, skip)]
-    if type(model) is nn.Linear and not _matches("", skip):
+    targets = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and n and not skip_matches(n, skip)]
+    if type(model) is nn.Linear and not skip_matches("", skip):
         return QuantLinear.from_linear(model, fmt, **quantize_kwargs)
     new = [(name, QuantLinear.from_linear(lin, fmt, **quantize_kwargs)) for name, lin in targets]
     for name, q in new:
