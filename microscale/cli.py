@@ -213,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--convention", "-c", default="native", type=_conv_name, choices=convs, metavar="CONVENTION",
                    help=f"how the quantized tensors are spelled in DST (default native). {conv_help}")
     q.add_argument("--skip", action="append", default=[], metavar="PATTERN",
-                   help="tensor names to keep as they are: an fnmatch pattern (on the name or a dotted suffix), or whole dotted components ('self_attn' matches 'layers.0.self_attn.q_proj.weight', 'attn' does not); the same dialect as quantize_model(skip=...); repeatable")
+                   help="tensor names to keep as they are: an fnmatch pattern (on the name or a dotted suffix), "
+                        "or whole dotted components ('self_attn' matches 'layers.0.self_attn.q_proj.weight', "
+                        "'attn' does not); the same dialect as quantize_model(skip=...); repeatable")
     q.add_argument("--no-default-skip", action="store_true",
                    help="also quantize embeddings, norms and lm_head (skipped by default)")
     q.add_argument("--scale-rule", choices=["floor", "ceil", "even", "rceil"], type=_lower, default=None,

@@ -188,21 +188,16 @@ class QTensor:
     @classmethod
     def load(cls, path: str | os.PathLike, device: str | torch.device = "cpu") -> "QTensor":
         """Read a file written by :meth:`save` (no code execution: safetensors + JSON)."""
-        from safetensors import safe_open
-
-        from ._paths import open_regular
+        from ._safetensors import SafetensorsReader
 
         path = os.fspath(path)
-        open_regular(path).close()  # a FIFO or device would block or never end
-        with safe_open(path, framework="pt", device=str(device)) as f:
-            meta = f.metadata() or {}
-            keys = list(f.keys())
-            extra = sorted(set(keys) - set(_PARTS))
-            if extra:
-                raise ValueError(f"{path}: unexpected tensor {extra[0]!r} (a QTensor file holds "
-                                 f"{', '.join(_PARTS)})")
-            tensors = {k: f.get_tensor(k) for k in keys}
-        return cls.from_state_dict(tensors, meta, source=path)
+        r = SafetensorsReader(path)  # validated header; regular files only; errors name file and tensor
+        extra = sorted(set(r.keys()) - set(_PARTS))
+        if extra:
+            raise ValueError(f"{path}: unexpected tensor {extra[0]!r} (a QTensor file holds "
+                             f"{', '.join(_PARTS)})")
+        tensors = {k: r.get(k).to(device) for k in r.keys()}
+        return cls.from_state_dict(tensors, dict(r.metadata), source=path)
 
     def validate(self, values: bool = False) -> None:
         """Check the fields against the format (types, dtypes, exact shapes, devices; no

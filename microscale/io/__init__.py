@@ -11,7 +11,7 @@ Use::
 from .._paths import UnsafePathError
 from .checkpoint import DEFAULT_SKIP, Checkpoint, convert, inspect, load, open_checkpoint, save, should_quantize
 from .conventions import CONVENTIONS, Convention, get_convention, register_convention
-from .safetensors_io import SafetensorsError, SafetensorsReader, SafetensorsWriter
+from .._safetensors import SafetensorsError, SafetensorsReader, SafetensorsWriter
 
 __all__ = ["DEFAULT_SKIP", "Checkpoint", "convert", "inspect", "load", "open_checkpoint", "save", "should_quantize",
            "CONVENTIONS", "Convention", "get_convention", "register_convention", "SafetensorsError",

@@ -22,7 +22,7 @@ from ..qtensor import QTensor
 from .._paths import (UnsafePathError, atomic_output, check_output, copy_regular, open_regular, read_regular,
                      resolve_inside, side_files)
 from .conventions import DETECT_ORDER, Convention, Group, get_convention, has_activation_scale, json_dumps
-from .safetensors_io import SafetensorsError, SafetensorsReader, SafetensorsWriter
+from .._safetensors import SafetensorsError, SafetensorsReader, SafetensorsWriter
 
 __all__ = ["Checkpoint", "open_checkpoint", "load", "save", "convert", "inspect", "DEFAULT_SKIP", "should_quantize"]
 

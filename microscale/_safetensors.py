@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._paths import UnsafePathError, open_regular, output_mode
+from ._paths import UnsafePathError, open_regular, output_mode
 
 __all__ = ["SafetensorsError", "TensorInfo", "SafetensorsReader", "SafetensorsWriter", "DTYPES"]
 
