@@ -291,7 +291,7 @@ def clean_path_count(text: str, max_skip: int = 16) -> tuple[int, dict]:
 
 def sass_report(shape=(16384, 16384), config=(16, 256, 4)) -> None:
     """SASS instructions per element on the clean-tile path, launched as quantize() does
-    for a bf16 ``shape`` input with tile ``config`` (the NOTES_quantize.md counts)."""
+    for a bf16 ``shape`` input with tile ``config`` (docs/decisions/quant-kernels.md)."""
     cases = [("NVFP4 static", "nvfp4", dict(global_scale=0.01)), ("NVFP4 dynamic", "nvfp4", {}),
              ("MXFP4", "mxfp4", {}), ("MXFP8 e4m3", "mxfp8_e4m3", {})]
     x = torch.empty(shape, dtype=torch.bfloat16)
