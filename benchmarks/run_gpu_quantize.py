@@ -36,7 +36,7 @@ import torch
 
 from microscale import reference
 from microscale.formats import get_format, get_scale_layout, registry
-from microscale.kernels import quantize as kq
+from microscale import quant as kq
 
 DRY = os.environ.get("BENCH_DRY") == "1"  # CPU dry run of the checks (interpreter, tiny shapes)
 DEV = "cpu" if DRY else "cuda"
@@ -197,7 +197,8 @@ def check_correctness() -> list[dict]:
             res.append(dict(fmt=name, layout=lay, shape=list(x.shape), quantize_exact=bool(ok)))
             log(f"check {name:22s} layout={lay:15s} exact={ok}")
     # fused (tolerance: float32 prologue rounding differs from torch's)
-    from microscale import fused, reference_fused
+    from microscale import reference_fused
+    from microscale.quant import fused
     x = make_input((16, 256) if DRY else (2048, 4096), 9)
     w = (torch.rand(x.shape[-1], device=DEV) + 0.5).to(torch.bfloat16)
     for name in ("nvfp4", "mxfp8_e4m3"):
@@ -370,21 +371,21 @@ def config_sweep(copy_bw: float) -> list[dict]:
         dref = kq.dequantize(q[0], torch.bfloat16)
         dyn_ref = kq.quantize(xs[0], fmt).to("cpu") if fmt == "nvfp4" else None
         variants = []  # (label, "q" / "d", config, quantize kwargs, reference, module switches)
-        on = {"_PACKED": True, "_DEQ_HINTS": True, "_PREFETCH": True}  # the defaults
+        on = {}  # the defaults (quant.tuning fields to override)
         for c in (None,) + SWEEP_Q[fmt]:
             cfg = None if c is None else kq.QuantizeConfig(*c)
             name = "default" if c is None else f"{c[0]}x{c[1]}w{c[2]}" + (f"k{c[3]}" if len(c) > 3 else "")
             variants.append((f"quantize {fmt} {name}", "q", cfg, kw, ref, on))
         if fmt in ("mxfp4", "nvfp4"):
-            variants.append((f"quantize {fmt} default, packed off", "q", None, kw, ref, dict(on, _PACKED=False)))
+            variants.append((f"quantize {fmt} default, packed off", "q", None, kw, ref, dict(on, packed=False)))
             for c in PREFETCH_OFF.get(fmt, ()):  # the same tiles without the next tile's prefetch
                 variants.append((f"quantize {fmt} {c[0]}x{c[1]}w{c[2]}k{c[3]}, no prefetch", "q",
-                                 kq.QuantizeConfig(*c), kw, ref, dict(on, _PREFETCH=False)))
+                                 kq.QuantizeConfig(*c), kw, ref, dict(on, prefetch=False)))
         if fmt == "nvfp4":  # dynamic (global amax pass + quantize): bytes counted once, as in the table
             for c in (None, (1, 1024, 1)):
                 name = "default" if c is None else f"{c[0]}x{c[1]}w{c[2]}"
                 variants.append((f"quantize {fmt} dynamic {name}", "q", c and kq.QuantizeConfig(*c), {}, dyn_ref, on))
-        variants.append((f"dequantize {fmt} default, no hints", "d", None, {}, dref, dict(on, _DEQ_HINTS=False)))
+        variants.append((f"dequantize {fmt} default, no hints", "d", None, {}, dref, dict(on, deq_cache_hints=False)))
         for c in (None,) + SWEEP_D:
             name = "default" if c is None else f"{c[0]}x{c[1]}w{c[2]}"
             variants.append((f"dequantize {fmt} {name}", "d", None if c is None else kq.QuantizeConfig(*c), {}, dref,
@@ -393,10 +394,7 @@ def config_sweep(copy_bw: float) -> list[dict]:
         same = {}
         for rnd in range(SWEEP_ROUNDS):
             for label, kind, cfg, qkw, want, switches in variants:
-                saved = {k: getattr(kq, k) for k in switches}
-                for k, v in switches.items():
-                    setattr(kq, k, v)
-                try:
+                with kq.tuning.override(**switches):
                     if kind == "q":
                         if rnd == 0:
                             same[label] = same_q(kq.quantize(xs[0], fmt, config=cfg, **qkw), want)
@@ -405,9 +403,6 @@ def config_sweep(copy_bw: float) -> list[dict]:
                         if rnd == 0:
                             same[label] = torch.equal(kq.dequantize(q[0], torch.bfloat16, config=cfg), want)
                         times[label].append(graph_time(lambda qq: kq.dequantize(qq, torch.bfloat16, config=cfg), q))
-                finally:
-                    for k, v in saved.items():
-                        setattr(kq, k, v)
         for label, *_ in variants:
             ts = times[label]
             ms = min(ts)
@@ -525,7 +520,7 @@ def _time_eager(fn, inputs, reps=3) -> float:
 
 
 def dequant_sweep(copy_bw: float, shapes=None, timer=None) -> list[dict]:
-    """Default dequantize config and DEQ_CONFIGS (plus the register-direct store variant) for DEQ_FORMATS x DEQ_SHAPES -> bf16: CUDA-graph timings as a
+    """Default dequantize config and DEQ_CONFIGS for DEQ_FORMATS x DEQ_SHAPES -> bf16: CUDA-graph timings as a
     fraction of copy bandwidth (codes + scales read + output written); every variant's
     output compared bit for bit with the default's once."""
     out = []
@@ -544,16 +539,10 @@ def dequant_sweep(copy_bw: float, shapes=None, timer=None) -> list[dict]:
             ref = kq.dequantize(q0, torch.bfloat16)
             variants = [("default", dflt, False)] + [(f"{c[0]}x{c[1]}w{c[2]}", kq.QuantizeConfig(*c), False)
                                                      for c in DEQ_CONFIGS if kq.QuantizeConfig(*c) != dflt]
-            variants.append(("default+reg-store", dflt, True))
             for label, cfg, reg in variants:
-                saved = kq._DEQ_REG_STORE
-                kq._DEQ_REG_STORE = reg
-                try:
-                    exact = bool(torch.equal(kq.dequantize(q0, torch.bfloat16, config=cfg).view(torch.int16),
-                                             ref.view(torch.int16)))
-                    ms = timer(lambda q: kq.dequantize(q, torch.bfloat16, config=cfg), qs)
-                finally:
-                    kq._DEQ_REG_STORE = saved
+                exact = bool(torch.equal(kq.dequantize(q0, torch.bfloat16, config=cfg).view(torch.int16),
+                                         ref.view(torch.int16)))
+                ms = timer(lambda q: kq.dequantize(q, torch.bfloat16, config=cfg), qs)
                 frac = byts / ms / 1e9 / (copy_bw / 1e12)
                 out.append(dict(fmt=fmt, shape=list(shape), config=label,
                                 tile=[cfg.tile_rows, cfg.tile_cols, cfg.num_warps], reg_store=reg, ms=ms, bytes=byts,

@@ -59,7 +59,7 @@ def quantize(
     rounding and the few shapes it can't tile fall back to the reference).
     """
     if isinstance(x, torch.Tensor) and x.is_cuda:
-        from .kernels import quantize as kq
+        from . import quant as kq
 
         f = reference.resolve_format(fmt, block_size, scale_rule, convention)
         if kq.unsupported_reason(f, rounding) is None:
@@ -79,7 +79,7 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         raise TypeError(f"dequantize: dtype={dtype} is not a floating dtype")
     if q.data.is_cuda:
-        from .kernels import quantize as kq
+        from . import quant as kq
 
         if kq.unsupported_reason(q.fmt) is None:
             return kq.dequantize(q, dtype)

@@ -1,4 +1,4 @@
-"""Plain-torch references of the fused quantizers in :mod:`microscale.fused`.
+"""Plain-torch references of the fused quantizers in :mod:`microscale.quant.fused`.
 
 Each computes the prologue in float32 and quantizes the float32 result with
 :func:`microscale.reference.quantize` (no rounding to bf16 in between, as the fused
@@ -29,10 +29,10 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def rmsnorm_quantize(x: torch.Tensor, weight: torch.Tensor, fmt, *, eps: float = 1e-6, **kw) -> QTensor:
-    """Reference of :func:`microscale.fused.rmsnorm_quantize`."""
+    """Reference of :func:`microscale.quant.rmsnorm_quantize`."""
     return reference.quantize(rmsnorm(x, weight, eps), fmt, **kw)
 
 
 def silu_mul_quantize(gate: torch.Tensor, up: torch.Tensor, fmt, **kw) -> QTensor:
-    """Reference of :func:`microscale.fused.silu_mul_quantize`."""
+    """Reference of :func:`microscale.quant.silu_mul_quantize`."""
     return reference.quantize(silu_mul(gate, up), fmt, **kw)

@@ -197,7 +197,7 @@ def test_dequantize_revalidates_fields_set_after_construction():
 def test_kernel_dequantize_refuses_an_invalid_qtensor():
     """The dequantize kernel addresses scales by the data's shape: a QTensor whose scales
     were replaced by a smaller tensor would be read past its end."""
-    from microscale.kernels import quantize as kq
+    from microscale import quant as kq
 
     q = ms.quantize(torch.randn(4, 64), "mxfp4")
     q.scales = q.scales[:1].contiguous()

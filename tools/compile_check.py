@@ -44,15 +44,16 @@ from triton.runtime.jit import create_function_from_signature  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from microscale import fused, reference, reference_fused  # noqa: E402
+from microscale import quant as kq  # noqa: E402
+from microscale import reference, reference_fused  # noqa: E402
 from microscale.formats import registry  # noqa: E402
-from microscale.kernels import _quantize_kernels as _k  # noqa: E402
-from microscale.kernels import quantize as kq  # noqa: E402
+from microscale.quant import fused, params  # noqa: E402
+from microscale.quant._kernels import amax as _ka, dequantize as _kd, quantize as _kqk  # noqa: E402
 from sass import dump_compiled  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = make_backend(TARGET)
-KERNELS = ("_quantize_kernel", "_dequantize_kernel", "_finite_amax_partials_kernel")
+KERNELS = {"_quantize_kernel": _kqk, "_dequantize_kernel": _kd, "_finite_amax_partials_kernel": _ka}  # name -> module
 
 SPECS: dict = {}  # key -> dict(kernel, signature, constexprs, attrs, options, where)
 _WHERE = ["?"]
@@ -82,14 +83,14 @@ class _Recorder:
 
 @contextlib.contextmanager
 def intercept():
-    saved = {n: getattr(_k, n) for n in KERNELS}
+    saved = {n: getattr(m, n) for n, m in KERNELS.items()}
     for n, f in saved.items():
-        setattr(_k, n, _Recorder(f))
+        setattr(KERNELS[n], n, _Recorder(f))
     try:
         yield saved
     finally:
         for n, f in saved.items():
-            setattr(_k, n, f)
+            setattr(KERNELS[n], n, f)
 
 
 def _try(where, f, *a, **kw):
@@ -228,7 +229,7 @@ def benchmark_launches() -> None:
 # ----------------------------------------------------------------------------------
 def _label(s) -> str:
     c = s["constexprs"]
-    fn = getattr(_k, s["kernel"])
+    fn = getattr(KERNELS[s["kernel"]], s["kernel"])
     cx = {fn.arg_names[p[0]]: v for p, v in c.items()}
     keys = ("TR", "TK", "B", "BR", "BITS", "IS_INT", "RULE", "TWO_LEVEL", "GS_DYNAMIC", "SCALE_KIND", "LAYOUT",
             "ROUNDING", "NONFIN", "PROLOGUE", "PACK32", "HW_FP8", "HAS_ZP", "ITERS")
@@ -238,7 +239,7 @@ def _label(s) -> str:
 
 
 def compile_one(s) -> tuple[bool, str, float]:
-    fn = getattr(_k, s["kernel"])
+    fn = getattr(KERNELS[s["kernel"]], s["kernel"])
     t0 = time.time()
     try:
         src = ASTSource(fn=fn, signature=s["signature"], constexprs=s["constexprs"], attrs=s["attrs"])
@@ -290,7 +291,7 @@ def clean_path_count(text: str, max_skip: int = 16) -> tuple[int, dict]:
 
 def sass_report(shape=(16384, 16384), config=(16, 256, 4)) -> None:
     """SASS instructions per element on the clean-tile path, launched as quantize() does
-    for a bf16 ``shape`` input with tile ``config`` (the NOTES_quantize.md counts)."""
+    for a bf16 ``shape`` input with tile ``config`` (docs/decisions/quant-kernels.md)."""
     cases = [("NVFP4 static", "nvfp4", dict(global_scale=0.01)), ("NVFP4 dynamic", "nvfp4", {}),
              ("MXFP4", "mxfp4", {}), ("MXFP8 e4m3", "mxfp8_e4m3", {})]
     x = torch.empty(shape, dtype=torch.bfloat16)
@@ -301,7 +302,7 @@ def sass_report(shape=(16384, 16384), config=(16, 256, 4)) -> None:
         with intercept():
             kq.quantize(x, name, config=cfg, **kw)
         s = next(v for v in SPECS.values() if v["kernel"] == "_quantize_kernel")
-        k = triton.compile(ASTSource(fn=_k._quantize_kernel, signature=s["signature"], constexprs=s["constexprs"],
+        k = triton.compile(ASTSource(fn=_kqk._quantize_kernel, signature=s["signature"], constexprs=s["constexprs"],
                                      attrs=s["attrs"]), target=TARGET, options=s["options"])
         n, hist = clean_path_count(dump_compiled(k, "-sass"))
         top = ", ".join(f"{o} {c}" for o, c in list(hist.items())[:8])
@@ -337,8 +338,8 @@ def pdl_order() -> int:
     be the next ``ms.linear``'s weight, read by the decode GEMV ahead of its own wait); the
     dequantize kernel waits before its first load and triggers. Prints each kernel's facts;
     1 when a rule is broken."""
-    saved = kq._pdl_ok
-    kq._pdl_ok = lambda dev: True
+    saved = params._pdl_ok
+    params._pdl_ok = lambda dev: True
     SPECS.clear()
     try:
         with intercept():
@@ -347,12 +348,12 @@ def pdl_order() -> int:
                 kq.quantize(x, name)
                 kq.dequantize(reference.quantize(x, name), torch.bfloat16)
     finally:
-        kq._pdl_ok = saved
+        params._pdl_ok = saved
     bad = 0
     for s in SPECS.values():
         if s["kernel"] not in ("_quantize_kernel", "_dequantize_kernel"):
             continue
-        fn = getattr(_k, s["kernel"])
+        fn = getattr(KERNELS[s["kernel"]], s["kernel"])
         c = triton.compile(ASTSource(fn=fn, signature=s["signature"], constexprs=s["constexprs"], attrs=s["attrs"]),
                            target=TARGET, options=s["options"])
         ptx = c.asm["ptx"]

@@ -5,8 +5,9 @@ One methodology (:mod:`._timing`): CUDA-event medians after warm-up, inputs rota
 the reference before it is timed. Ceilings (copy bandwidth, cuBLAS bf16, fp8
 ``_scaled_mm``) are measured in the same run; each op reports its bytes and flops model
 (:mod:`.models`), achieved GB/s and TFLOP/s, % of the ceiling, and ratios to its peers.
-Suites and the runner live in :mod:`.suites`; JSON, CSV, the roofline plot and
-``benchmarks/RESULTS.md`` in :mod:`.report`.
+Suites and case selection live in :mod:`.suites`, the case builders in :mod:`.cases`, the
+output checks in :mod:`.checks`, the runner and the ceilings in :mod:`.runner`; JSON, CSV,
+the roofline plot and ``benchmarks/RESULTS.md`` in :mod:`.report`.
 
 Run ``python -m microscale.bench --help``; the project CLI calls :func:`main`.
 """
@@ -15,10 +16,10 @@ from typing import Optional, Sequence
 from . import models
 from .models import Ceilings
 from .report import collect_env, regenerate, render_markdown, write_outputs
-from .suites import (
-    BUILDERS, OPS, SUITES, Case, CaseResult, CaseSpec, Check, Context, Peer, RunOptions, Skip, measure_ceilings,
-    run_benchmark, run_cases, select_cases,
-)
+from .cases import BUILDERS, Case, Context, Peer, Skip
+from .checks import Check
+from .runner import CaseResult, RunOptions, measure_ceilings, run_benchmark, run_cases
+from .suites import OPS, SUITES, CaseSpec, select_cases
 
 __all__ = [
     "main", "models", "Ceilings", "collect_env", "regenerate", "render_markdown", "write_outputs",

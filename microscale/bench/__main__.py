@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from . import report, suites
+from . import report, runner, suites
 
 __all__ = ["main", "build_parser", "build_report_parser"]
 
@@ -101,12 +101,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(s.id)
         return 0
     budget = suites.SUITES[a.suite].budget_s if a.time_budget is None else (a.time_budget or None)
-    opts = suites.RunOptions(graph=suites.suite_graph(a.suite, a.graph), time_budget_s=budget)
+    opts = runner.RunOptions(graph=suites.suite_graph(a.suite, a.graph), time_budget_s=budget)
     if a.target_ms is not None:
         opts.target_ms, opts.cpu_target_s = a.target_ms, a.target_ms / 1e3
     partial = Path(a.out) / "results.json"
     try:
-        doc = suites.run_benchmark(a.suite, ops=a.ops, formats=a.formats, shapes=a.shapes, cpu=a.cpu,
+        doc = runner.run_benchmark(a.suite, ops=a.ops, formats=a.formats, shapes=a.shapes, cpu=a.cpu,
                                    seed=a.seed, opts=opts, checkpoint=lambda d: report.write_json(d, partial),
                                    dtype=a.dtype)
     except RuntimeError as exc:

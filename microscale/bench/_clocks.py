@@ -2,9 +2,8 @@
 
 Why: a board at its power limit lowers its SM clock within a fraction of a second of
 sustained load, and kernels differ in how much power they draw at the same memory
-bandwidth. On the H200 the fp4 decode kernels reach the 700 W cap and run at 1.3-1.9 GHz
-while cuBLAS bf16 at one token stays below it at 1.98 GHz (``benchmarks/NOTES_linear.md``,
-sixteenth session), so a ratio measured over 300 ms is not the same as one measured in a
+bandwidth (on the H200 the fp4 decode kernels reach the power cap while cuBLAS bf16 at one
+token stays below it), so a ratio measured over 300 ms is not the same as one measured in a
 burst. The suite records, per timing, what the clock did, so its tables say when a number
 was taken power-capped.
 

@@ -235,8 +235,7 @@ def time_cuda(fn: Fn, sets: Sequence[InputSet], *, warmup_ms: float = 25.0, targ
             break
         k *= 2
     est_ms = max(est_ms, 1e-6)
-    # half: a launch path that costs about what the kernel does times unevenly under events
-    # (2026-12-01: host 173 us against 177 us measured, +-35%), so such calls get a graph too
+    # half: a launch path that costs about what the kernel does times unevenly under events, so such calls get a graph too
     host_bound = host_ms >= 0.5 * est_ms
     use_graph = graph == "always" or (graph == "auto" and (est_ms * 1e3 < graph_threshold_us or host_bound))
     note = ""
@@ -263,10 +262,8 @@ def time_cuda(fn: Fn, sets: Sequence[InputSet], *, warmup_ms: float = 25.0, targ
     med, p20, p80 = quantiles(samples)
     spread = (p80 - p20) / med if med > 0 else 0.0
     if graph == "auto" and not use_graph and spread > EVENTS_SPREAD_MAX:
-        # per-call events that scatter this much time the launch path too (a call whose
-        # host time nears its device time: 2026-12-02, cuBLAS 34 us at 15.9 us of host time
-        # timed 42-74 us by events; the same shape 33.6 us in a graph, three cases later): a graph
-        # replay times the device
+        # per-call events that scatter this much time the launch path too (a call whose host
+        # time nears its device time): a graph replay times the device
         try:
             return graph_timing(f"events spread +-{50 * spread:.0f}%, so a graph")
         except Exception as exc:  # noqa: BLE001 - keep the events result, and say so

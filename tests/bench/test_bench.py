@@ -13,10 +13,13 @@ import os
 import pytest
 import torch
 
-from microscale.bench import _clocks, _timing, models, report, suites
+from microscale.bench import _clocks, _timing, cases, checks, models, report, runner, suites
 from microscale.bench import main as bench_main
 from microscale.bench.__main__ import build_parser
-from microscale.bench.suites import Case, CaseSpec, Check, Context, Peer, RunOptions, Skip
+from microscale.bench.cases import Case, Context, Peer, Skip
+from microscale.bench.checks import Check
+from microscale.bench.runner import RunOptions
+from microscale.bench.suites import CaseSpec
 
 # ---- models ---------------------------------------------------------------------------
 
@@ -141,7 +144,7 @@ def test_selection_by_op_format_and_shape():
     assert cpu and all(s.shape == (4096, 4096) for s in cpu)
 
 
-def test_matrix_suite_is_issue_4s_benchmark():
+def test_matrix_suite_shapes():
     specs = suites.select_cases("matrix", universe=UNIVERSE + ("mxint8",))
     nk = {(8192, 8192), (28672, 8192), (8192, 28672)}
     e2m1 = [s for s in specs if s.format in ("nvfp4", "mxfp4")]
@@ -188,7 +191,7 @@ CEIL = models.Ceilings(copy_gbps=10.0)
 
 def _fake_case(spec: CaseSpec, ctx: Context, *, check_ok: bool = True, peers=()) -> Case:
     def make():
-        return (suites.random_input(spec.shape, ctx, torch.float32),)
+        return (cases.random_input(spec.shape, ctx, torch.float32),)
 
     def check(inputs, y):
         return Check(check_ok, "mismatches", 0.0 if check_ok else 3.0, "bit-exact" if check_ok else "3 differ")
@@ -212,7 +215,7 @@ def test_runner_times_checked_ops_and_their_peers():
                                                                  "differs"))
     peers = [("double-add", ok_peer), ("absent", skip_peer), ("broken", broken_peer), ("wrong", bad_peer)]
     builders = {"quantize": lambda s, c: _fake_case(s, c, peers=peers)}
-    [r] = suites.run_cases([CaseSpec("quantize", "fake", (64, 64))], _ctx(), CEIL, FAST, builders, log=None)
+    [r] = runner.run_cases([CaseSpec("quantize", "fake", (64, 64))], _ctx(), CEIL, FAST, builders, log=None)
     assert r.status == "ok" and r.check["ok"] and r.timing["method"] == "perf_counter"
     assert r.nbytes == 8 * 64 * 64
     assert r.throughput["gbps"] == pytest.approx(models.gbps(r.nbytes, r.timing["median_ms"]))
@@ -240,7 +243,7 @@ def test_runner_reports_skips_failures_and_errors_without_raising():
                 "moe": unimplemented}
     specs = [CaseSpec("quantize", "f", (8, 8)), CaseSpec("linear", "f", (1, 8, 8)),
              CaseSpec("dequantize", "f", (8, 8)), CaseSpec("moe", "f", (8, 8)), CaseSpec("attn", "f", (8, 8))]
-    r = suites.run_cases(specs, _ctx(), CEIL, FAST, builders, log=None)
+    r = runner.run_cases(specs, _ctx(), CEIL, FAST, builders, log=None)
     assert [x.status for x in r] == ["failed", "skipped", "error", "skipped", "skipped"]
     assert "check failed: 3 differ" in r[0].reason and r[0].timing is None  # never timed when wrong
     assert r[1].reason == "microscale.linear not available"
@@ -252,7 +255,7 @@ def test_runner_reports_skips_failures_and_errors_without_raising():
 def test_time_budget_skips_the_rest():
     builders = {"quantize": _fake_case}
     specs = [CaseSpec("quantize", "f", (8, 8))] * 3
-    r = suites.run_cases(specs, _ctx(), CEIL, RunOptions(cpu_target_s=0.001, time_budget_s=0.0), builders,
+    r = runner.run_cases(specs, _ctx(), CEIL, RunOptions(cpu_target_s=0.001, time_budget_s=0.0), builders,
                          log=None)
     assert r[0].status == "ok" and all(x.status == "skipped" and "time budget" in x.reason for x in r[1:])
 
@@ -260,20 +263,20 @@ def test_time_budget_skips_the_rest():
 def test_missing_op_in_microscale_is_a_skip(monkeypatch):
     def lookup(what):
         raise Skip(f"microscale.{what} not available")
-    monkeypatch.setattr(suites, "_lookup", lookup)
-    [r] = suites.run_cases([CaseSpec("linear", "nvfp4", (1, 64, 64))], _ctx(), CEIL, FAST, log=None)
+    monkeypatch.setattr(cases, "_lookup", lookup)
+    [r] = runner.run_cases([CaseSpec("linear", "nvfp4", (1, 64, 64))], _ctx(), CEIL, FAST, log=None)
     assert (r.status, r.reason) == ("skipped", "microscale.linear not available")
 
 
 def test_ceilings_on_the_cpu_and_their_failures(monkeypatch):
-    c, d = suites.measure_ceilings(_ctx(), RunOptions(cpu_target_s=0.01), log=None)
+    c, d = runner.measure_ceilings(_ctx(), RunOptions(cpu_target_s=0.01), log=None)
     assert c.copy_gbps > 0 and d["copy"]["status"] == "ok" and d["copy"]["check"]["ok"]
     assert c.bf16_tflops is None and d["bf16_mm"] == {"status": "skipped", "reason": "not measured on the CPU"}
 
     def broken(ctx, opts):
         raise RuntimeError("copy engine on fire")
-    monkeypatch.setattr(suites, "_copy_ceiling", broken)
-    c, d = suites.measure_ceilings(_ctx(), log=None)
+    monkeypatch.setattr(runner, "_copy_ceiling", broken)
+    c, d = runner.measure_ceilings(_ctx(), log=None)
     assert c.copy_gbps is None and d["copy"] == {"status": "error", "reason": "RuntimeError: copy engine on fire"}
 
 
@@ -282,28 +285,28 @@ def test_ceilings_are_not_timed_as_graphs(mode, want, monkeypatch):
     """A ceiling under ``graph='always'`` is timed as under 'auto' (a captured copy is a
     memcpy node the copy engines may serve, far below an SM copy); other modes pass through."""
     seen = []
-    monkeypatch.setattr(suites, "_time", lambda fn, sets, ctx, opts, monitor=None: seen.append(opts.graph) or
+    monkeypatch.setattr(runner, "_time", lambda fn, sets, ctx, opts, monitor=None: seen.append(opts.graph) or
                         _timing.Timing(1.0, 1.0, 1.0, 1, "events", 1, 1, "", 0.0))
-    suites.measure_ceilings(_ctx(), RunOptions(graph=mode, cpu_target_s=0.01), log=None)
+    runner.measure_ceilings(_ctx(), RunOptions(graph=mode, cpu_target_s=0.01), log=None)
     assert seen and set(seen) == {want}
 
 
 def test_bit_checks():
     a = torch.tensor([1.0, float("nan"), 3.0])
-    assert suites.check_bits(a, a.clone()).ok
+    assert checks.check_bits(a, a.clone()).ok
     b = a.clone()
     b[2] = 4.0
-    c = suites.check_bits(b, a)
+    c = checks.check_bits(b, a)
     assert not c.ok and c.value == 1
-    assert not suites.check_bits(a.half(), a).ok
+    assert not checks.check_bits(a.half(), a).ok
     x, w = torch.randn(4, 8), torch.randn(3, 8)
-    assert suites.check_matmul(x, w, (x @ w.T).bfloat16()).ok
-    assert not suites.check_matmul(x, w, (x @ w.T) * 1.1).ok
-    assert suites.rel_fro(torch.full((2,), float("nan")), torch.ones(2)) == float("inf")
+    assert checks.check_matmul(x, w, (x @ w.T).bfloat16()).ok
+    assert not checks.check_matmul(x, w, (x @ w.T) * 1.1).ok
+    assert checks.rel_fro(torch.full((2,), float("nan")), torch.ones(2)) == float("inf")
 
 
 def _no_peers(op):
-    return lambda s, c: dataclasses.replace(suites.BUILDERS[op](s, c), peers=[])
+    return lambda s, c: dataclasses.replace(cases.BUILDERS[op](s, c), peers=[])
 
 
 @pytest.mark.parametrize("op", ["quantize", "dequantize"])
@@ -312,7 +315,7 @@ def test_real_ops_on_cpu_are_checked_bit_exact(op, fmt):
     ms = pytest.importorskip("microscale")
     if not hasattr(ms, "quantize"):
         pytest.skip("microscale.quantize not written yet")
-    [r] = suites.run_cases([CaseSpec(op, fmt, (8, 256))], _ctx(), CEIL, FAST, {op: _no_peers(op)}, log=None)
+    [r] = runner.run_cases([CaseSpec(op, fmt, (8, 256))], _ctx(), CEIL, FAST, {op: _no_peers(op)}, log=None)
     assert r.status == "ok", r.reason
     assert r.check == {"ok": True, "metric": "mismatches", "value": 0.0, "detail": "bit-exact"}
     q = ms.quantize(torch.randn(8, 256), fmt)
@@ -322,13 +325,13 @@ def test_real_ops_on_cpu_are_checked_bit_exact(op, fmt):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "int4_affine_g128"])
 def test_real_linear_on_cpu_is_checked_against_float64(fmt):
     try:
-        suites._lookup("linear")
+        cases._lookup("linear")
     except Skip as s:
         pytest.skip(str(s))
-    [r] = suites.run_cases([CaseSpec("linear", fmt, (3, 128, 256))], _ctx(), CEIL, FAST,
+    [r] = runner.run_cases([CaseSpec("linear", fmt, (3, 128, 256))], _ctx(), CEIL, FAST,
                            {"linear": _no_peers("linear")}, log=None)
     assert r.status == "ok", r.reason
-    assert r.check["metric"] == "rel_fro" and r.check["value"] < suites.LINEAR_TOL
+    assert r.check["metric"] == "rel_fro" and r.check["value"] < checks.LINEAR_TOL
     assert r.flops == 2 * 3 * 128 * 256 and r.compute_kind == "bf16_mm"
 
 
@@ -338,15 +341,15 @@ def test_quantize_check_catches_a_wrong_bit():
         pytest.skip("microscale.quantize not written yet")
     x = torch.randn(4, 64)
     q = ms.quantize(x, "mxfp4")
-    assert suites.check_qtensor(q, ms.quantize(x, "mxfp4")).ok
+    assert checks.check_qtensor(q, ms.quantize(x, "mxfp4")).ok
     q.data[0, 0] ^= 1
-    c = suites.check_qtensor(q, ms.quantize(x, "mxfp4"))
+    c = checks.check_qtensor(q, ms.quantize(x, "mxfp4"))
     assert not c.ok and c.value == 1 and "data: 1 mismatches" in c.detail
 
 
 def test_random_input_is_never_zeros_and_is_fresh():
     ctx = _ctx()
-    a, b = suites.random_input((16, 64), ctx), suites.random_input((16, 64), ctx)
+    a, b = cases.random_input((16, 64), ctx), cases.random_input((16, 64), ctx)
     assert a.dtype == torch.bfloat16 and bool((a != 0).any()) and not torch.equal(a, b)
 
 
@@ -509,27 +512,27 @@ def test_cli_graph_mode_defaults_per_suite(argv, want, monkeypatch, tmp_path):
         seen["graph"] = kw["opts"].graph
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(suites, "run_benchmark", fake_run)
+    monkeypatch.setattr(runner, "run_benchmark", fake_run)
     assert bench_main(argv + ["--out", str(tmp_path)]) == 2
     assert seen["graph"] == want
 
 
 @pytest.mark.parametrize("suite,want", [("matrix", "always"), ("linear", "auto")])
 def test_run_benchmark_takes_the_suites_graph_mode(suite, want, monkeypatch):
-    """Called without options, :func:`suites.run_benchmark` uses the suite's graph mode."""
+    """Called without options, :func:`runner.run_benchmark` uses the suite's graph mode."""
     seen = []
-    monkeypatch.setattr(suites, "measure_ceilings", lambda ctx, opts, log: seen.append(opts.graph) or
+    monkeypatch.setattr(runner, "measure_ceilings", lambda ctx, opts, log: seen.append(opts.graph) or
                         (models.Ceilings(), {}))
-    monkeypatch.setattr(suites, "run_cases", lambda *a, **k: [])
-    suites.run_benchmark(suite, cpu=True, log=None)
+    monkeypatch.setattr(runner, "run_cases", lambda *a, **k: [])
+    runner.run_benchmark(suite, cpu=True, log=None)
     assert seen == [want]
 
 
 def test_methodology_names_the_graph_mode():
     """The recorded method says what each graph mode does (the 'auto' rule's threshold read
     from ``_timing``), not the 'auto' rule for every mode."""
-    auto = suites.methodology(RunOptions(graph="auto"), False)["graph"]
-    always = suites.methodology(RunOptions(graph="always"), False)["graph"]
+    auto = runner.methodology(RunOptions(graph="auto"), False)["graph"]
+    always = runner.methodology(RunOptions(graph="always"), False)["graph"]
     assert auto.startswith("auto") and f"{_timing.EVENTS_SPREAD_MAX:.0%}" in auto
     assert always.startswith("always") and "< 10 us" not in always
 
@@ -555,33 +558,33 @@ def test_linear_dtype(dtype, monkeypatch):
     """``--dtype``: the linear case's activations are in that dtype (the op sees them; checked against
     float64), its cuBLAS peer is named for it, the method records it, and the CLI passes it through."""
     try:
-        real = suites._lookup("linear")
+        real = cases._lookup("linear")
     except Skip as s:
         pytest.skip(str(s))
     seen = []
-    lookup = suites._lookup
-    monkeypatch.setattr(suites, "_lookup", lambda what: (lambda x, q: seen.append(x.dtype) or real(x, q))
+    lookup = cases._lookup
+    monkeypatch.setattr(cases, "_lookup", lambda what: (lambda x, q: seen.append(x.dtype) or real(x, q))
                         if what == "linear" else lookup(what))
     ctx = dataclasses.replace(_ctx(), act_dtype=suites.DTYPES[dtype])
     spec = CaseSpec("linear", "nvfp4", (3, 128, 256))
-    [r] = suites.run_cases([spec], ctx, CEIL, FAST, {"linear": _no_peers("linear")}, log=None)
-    assert r.status == "ok" and r.check["value"] < suites.LINEAR_TOL, r.reason
+    [r] = runner.run_cases([spec], ctx, CEIL, FAST, {"linear": _no_peers("linear")}, log=None)
+    assert r.status == "ok" and r.check["value"] < checks.LINEAR_TOL, r.reason
     assert seen and set(seen) == {suites.DTYPES[dtype]}
-    case = suites.build_linear(spec, ctx)
+    case = cases.build_linear(spec, ctx)
     assert [name for name, _ in case.peers][0] == f"cuBLAS {dtype}"
     if dtype == "fp16":  # activations scaled down: x . w at the suite's K stays finite in fp16 (65504)
-        x, q = suites.build_linear(CaseSpec("linear", "nvfp4", (16, 64, 8192)), ctx).make_inputs()
+        x, q = cases.build_linear(CaseSpec("linear", "nvfp4", (16, 64, 8192)), ctx).make_inputs()
         assert x.dtype == torch.float16 and float(x.abs().max()) <= 8
         assert float((x.double() @ q.dequantize().double().T).abs().max()) < 65504 / 4
     got = {}
-    monkeypatch.setattr(suites, "measure_ceilings", lambda ctx, opts, log: (models.Ceilings(), {}))
-    monkeypatch.setattr(suites, "run_cases", lambda specs, ctx, *a, **k: got.update(dt=ctx.act_dtype) or [])
-    doc = suites.run_benchmark("linear", cpu=True, log=None, dtype=dtype)
+    monkeypatch.setattr(runner, "measure_ceilings", lambda ctx, opts, log: (models.Ceilings(), {}))
+    monkeypatch.setattr(runner, "run_cases", lambda specs, ctx, *a, **k: got.update(dt=ctx.act_dtype) or [])
+    doc = runner.run_benchmark("linear", cpu=True, log=None, dtype=dtype)
     assert got["dt"] == suites.DTYPES[dtype] and doc["methodology"]["activations"].startswith(dtype)
     assert doc["selection"]["dtype"] == dtype
     assert [p for p in doc["methodology"]["peers"] if p.startswith("cuBLAS")] == [f"cuBLAS {dtype}"]
     with pytest.raises(ValueError, match="dtype"):
-        suites.run_benchmark("linear", cpu=True, log=None, dtype="fp8")
+        runner.run_benchmark("linear", cpu=True, log=None, dtype="fp8")
     assert build_parser().parse_args(["--dtype", dtype]).dtype == dtype
 
 
@@ -706,7 +709,7 @@ def test_run_case_rotates_inputs_past_l2_on_a_device(fake_cuda):
                     flops=0, compute_kind=None, set_bytes=50 << 20,
                     peers=[("p", lambda: Peer("p", lambda x: _busy(100), lambda i, y: Check(True, "m", 0.0)))])
     ctx = Context(torch.device("cuda"), torch.Generator())
-    r = suites.run_case(CaseSpec("quantize", "f", (8, 8)), ctx, models.Ceilings(copy_gbps=4000.0),
+    r = runner.run_case(CaseSpec("quantize", "f", (8, 8)), ctx, models.Ceilings(copy_gbps=4000.0),
                         RunOptions(warmup_ms=0.5, target_ms=5.0, graph="never"), {"quantize": build})
     assert r.status == "ok", r.reason
     assert r.timing["n_sets"] == len(made) == 4  # 4 x 50 MiB > 3 x 60 MiB
@@ -735,15 +738,15 @@ def test_run_case_records_the_clocks_of_each_timing(fake_cuda):
                     peers=[("p", lambda: Peer("p", lambda x: _busy(40), lambda i, y: Check(True, "m", 0.0)))])
     ctx = Context(torch.device("cuda"), torch.Generator())
     mon = _FakeMonitor()
-    r = suites.run_case(CaseSpec("quantize", "f", (8, 8)), ctx, models.Ceilings(copy_gbps=4000.0),
+    r = runner.run_case(CaseSpec("quantize", "f", (8, 8)), ctx, models.Ceilings(copy_gbps=4000.0),
                         RunOptions(warmup_ms=0.2, target_ms=2.0, graph="never"), {"quantize": build}, mon)
     assert r.status == "ok", r.reason
     assert len(mon.windows) == 2 and all(t0 < t1 for t0, t1 in mon.windows)  # the op's timing, the peer's
     assert mon.settled == 2  # each started once the clock was free
     assert r.timing["clocks"]["slowed"] == 0.5 and r.peers[0].timing["clocks"]["reasons"] == ("power cap",)
-    assert "power cap 50%, SM >= 1.46 GHz" in suites._describe(r)
+    assert "power cap 50%, SM >= 1.46 GHz" in runner._describe(r)
     # no monitor: no clocks
-    r = suites.run_case(CaseSpec("quantize", "f", (8, 8)), ctx, models.Ceilings(copy_gbps=4000.0),
+    r = runner.run_case(CaseSpec("quantize", "f", (8, 8)), ctx, models.Ceilings(copy_gbps=4000.0),
                         RunOptions(warmup_ms=0.2, target_ms=2.0, graph="never"), {"quantize": build})
     assert r.timing["clocks"] is None
 

@@ -6,8 +6,11 @@ import torch
 import triton.language as tl
 
 from microscale import reference, reference_fused
-from microscale.formats import SCALE_LAYOUTS, get_format, get_scale_layout, pack_codes, registry, unpack_codes
-from microscale.kernels import quantize as kq
+from microscale.formats import (
+    SCALE_LAYOUTS, NonFinite, Overflow, Rounding, get_format, get_scale_layout, pack_codes, registry, unpack_codes,
+)
+from microscale import quant as kq
+from microscale.quant import params, tuning
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 MX = ["mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "mxint4"]
@@ -21,7 +24,7 @@ def poison(monkeypatch):
         t = torch.empty(shape, dtype=dtype, device=device)
         t.view(torch.uint8).fill_(0xA5)
         return t
-    monkeypatch.setattr(kq, "_empty", empty)
+    monkeypatch.setattr(params, "_empty", empty)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -273,11 +276,82 @@ def test_default_configs_tile_every_shape(name):
         for k in (b, 3 * b, 4096 + b, 16384):
             for cfg in (kq.choose_config(fmt, rows, k), kq.choose_config(fmt, rows, k, packed=True),
                         kq.choose_dequantize_config(fmt, rows, k)):
-                kq._check_config(cfg, fmt)
+                tuning.check_config(cfg, fmt)
                 assert cfg.tile_rows * cfg.tile_cols <= max(32768, br * 1024) and cfg.num_warps in (1, 2, 4, 8)
                 assert cfg.tile_rows * cfg.tile_cols >= 128 * cfg.num_warps or cfg.num_warps == 1  # >= 4 per thread
                 assert 1 <= cfg.k_tiles <= -(-k // cfg.tile_cols)  # no program past the last column
             assert kq.choose_dequantize_config(fmt, rows, k).k_tiles == 1
+
+
+
+# ---- tuning switches and lazy device code ---------------------------------------------
+@pytest.fixture
+def launches(monkeypatch):
+    """The constexprs of every quantize / dequantize launch, by kernel name (launches still run)."""
+    from microscale.runtime import launch as rl
+
+    seen = {}
+    real = rl.launch
+
+    def spy(kernel, grid, *args, **kw):
+        seen.setdefault(kernel.__name__, []).append(kw)
+        return real(kernel, grid, *args, **kw)
+
+    monkeypatch.setattr(rl, "launch", spy)
+    return seen
+
+
+def test_tuning_override_switches_paths_bit_identically(launches, gen):
+    """Each QuantTuning field reaches its kernel switch, inside ``override`` only, and every
+    setting gives the reference's bits."""
+    x = adversarial(gen, (8, 4096), registry["mxfp4"])
+    want = reference.quantize(x.cpu(), "mxfp4")
+    cfg = kq.QuantizeConfig(2, 128, 1, k_tiles=4)  # looping programs: the prefetch applies
+    on = tuning.current()
+    assert on == tuning.QuantTuning() and on.packed and on.prefetch and on.pdl and on.deq_cache_hints
+    for fields in ({}, {"packed": False}, {"prefetch": False}, {"deq_cache_hints": False}, {"pdl": False}):
+        launches.clear()
+        with tuning.override(**fields) as t:
+            assert tuning.current() is t and all(getattr(t, k) == v for k, v in fields.items())
+            assert_same(kq.quantize(x, "mxfp4", config=cfg), want)
+            assert_same_values(kq.dequantize(want.to(DEV), torch.bfloat16),
+                               reference.dequantize(want, torch.bfloat16))
+        qk, dk = launches["_quantize_kernel"][0], launches["_dequantize_kernel"][0]
+        assert qk["PK"] == t.packed and qk["PREFETCH"] == t.prefetch and dk["HINTS"] == t.deq_cache_hints
+        if not t.pdl:
+            assert not qk["PDL"] and not dk["PDL"]
+    assert tuning.current() == on
+    with pytest.raises(TypeError, match="unknown QuantTuning field"):
+        with tuning.override(packd=False):
+            pass
+
+
+def test_quant_package_imports_no_device_code():
+    """The quant package's host modules import neither Triton nor the launcher nor the device
+    code at module level (``import microscale.quant`` works without Triton); the device
+    modules load on first launch."""
+    import ast
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(kq.__file__).parent
+    for path in root.glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                mods = [f"{node.module or ''}.{a.name}" for a in node.names]
+            else:
+                continue
+            for m in mods:
+                assert not {"triton", "launch", "_kernels"} & set(m.split(".")), (path.name, m)
+    code = ("import sys, microscale.quant as q; from microscale.formats import registry; "
+            "q.unsupported_reason(registry['nvfp4']); "
+            "print(sorted(m for m in sys.modules if m.startswith('microscale.quant._kernels.')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=root.parents[1])
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
 # ---- fused quantizers ------------------------------------------------------------------
@@ -297,7 +371,7 @@ def _close_codes(got, want, max_frac=0.01):
 
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3", "int8_fp32"])
 def test_rmsnorm_quantize(name, gen):
-    from microscale import fused
+    from microscale.quant import fused
     x = (torch.randn(5, 256, generator=gen) * 3).to(torch.bfloat16)
     w = (torch.rand(256, generator=gen) + 0.5).to(torch.bfloat16)
     gs = 1.0 / 448 if registry[name].global_scale else None
@@ -309,7 +383,7 @@ def test_rmsnorm_quantize(name, gen):
 
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3"])
 def test_silu_mul_quantize(name, gen):
-    from microscale import fused
+    from microscale.quant import fused
     g = (torch.randn(3, 2, 128, generator=gen) * 2).to(torch.bfloat16)
     u = torch.randn(3, 2, 128, generator=gen).to(torch.bfloat16)
     gs = 1.0 / 448 if registry[name].global_scale else None
@@ -322,7 +396,8 @@ def test_silu_mul_quantize(name, gen):
 import triton  # noqa: E402
 
 from microscale.formats import ELEMENTS  # noqa: E402
-from microscale.kernels import _quantize_kernels as _k  # noqa: E402
+from microscale.quant._kernels import common as _kc  # noqa: E402
+from microscale.quant._kernels import elements as _ke  # noqa: E402
 
 
 @triton.jit
@@ -333,7 +408,7 @@ def _encode_probe(x_ptr, out_ptr, n, BLOCK: tl.constexpr, BITS: tl.constexpr, IS
                   NONFIN: tl.constexpr):
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + o, mask=o < n, other=0.0)
-    c = _k._encode(x, BITS, IS_INT, SIGNED, FRAC_SCALE, MBITS, BIAS, MAX_CODE, NAN_CODE, OVF_CODE, MIN_NORMAL,
+    c = _ke._encode(x, BITS, IS_INT, SIGNED, FRAC_SCALE, MBITS, BIAS, MAX_CODE, NAN_CODE, OVF_CODE, MIN_NORMAL,
                    SUB_C, SUB_C_BITS, INV_MIN_SUB, ROUNDING, NONFIN)
     tl.store(out_ptr + o, c.to(tl.uint8), mask=o < n)
 
@@ -348,7 +423,7 @@ def test_element_encode_all_bf16_patterns(elem, policy):
     x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
     x = torch.cat([x, x * 2.0 ** -100, x * 2.0 ** 100, x * 2.0 ** 120])  # shift subnormal/huge into range
     want = e.encode(x, rounding, overflow, nonfinite)
-    p = kq._element_params(e, kq.Overflow(overflow))
+    p = params._element_params(e, Overflow(overflow))
     p = {k: v for k, v in p.items() if k not in ("ELEM_MAX", "EMAX", "M_ELEM")}
     out = torch.empty(x.numel(), dtype=torch.uint8, device=DEV)
     n = x.numel()
@@ -445,9 +520,7 @@ def test_markstein_division_keeps_the_sign_of_zero(monkeypatch):
     +0 + -0 = +0, so the sign must be put back (x / d keeps x's sign, d > 0). With
     power-of-two divisors every step is exact, so the interpreter's fma (which rounds
     twice) runs the same sequence bit for bit."""
-    from microscale.kernels import quantize as kq
-
-    monkeypatch.setattr(kq, "_MARKSTEIN", True)
+    monkeypatch.setattr(params, "_MARKSTEIN", True)
     t = torch.tensor([448.0, -0.0, 0.0, -1.5, 2.0, -0.0, 0.25, -448.0, 3.0, -0.0, 1.0, 6.0, -0.0, 0.5, -2.0, 0.0])
     x = torch.stack([t * 2.0**e for e in range(-3, 5)]).repeat(2, 16).to(DEV)
     for kw in ({"rounding": "nearest_away"}, {"overflow": "native"}, {}):
@@ -458,7 +531,7 @@ def test_markstein_division_keeps_the_sign_of_zero(monkeypatch):
 
 
 def _encode_mag_rne_p2_model(a: torch.Tensor, bb: torch.Tensor, e) -> torch.Tensor:
-    """``_k._encode_mag_rne_p2`` operation for operation (float32 / int32 torch on CPU: the
+    """``_ke._encode_mag_rne_p2`` operation for operation (float32 / int32 torch on CPU: the
     fma's product is a power of two times 2^(23 - mbits), exact, so mul + add round once)."""
     sh = 23 - e.mbits
     lo = torch.clamp(bb + (1 - e.bias), min=1) << 23
@@ -491,7 +564,7 @@ def test_encode_mag_rne_p2_every_bf16_and_scale(elem):
 
 
 def _encode_p2_bf16x2_model(w: torch.Tensor, bb: torch.Tensor, e) -> torch.Tensor:
-    """``_k._encode_p2_bf16x2`` operation for operation on int32 words of two bf16 (int64
+    """``_ke._encode_p2_bf16x2`` operation for operation on int32 words of two bf16 (int64
     torch, wrapped to 32 bits where the kernel's int32 ops wrap; the bf16 fma is exact in
     float32 and rounded to bf16 on the bits, as the hardware's single rounding)."""
     def wrap(v):
@@ -578,8 +651,8 @@ def test_packed_path_every_bf16_magnitude(gen):
     amax = x.float().abs().amax(dim=1, keepdim=True)
     x = torch.cat([x, (amax * (1 + torch.rand(amax.shape, generator=gen))).to(torch.bfloat16)], dim=1)
     x = x[: x.shape[0] // 8 * 8].reshape(-1, 256)  # 8 blocks of 32 per row
-    assert kq._packed_bf16(x, get_format("mxfp4"), kq.Rounding.NEAREST_EVEN, kq.Overflow.SATURATE,
-                           kq.NonFinite.PROPAGATE, 0)
+    assert params._packed_bf16(x, get_format("mxfp4"), Rounding.NEAREST_EVEN, Overflow.SATURATE,
+                               NonFinite.PROPAGATE, 0)
     for rule in ("floor", "ceil", "even", "rceil"):
         assert_same(kq.quantize(x.to(DEV), "mxfp4", scale_rule=rule), reference.quantize(x, "mxfp4", scale_rule=rule))
 
@@ -677,9 +750,9 @@ def _prmt_spec(a: int, b: int, sel: int) -> int:
 
 
 def _prmt_kernel(a_ptr, b_ptr, s_ptr, o_ptr, N: tl.constexpr):
-    from microscale.kernels import _quantize_kernels as _k
+    from microscale.quant._kernels import dequantize as _kd
     i = tl.arange(0, N)
-    tl.store(o_ptr + i, _k._prmt(tl.load(a_ptr + i), tl.load(b_ptr + i), tl.load(s_ptr + i)))
+    tl.store(o_ptr + i, _kd._prmt(tl.load(a_ptr + i), tl.load(b_ptr + i), tl.load(s_ptr + i)))
 
 
 def test_prmt_model(gen):
@@ -708,9 +781,9 @@ def _div_probe(a_ptr, d_ptr, r_ptr, q_ptr, n, BLOCK: tl.constexpr):
     m = i < n
     a = tl.load(a_ptr + i, mask=m, other=1.0)
     d = tl.load(d_ptr + i, mask=m, other=1.0)
-    r = _k._rcp_rn_normal(d)
+    r = _kc._rcp_rn_normal(d)
     tl.store(r_ptr + i, r, mask=m)
-    tl.store(q_ptr + i, _k._markstein_div(a, r, 0.0 - d), mask=m)
+    tl.store(q_ptr + i, _kc._markstein_div(a, r, 0.0 - d), mask=m)
 
 
 @pytest.mark.skipif(DEV == "cpu", reason="PTX inline assembly: GPU only")

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import torch
 
-from .formats import Format, NonFinite, Overflow, Rounding, ScaleRule, get_scale_layout
-from .kernels import quantize as _kq
-from .qtensor import QTensor
+from ..formats import Format, NonFinite, Overflow, Rounding, ScaleRule, get_scale_layout
+from ..qtensor import QTensor
+from .quantize import _launch, _prepare, _raise_flags
+from .tuning import QuantizeConfig
 
 __all__ = ["rmsnorm_quantize", "silu_mul_quantize"]
 
 
 def _run(op, x, y, w, eps, prologue, fmt, scale_rule, block_size, rounding, overflow, nonfinite, global_scale,
          convention, config) -> QTensor:
-    fmt, rounding, overflow, nonfinite, xp, gscale = _kq._prepare(
+    fmt, rounding, overflow, nonfinite, xp, gscale = _prepare(
         x, fmt, scale_rule, block_size, rounding, overflow, nonfinite, global_scale, convention, False, op)
     if fmt.global_scale and gscale is None:
         raise ValueError(f"{op}: two-level format {fmt.name!r} needs a static global_scale here")
@@ -32,9 +33,9 @@ def _run(op, x, y, w, eps, prologue, fmt, scale_rule, block_size, rounding, over
     k = xp.shape[-1]
     x2 = xp.reshape(-1, k)
     y2 = None if y is None else y.reshape(-1, k)
-    data, scales, zps, g, flags, _ = _kq._launch(x2, fmt, rounding, overflow, nonfinite, gscale,
-                                                 get_scale_layout("row_major"), config, prologue, y2, w, eps)
-    _kq._raise_flags(flags, fmt, op)
+    data, scales, zps, g, flags, _ = _launch(x2, fmt, rounding, overflow, nonfinite, gscale,
+                                             get_scale_layout("row_major"), config, prologue, y2, w, eps)
+    _raise_flags(flags, fmt, op)
     lead = tuple(xp.shape[:-1])
     sshape = (*lead, k // fmt.block_size)
     meta = {"two_level": fmt.two_level.value} if fmt.global_scale else {}
@@ -46,7 +47,7 @@ def rmsnorm_quantize(x: torch.Tensor, weight: torch.Tensor, fmt: str | Format, *
                      scale_rule: str | ScaleRule | None = None, block_size: int | None = None,
                      rounding: str | Rounding = Rounding.NEAREST_EVEN, overflow: str | Overflow = Overflow.SATURATE,
                      nonfinite: str | NonFinite = NonFinite.PROPAGATE, global_scale=None, convention=None,
-                     config: _kq.QuantizeConfig | None = None) -> QTensor:
+                     config: QuantizeConfig | None = None) -> QTensor:
     """Quantize ``rmsnorm(x) * weight`` (over the last dim, float32) to ``fmt`` in one pass.
 
     ``weight`` has ``x.shape[-1]`` elements; other arguments as :func:`microscale.quantize`.
@@ -63,7 +64,7 @@ def silu_mul_quantize(gate: torch.Tensor, up: torch.Tensor, fmt: str | Format, *
                       rounding: str | Rounding = Rounding.NEAREST_EVEN,
                       overflow: str | Overflow = Overflow.SATURATE,
                       nonfinite: str | NonFinite = NonFinite.PROPAGATE, global_scale=None, convention=None,
-                      config: _kq.QuantizeConfig | None = None) -> QTensor:
+                      config: QuantizeConfig | None = None) -> QTensor:
     """Quantize ``silu(gate) * up`` (float32) to ``fmt`` in one pass."""
     op = "silu_mul_quantize"
     if gate.shape != up.shape:

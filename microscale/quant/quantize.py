@@ -1,0 +1,197 @@
+"""GPU quantize for every format (Triton; device code in :mod:`._kernels.quantize`).
+
+:func:`quantize` has the signature of :func:`microscale.reference.quantize` and bit-identical
+results (except ``rounding='stochastic'``, which cannot reproduce the CPU generator's draws:
+callers fall back to the reference, see :func:`~.params.unsupported_reason`). It returns a
+:class:`~microscale.QTensor` with row-major scales.
+
+No host synchronisation on the hot path: the dynamic NVFP4 per-tensor amax is reduced
+on the GPU into a maximum that the quantize kernel reads. Exceptions:
+``nonfinite='error'`` (reads an error flag back to raise), and dynamic two-level
+quantization under the ``compressed-tensors`` convention (its exact reciprocal global
+scale goes into ``QTensor.meta`` as a Python float). A static ``global_scale`` given as
+a CUDA tensor is not range-checked (that would synchronise); numbers and CPU tensors are.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import reference
+from ..formats import Format, NonFinite, Overflow, Rounding, ScaleLayout, ScaleRule, TwoLevel, get_scale_layout, \
+    packed_len
+from ..formats.elements import _enum
+from ..qtensor import QTensor
+from . import params as _p
+from . import tuning
+from .tuning import QuantizeConfig
+
+__all__ = ["quantize"]
+
+_NP_MAX = 1024  # most partial maxima of the global amax reduction
+
+
+@functools.cache
+def _device():
+    """The launcher and the amax / quantize kernel modules: they import Triton, so on first use."""
+    from ..runtime import launch
+    from ._kernels import amax, quantize
+
+    return launch, amax, quantize
+
+
+def _prepare(x, fmt, scale_rule, block_size, rounding, overflow, nonfinite, global_scale, convention, pad,
+             op="quantize"):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
+    fmt = reference.resolve_format(fmt, block_size, scale_rule, convention)
+    rounding = _enum(Rounding, rounding, "rounding")
+    overflow = _enum(Overflow, overflow, "overflow")
+    nonfinite = _enum(NonFinite, nonfinite, "nonfinite")
+    why = _p.unsupported_reason(fmt, rounding)
+    if why:
+        raise NotImplementedError(f"{op}: {why}")
+    if global_scale is not None and not fmt.global_scale:
+        raise ValueError(f"{op}: global_scale applies only to two-level formats, not {fmt.name!r}")
+    xp = reference._check_input(x, fmt, pad, op)
+    gscale = None
+    if fmt.global_scale and global_scale is not None:
+        if not isinstance(global_scale, torch.Tensor) or not global_scale.is_cuda:
+            g = float(global_scale)
+            if not (0 < g < float("inf")):
+                raise ValueError(f"{op}: global_scale={g} must be finite and > 0")
+            # a fill kernel, not a host-to-device copy, so the call can be captured in a CUDA graph
+            gscale = torch.full((), g, dtype=torch.float32, device=x.device)
+        else:
+            gscale = global_scale.to(device=x.device, dtype=torch.float32).reshape(())
+    return fmt, rounding, overflow, nonfinite, xp, gscale
+
+
+def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflow, nonfinite: NonFinite,
+            gscale: torch.Tensor | None, layout: ScaleLayout, config: QuantizeConfig | None,
+            prologue: int = 0, y2: torch.Tensor | None = None, w: torch.Tensor | None = None, eps: float = 0.0):
+    """Run the quantize kernel on a 2-D ``[R, K]`` input (whole blocks).
+    Returns (data, scales, zero_points, global scale or None, flags or None)."""
+    rl, amax_k, quant_k = _device()
+    cdiv, next_pow2 = rl.cdiv, rl.next_pow2
+    tune = tuning.current()
+    dev = x2.device
+    if not x2.is_contiguous():  # the global-amax pass reads x flat
+        x2 = x2.contiguous()
+    if y2 is not None and not y2.is_contiguous():
+        y2 = y2.contiguous()
+    R, K = x2.shape
+    elem, B, BR = fmt.element, fmt.block_size, fmt.block_rows
+    pk = tune.packed and _p._packed_bf16(x2, fmt, rounding, overflow, nonfinite, prologue)
+    cfg = config or tuning.choose_config(fmt, R, K, packed=pk)
+    tuning.check_config(cfg, fmt)
+    SR, SC = R // BR, K // B
+    data = _p._empty((R, packed_len(K, elem.bits)), torch.uint8, dev)
+    lay = _p._layout_code(layout)
+    if lay == 0:
+        scales = _p._empty((SR, SC), fmt.scale.storage, dev)
+    else:
+        rp, cp = layout.padded_shape(SR, SC)
+        if (rp, cp) != (SR, SC):  # the padding is zeros
+            scales = torch.zeros((rp * cp,), dtype=fmt.scale.storage, device=dev)
+        else:
+            scales = _p._empty((rp * cp,), fmt.scale.storage, dev)
+    skind = _p._scale_kind(fmt)
+    scale_arg = scales.view(torch.uint8) if skind < 2 else scales
+    zps = _p._empty((SR, SC), torch.uint8, dev) if fmt.zero_point else None
+    flags = torch.zeros(2, dtype=torch.int32, device=dev) if nonfinite is NonFinite.ERROR else None
+    two = _p._TWO_LEVEL[fmt.two_level] if fmt.global_scale else 0
+    dynamic = two != 0 and gscale is None
+    dummy = data  # any pointer for unused arguments
+    parts, n_part, np_ = dummy, 1, 16
+    gs_out = None
+    if dynamic:
+        if prologue:
+            raise NotImplementedError("fused prologues need a static global_scale for two-level formats")
+        n = x2.numel()
+        BLOCK = 4096
+        chunks = cdiv(n, BLOCK)
+        iters = next_pow2(cdiv(chunks, _NP_MAX))
+        progs = cdiv(chunks, iters)
+        # one atomic maximum: each quantize program then reads one word instead of up to _NP_MAX partial maxima
+        parts = torch.zeros(1, dtype=torch.int32, device=dev)
+        n_part, np_ = 1, 1
+        rl.launch(amax_k._finite_amax_partials_kernel, (progs,), x2, parts, n, BLOCK=BLOCK, ITERS=iters,
+                  ATOMIC=True, num_warps=8)
+        gs_out = torch.empty(2, dtype=torch.float32, device=dev)
+    k_per_prog = cdiv(K, cfg.tile_cols) * cfg.tile_cols if prologue == 1 else cfg.tile_cols * cfg.k_tiles
+    grid = (cdiv(R, cfg.tile_rows), cdiv(K, k_per_prog))
+    ep = _p._element_params(elem, overflow)
+    frac_scale = float(2.0 ** elem.frac_bits)
+    p32 = _p._pack32(fmt, cfg)
+    pdl = _p._pdl_ok(dev)
+    rl.launch(quant_k._quantize_kernel, grid,
+        x2, dummy if y2 is None else y2, dummy if w is None else w,
+        data.view(torch.int32) if p32 else data, scale_arg, dummy if zps is None else zps,
+        dummy if gscale is None else gscale, parts, dummy if gs_out is None else gs_out,
+        dummy if flags is None else flags,
+        R, K, x2.stride(0), 0 if y2 is None else y2.stride(0), SC, n_part, k_per_prog, float(eps),
+        TR=cfg.tile_rows, TK=cfg.tile_cols, B=B, BR=BR,
+        FRAC_SCALE=frac_scale, **ep,
+        SCALE_KIND=skind, SCALE_MAX=float(fmt.scale.max) if skind == 2 else 0.0, SNAN=_p._scale_nan_bits(fmt),
+        SIBITS=fmt.scale.storage.itemsize * 8, RULE=_p._RULES[fmt.scale_rule],
+        TWO_LEVEL=two, GS_DYNAMIC=dynamic, NP=np_, LAYOUT=lay,
+        ROUNDING=0 if rounding is Rounding.NEAREST_EVEN else 1,
+        NONFIN=_p._NONFIN[nonfinite],
+        DEFAULT_NAN=_p._DEFAULT_NAN, MUL_NAN_SECOND=_p._MUL_NAN_SECOND, PROLOGUE=prologue,
+        N_ITER=k_per_prog // cfg.tile_cols,
+        MANUAL_BF16=_p._MANUAL_BF16, PACK32=p32, FAST=True, MARKSTEIN=_p._MARKSTEIN,
+        HW_FP8=_p._hw_fp8(elem, rounding, overflow), ASM=_p._ASM,
+        PK=pk and p32, PREFETCH=tune.prefetch,  # (a user config whose columns split a word of codes keeps the float32 path)
+        EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0, PDL=pdl,
+        num_warps=cfg.num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}),
+    )
+    g = None
+    if two:
+        g = gscale if gscale is not None else gs_out[0]
+    return data, scales, zps, g, flags, gs_out
+
+
+def _raise_flags(flags, fmt: Format, op: str) -> None:
+    if flags is None:
+        return
+    f = flags.tolist()
+    if f[0]:
+        raise ValueError(f"{op}: x has NaN or Inf (nonfinite='error')")
+    if f[1]:
+        raise ValueError(f"{fmt.element.name}.encode: input has NaN or Inf (nonfinite='error')")
+
+
+def quantize(
+    x: torch.Tensor,
+    fmt: str | Format,
+    *,
+    scale_rule: str | ScaleRule | None = None,
+    block_size: int | None = None,
+    rounding: str | Rounding = Rounding.NEAREST_EVEN,
+    overflow: str | Overflow = Overflow.SATURATE,
+    nonfinite: str | NonFinite = NonFinite.PROPAGATE,
+    global_scale: float | torch.Tensor | None = None,
+    convention: str | TwoLevel | None = None,
+    pad: bool = False,
+    config: QuantizeConfig | None = None,
+) -> QTensor:
+    """Quantize with the Triton kernel; arguments as :func:`microscale.quantize`
+    (``config`` overrides the tiling). Bit-identical to the reference."""
+    op = "quantize"
+    fmt, rounding, overflow, nonfinite, xp, gscale = _prepare(
+        x, fmt, scale_rule, block_size, rounding, overflow, nonfinite, global_scale, convention, pad, op)
+    k = xp.shape[-1]
+    x2 = xp.reshape(-1, k)
+    data, scales, zps, g, flags, gs_out = _launch(x2, fmt, rounding, overflow, nonfinite, gscale,
+                                                  get_scale_layout("row_major"), config)
+    _raise_flags(flags, fmt, op)
+    meta = {"two_level": fmt.two_level.value} if fmt.global_scale else {}
+    if fmt.global_scale and gscale is None and fmt.two_level is TwoLevel.COMPRESSED_TENSORS:
+        meta["global_scale_inv"] = float(gs_out[1])  # host sync: the exact stored value goes into meta
+    lead = tuple(xp.shape[:-1])
+    br = fmt.block_rows
+    sshape = (*lead[:-1], lead[-1] // br, k // fmt.block_size) if br > 1 else (*lead, k // fmt.block_size)
+    return QTensor(data.reshape(*lead, -1), scales.reshape(sshape), fmt, x.shape, x.dtype,
+                   None if g is None else g.reshape(()), None if zps is None else zps.reshape(sshape), meta)
