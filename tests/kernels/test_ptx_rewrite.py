@@ -1,4 +1,4 @@
-"""The PTX rewrite for per-warp slot release (:mod:`microscale.kernels._ptx`) on hand-written PTX in the
+"""The PTX rewrite for per-warp slot release (:mod:`microscale.linear._kernels._ptx`) on hand-written PTX in the
 shape Gluon emits: the partition barrier before a ring wait goes, the one before an elected arrive
 becomes a warp barrier with an arrive by every warp's lane 0; unmarked PTX passes through unchanged, and
 a marked PTX whose arrives do not look as expected refuses to compile (its empty barriers would never
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from microscale.kernels import _ptx
+from microscale.linear._kernels import _ptx
 
 WAIT = """\tbar.sync \t0, 256;
 \t// begin inline asm
@@ -68,7 +68,7 @@ def test_active_only_while_the_hook_is_installed(monkeypatch):
 
     from triton import knobs
 
-    importlib.import_module("microscale.kernels._decode_tma")  # installs the hook
+    importlib.import_module("microscale.linear._kernels._decode_tma")  # installs the hook
     assert _ptx.active()
     monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", lambda *a: None)
     assert not _ptx.active()
