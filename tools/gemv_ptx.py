@@ -46,16 +46,16 @@ from sass import dump_compiled, loop_counts  # noqa: E402
 
 
 @contextlib.contextmanager
-def _recorded(*patches):
-    """The backends' launches recorded (not run) on a stood-in Hopper with 132 SMs; ``patches``:
-    ``(module, name, value)`` set meanwhile."""
+def _recorded(*patches, **facts):
+    """The backends' launches recorded (not run); ``patches``: ``(module, name, value)`` set
+    meanwhile; ``facts``: target facts stood in (:func:`microscale.runtime.target.override`)."""
     rec = lambda fn, grid, *a, **kw: cc._record(fn, a, kw)  # noqa: E731
     patches = [(md, "launch", rec) for md in (gv, gmma, pws, dt)] + [(pws, "launch_direct", rec)] + list(patches)
     saved = [(md, name, getattr(md, name)) for md, name, _ in patches]
     for md, name, value in patches:
         setattr(md, name, value)
     try:
-        with target.override(pdl=True, num_sms=132, capability=(9, 0)):
+        with target.override(**facts):
             yield
     finally:
         for md, name, value in reversed(saved):
@@ -68,7 +68,7 @@ def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict, mma: bool = 
     q = ms.quantize(torch.randn(64, k), fmt)
     x = torch.zeros(m, k, dtype=torch.bfloat16)
     cc.SPECS.clear()
-    with _recorded():
+    with _recorded(pdl=True, num_sms=132):  # a Hopper's
         for _ in range(2):  # the second call: the steady state (the weight's views cached)
             cc.SPECS.clear()
             if mma:

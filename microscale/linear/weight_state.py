@@ -24,7 +24,7 @@ import torch
 from ..formats import Format, unpack_codes
 from ..qtensor import QTensor
 
-__all__ = ["WeightState", "WeightViews", "state", "weight_key", "capturing", "views", "views_hit", "has_specials",
+__all__ = ["WeightState", "WeightViews", "state", "kept", "kept_facts", "weight_key", "capturing", "views", "views_hit", "has_specials",
            "e8m0_window", "e8m0_range", "ue4m3_normal", "f16_scale_max", "zero_point_max", "INT_VIEW"]
 
 _SLOT = "_ms_linear_state"  # the one attribute a QTensor carries for the linear op
@@ -81,6 +81,21 @@ def state(q: QTensor) -> WeightState:
     if not capturing(q.data):
         q.__dict__[_SLOT] = st
     return st
+
+
+def kept(q: QTensor) -> WeightState | None:
+    """``q``'s kept state if it is valid (nothing is made)."""
+    st = q.__dict__.get(_SLOT)
+    return st if st is not None and st.key == weight_key(q) else None
+
+
+def kept_facts(q: QTensor, name: str) -> list:
+    """The parameters of the kept facts called ``name`` (facts with parameters are kept under
+    ``(name, *parameters)``); empty when none is kept."""
+    st = kept(q)
+    if st is None:
+        return []
+    return [k[1:] for k in st.facts if isinstance(k, tuple) and k[0] == name] + ([()] if name in st.facts else [])
 
 
 @dataclass(frozen=True)

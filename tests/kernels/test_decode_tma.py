@@ -76,9 +76,9 @@ def test_weight_caches_not_filled_while_capturing(monkeypatch, gen):
     assert not hit and wst.views_hit(q)[0] is not wv
     d = dt.dt_weight_descs(q, wv)
     assert torch.equal(d[1].base, dt.step_scales(q, dt.dt_table_rows(q, tuning.get().dt_rows)))
-    assert dt.dt_weight_descs(q, wv) is not d and "_ms_dt_descs" not in q.__dict__
+    assert dt.dt_weight_descs(q, wv) is not d and not wst.kept_facts(q, "dt_descs")
     pw = packed.cached_prepare(q)
-    assert packed.cached_prepare(q) is not pw and "_ms_linear_packed" not in q.__dict__
+    assert packed.cached_prepare(q) is not pw and not wst.kept_facts(q, "packed")
     monkeypatch.setattr(wst, "capturing", lambda t: False)
     wv = wst.views(q)
     again, hit = wst.views_hit(q)
@@ -199,7 +199,7 @@ def test_reasons(monkeypatch):
     for bad in (12, 8):  # not a tile width; fewer columns than tokens
         with pytest.raises(ValueError, match="tokens in"):
             dt.decode_tma(x, q, tokens=bad)
-    monkeypatch.setattr(pws, "prefill_ws_reason", lambda q, x: None)  # as if on a Hopper
+    monkeypatch.setattr(dt, "prefill_ws_reason", lambda q, x: None)  # as if on a Hopper
     assert dt.decode_tma_reason(q, x) is None
     assert dt.decode_tma_reason(q, torch.randn(64, 512).to(torch.bfloat16)) is None
     assert "1 to 64 tokens" in dt.decode_tma_reason(q, torch.randn(65, 512).to(torch.bfloat16))
@@ -216,12 +216,11 @@ def test_reasons(monkeypatch):
         assert dt.decode_tma_reason(q8, torch.randn(32, 512).to(torch.bfloat16)) is None, name
         assert "1 to 32 tokens" in dt.decode_tma_reason(q8, torch.randn(33, 512).to(torch.bfloat16))
         assert dt.dt_min_m(q8) == tuning.get().decode_tma_small_min_m_int8 == 5  # (4 tokens on small weights: the GEMV)
-        with monkeypatch.context() as mp:
-            tuning.set_tuning(decode_tma_eager_min_nk=64 * 512)  # as if a large weight
+        with tuning.override(decode_tma_eager_min_nk=64 * 512):  # as if a large weight
             assert dt.dt_min_m(q8) == 4 and dt.dt_min_m(q) == 4
     assert "blocks of 32 or" in dt.decode_tma_reason(ms.quantize(torch.randn(64, 512), "int8_fp16", block_size=16), x)
-    tuning.set_tuning(decode_tma_8bit=False)  # MICROSCALE_DECODE_TMA_8BIT=0
-    assert "MICROSCALE_DECODE_TMA_8BIT" in dt.decode_tma_reason(q, x)
+    tuning.set_tuning(decode_tma_8bit=False)
+    assert "decode_tma_8bit" in dt.decode_tma_reason(q, x)
     tuning.set_tuning(decode_tma_8bit=True)
     assert "1 to 32 tokens with 8-bit" in dt.decode_tma_reason(q, torch.randn(33, 512).to(torch.bfloat16))
 
@@ -238,7 +237,7 @@ def test_compiles_for_sm90_without_movement_or_spills(fmt, n, m, tmp_path, run_t
     arrivals of tiles shared by programs are atomics; shared memory for two programs per SM."""
     r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", fmt, "--m", str(m), "--n", str(n), "--k", "1024",
                  "--config", "{'programs': 5}", "--sass",
-                 env={"MICROSCALE_WARP_ARRIVE": "1", "MICROSCALE_DT_ONE_TABLE": "0"})  # (the 128-row tile, own table)
+                 "--set", "{'dt_warp_arrive': True, 'dt_one_table': False}")  # (the 128-row tile, own table)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Used 80 registers" in r.stdout, r.stdout[-2000:]
     smem = int(r.stdout.split("shared memory: ")[1].split()[0])
@@ -265,7 +264,7 @@ def test_two_slice_tile_compiles(fmt, m, tmp_path, run_tool):
     K loop, against 2 with one slice per warp); the empty barriers count the 8 warps. A shared tile's later
     parts signal by reductions (no value back, no ``ATOMG``) and its first program polls for them."""
     r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", fmt, "--m", str(m), "--n", "1000", "--k", "1024",
-                 "--config", "{'programs': 3, 'rows': 256}", "--sass", env={"MICROSCALE_WARP_ARRIVE": "1"})
+                 "--config", "{'programs': 3, 'rows': 256}", "--sass", "--set", "{'dt_warp_arrive': True}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Used 160 registers" in r.stdout and "0 bytes spill stores" in r.stdout, r.stdout[-2000:]
     smem = int(r.stdout.split("shared memory: ")[1].split()[0])
@@ -287,7 +286,7 @@ def test_two_slice_tile_without_waits_beyond_residency(tmp_path, run_tool):
     the parts (atomics with a value back, no polling loop). K 2048: 4 tiles x 2 ring chunks of 8 steps would cap
     the grid at 8."""
     r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", "nvfp4", "--m", "16", "--n", "1000", "--k", "2048",
-                 "--config", "{'programs': 9, 'rows': 256}", "--sass", env={"MICROSCALE_WARP_ARRIVE": "1"})
+                 "--config", "{'programs': 9, 'rows': 256}", "--sass", "--set", "{'dt_warp_arrive': True}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "0 bytes spill stores" in r.stdout, r.stdout[-2000:]
     sass = (tmp_path / "_decode_tma_kernel.sass").read_text()
@@ -379,29 +378,29 @@ def test_one_table_routing(monkeypatch):
 
 @pytest.mark.parametrize("m", [8, 32])
 def test_one_table_compiles(m, tmp_path, run_tool):
-    """The 128-row kernel on the 256-row table (``MICROSCALE_DT_ONE_TABLE=1``) compiles for sm_90 with its
+    """The 128-row kernel on the 256-row table (``tuning.dt_one_table``) compiles for sm_90 with its
     scale boxes by 4-d TMA (the codes and activations by 2-d), no spills; without the switch, 2-d only
     (1-32 tokens: from 33 the switch takes 256-row tiles, on their own table)."""
-    def sass(env):
+    def sass(tune):
         r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", "nvfp4", "--m", str(m), "--n", "1000",
-                     "--k", "1024", "--config", "{'programs': 5}", "--sass", env=env)
+                     "--k", "1024", "--config", "{'programs': 5}", "--sass", "--set", repr(tune))
         assert r.returncode == 0, r.stderr[-2000:]
         assert "0 bytes spill stores" in r.stdout, r.stdout[-2000:]
         return (tmp_path / "_decode_tma_kernel.sass").read_text()
 
-    on = sass({"MICROSCALE_DT_ONE_TABLE": "1"})
+    on = sass({"dt_one_table": True})
     assert "UTMALDG.4D" in on and "UTMALDG.2D" in on
-    assert "UTMALDG.4D" not in sass({"MICROSCALE_DT_ONE_TABLE": "0"})
+    assert "UTMALDG.4D" not in sass({"dt_one_table": False})
 
 
 @pytest.mark.parametrize("post", [True, False])
 def test_int4_post_scale_compiles_without_bf16_scaling(post, tmp_path, run_tool):
     """int4_affine_g128 (one block per K step), 16 token columns: with the post-MMA scale the K loop has no bf16
     scale multiply (``HMUL2`` / ``HFMA2``) and one ``FFMA`` per accumulator element and step;
-    with ``MICROSCALE_DT_POST_SCALE=0`` the per-pair scaling comes back (so the check can fail)."""
+    with ``tuning.dt_post_scale`` off the per-pair scaling comes back (so the check can fail)."""
     r = run_tool("gemv_ptx.py", str(tmp_path), "--dtma", "--fmt", "int4_affine_g128", "--m", "16", "--n", "1000",
                  "--k", "1024", "--config", "{'programs': 5}", "--sass",
-                 env={"MICROSCALE_DT_POST_SCALE": "1" if post else "0"})
+                 "--set", repr({"dt_post_scale": post}))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "0 bytes spill stores" in r.stdout, r.stdout[-2000:]
     sass = (tmp_path / "_decode_tma_kernel.sass").read_text()
@@ -429,7 +428,7 @@ def test_gpu_decode_tma(name, post, monkeypatch):
     output element within bf16 rounding of float64 plus an fp32 accumulation bound, a second
     call bit-identical (parts added in a fixed order, counters left at zero). Integers with fp16
     scales and one block per K step scale the MMA result (``post``: against the exact weights),
-    or with ``MICROSCALE_DT_POST_SCALE=0`` each pair (against the bf16-rounded weights; 8-bit
+    or with ``tuning.dt_post_scale`` off each pair (against the bf16-rounded weights; 8-bit
     integers within 2^-15 of a rounding tie may take the other neighbour: a looser bound).
     ``name@B``: the format with blocks of ``B``; ``name/256``: the 256-row tile of two row slices per warp;
     E2M1 weights by default read one 256-row scale table (``_DT_ONE_TABLE``: 128-row tiles through a 4-d view,
@@ -479,8 +478,8 @@ def test_gpu_routing_and_graph(monkeypatch):
     q = ms.quantize(torch.randn(512, 1024, device=dev, generator=g), "nvfp4")
     tuning.set_tuning(decode_tma="graph")
     calls = []
-    real = dt.decode_tma
-    monkeypatch.setattr(dt, "decode_tma", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    real = routing.decode_tma_run
+    monkeypatch.setattr(routing, "decode_tma_run", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
     x = torch.randn(2, 6, 1024, device=dev, generator=g).to(torch.bfloat16)
     ms.linear(x, q)
     assert calls == []  # eager: gemv_mma
@@ -520,8 +519,8 @@ def test_gpu_eager_auto_routes(monkeypatch):
     big = ms.quantize(torch.randn(tuning.get().decode_tma_eager_min_nk // 8192, 8192, device=dev, generator=g), "nvfp4")
     small = ms.quantize(torch.randn(1024, 8192, device=dev, generator=g), "mxfp4")
     calls = []
-    real = dt.decode_tma
-    monkeypatch.setattr(dt, "decode_tma", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    real = routing.decode_tma_run
+    monkeypatch.setattr(routing, "decode_tma_run", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
     for m in (2, 8):
         for _ in range(4):  # marked, recorded, then replayed
             x = torch.randn(m, 8192, device=dev, generator=g).to(torch.bfloat16)
@@ -542,14 +541,14 @@ def test_gpu_graphs_make_their_own_tables(monkeypatch):
     dev = _gpu()
     g = torch.Generator(device=dev).manual_seed(11)
     tuning.set_tuning(decode_tma="graph")
-    real = dt.decode_tma
+    real = routing.decode_tma_run
     q = ms.quantize(torch.randn(512, 1024, device=dev, generator=g), "nvfp4")
     x12 = torch.randn(12, 1024, device=dev, generator=g).to(torch.bfloat16)
     x10 = torch.randn(10, 1024, device=dev, generator=g).to(torch.bfloat16)
     g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(g1):
         ms.linear(x12, q)
-    assert "_ms_dt_descs" not in q.__dict__
+    assert not wst.kept_facts(q, "dt_descs")
     with torch.cuda.graph(g2):
         y10 = ms.linear(x10, q)
     g2.replay()  # g1 never replayed
@@ -561,7 +560,7 @@ def test_gpu_graphs_make_their_own_tables(monkeypatch):
     q2 = ms.quantize(torch.randn(512, 1024, device=dev, generator=g), "mxfp4")
     tuning.set_tuning(decode_tma="graph")
     ms.linear(x12, q2)  # eager: gemv_mma, and the decode_tma tables for later captures
-    assert "_ms_dt_descs" in q2.__dict__
+    assert wst.kept_facts(q2, "dt_descs")
     made = []  # step-major scale tables made while capturing (they would be remade at every replay)
     step_scales = dt.step_scales
     monkeypatch.setattr(dt, "step_scales", lambda q, rows: made.append(rows) or step_scales(q, rows))
@@ -574,7 +573,7 @@ def test_gpu_graphs_make_their_own_tables(monkeypatch):
     monkeypatch.setattr(target, "num_sms", lambda device: 2)  # 512 rows: two 256-row tiles fill the "SMs"
     q3 = ms.quantize(torch.randn(512, 1024, device=dev, generator=g), "nvfp4")
     ms.linear(x12, q3)  # eager: the 256-row table ahead
-    assert dt.dt_tile(q3, x12) == tuning.get().dt_tile_big and made == [256] and 256 in q3.__dict__["_ms_dt_descs"]
+    assert dt.dt_tile(q3, x12) == tuning.get().dt_tile_big and made == [256] and 256 in [p[0] for p in wst.kept_facts(q3, "dt_descs")]
     made.clear()
     g4 = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g4):
@@ -586,7 +585,7 @@ def test_gpu_graphs_make_their_own_tables(monkeypatch):
 
 
 def test_routing_switch(monkeypatch):
-    """``MICROSCALE_DECODE_TMA``: ``1`` always, ``0`` never; ``graph`` while capturing;
+    """``tuning.decode_tma``: ``always``, ``never``; ``graph`` while capturing;
     ``auto`` also eager calls on CUDA from ``DECODE_TMA_EAGER_MIN_M`` tokens on weights of at
     least ``DECODE_TMA_EAGER_MIN_NK`` elements, or more than 16 tokens, while call plans are on
     (graphs: from ``_dt_min_m`` tokens); never for CPU tensors otherwise."""
@@ -610,17 +609,17 @@ def test_routing_switch(monkeypatch):
         tuning.set_tuning(plans=plans)
         return routing.decode_tma_wanted(x, q)
 
-    assert wanted("1", cpu, small) and not wanted("0", gpu, big)
+    assert wanted("always", cpu, small) and not wanted("never", gpu, big)
     assert [wanted(m, gpu, q) for m in ("graph", "auto") for q in (big, small)] == [False, False, True, False]
     assert not wanted("auto", gpu, big, plans=False) and not wanted("auto", cpu, big)
     assert wanted("auto", gpu32, small) and not wanted("auto", gpu32, small, plans=False)
-    assert not wanted("graph", gpu32, small) and not wanted("0", gpu32, big)
-    assert wanted("auto", gpu8, big) and not wanted("auto", gpu8, small) and wanted("1", gpu8, small)
+    assert not wanted("graph", gpu32, small) and not wanted("never", gpu32, big)
+    assert wanted("auto", gpu8, big) and not wanted("auto", gpu8, small) and wanted("always", gpu8, small)
     assert wanted("auto", gpu8h, small) and not wanted("auto", gpu4h, small)
     assert not wanted("auto", gpu1, big) and tuning.get().decode_tma_eager_min_m > 1
     assert wanted("auto", gpu8, small_int4) and not wanted("auto", gpu8, small_int4, plans=False)
     assert not wanted("auto", NS(is_cuda=True, dtype=bf, shape=(4, 8192), numel=lambda: 4 * 8192), small_int4)  # the GEMV's
     capturing[0] = True
-    assert wanted("graph", gpu, small) and wanted("auto", gpu, small) and not wanted("0", gpu, big)
+    assert wanted("graph", gpu, small) and wanted("auto", gpu, small) and not wanted("never", gpu, big)
     assert wanted("auto", gpu8, big) and wanted("graph", gpu8, small)
     assert big.shape[0] * big.shape[1] >= tuning.get().decode_tma_eager_min_nk > small.shape[0] * small.shape[1]

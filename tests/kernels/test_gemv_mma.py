@@ -437,7 +437,7 @@ def test_supported_and_config_rules(gen):
 @pytest.mark.parametrize("m,cfg", [(1, gmma.GemvMmaConfig(2, 8, 2)), (5, gmma.GemvMmaConfig(1, 4, 1, split_k=2)),
                                    (16, gmma.GemvMmaConfig(2, 4, 1, xfrag=True, select=True))])
 def test_multiply_add_scales_match_float64(m, cfg, gen, monkeypatch):
-    """``SK_UE4M3N`` (``_GEMV_MMA_SCALE_IMAD``): NVFP4 through the generated PTX with the multiply-add scales
+    """``SK_UE4M3N`` (``tuning.gemv_mma_scale_imad``): NVFP4 through the generated PTX with the multiply-add scales
     matches float64 as the conversion does; a weight with subnormal scales over nonzero codes keeps the
     conversion (and forced onto the multiply-add, the emulation fails: the scan is what keeps it right)."""
     tuning.set_tuning(gemv_mma_scale_imad=True)
@@ -449,7 +449,7 @@ def test_multiply_add_scales_match_float64(m, cfg, gen, monkeypatch):
     q2 = ms.quantize(w, "nvfp4")
     assert gmma.gemv_mma_scale_args(q2)[0] == kern.SK_UE4M3
     _check(emulate(x, q2, cfg), x, q2)
-    monkeypatch.setattr(wst, "ue4m3_normal", lambda q: True)
+    monkeypatch.setattr(gmma, "ue4m3_normal", lambda q: True)
     with pytest.raises(AssertionError):
         _check(emulate(x, q2, cfg), x, q2)
 
@@ -503,7 +503,7 @@ def test_gpu_kernel_and_routing(name):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 def test_gpu_scale_imad_bit_identical(monkeypatch):
-    """NVFP4 with the UE4M3 scales made by one multiply-add (``_GEMV_MMA_SCALE_IMAD``) gives the same bits
+    """NVFP4 with the UE4M3 scales made by one multiply-add (``tuning.gemv_mma_scale_imad``) gives the same bits
     as the conversion sequence, over the configs and token counts (ragged rows, bias), with an all-zero
     block whose scale byte the multiply-add gets wrong (times zero codes: still zero)."""
     dev = torch.device("cuda")

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import microscale as ms
+from microscale.linear import routing
 from microscale.linear.backends import decode_tma as dt
 from microscale.linear import eligibility as elig
 from microscale.linear.backends import prefill_ws as pws
@@ -365,8 +366,8 @@ def test_gpu_f16_in_cuda_graphs(name, monkeypatch):
     x = torch.randn(16, 2048, device=dev, generator=g).half()
     want = x.double() @ q.dequantize(torch.float64).T
     calls = []
-    real = dt.decode_tma
-    monkeypatch.setattr(dt, "decode_tma", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = routing.decode_tma_run
+    monkeypatch.setattr(routing, "decode_tma_run", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     for scanned in (False, True):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

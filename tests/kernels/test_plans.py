@@ -236,7 +236,7 @@ def test_gpu_plans_replay_the_routes(fmt, m, lead, tma, monkeypatch):
             y = ms.linear(x, q, bias)
             want, _ = routing.route(x, q, bias)
             assert torch.equal(y, want), (fmt, m, use_bias)
-    assert sum(type(p) is plans.Plan for p in q.__dict__["_ms_plans"].values()) == 2
+    assert sum(type(p) is plans.Plan for p in weight_state.state(q).plans.values()) == 2
     other = ms.quantize(torch.randn(n, k, device=dev, generator=g), fmt)
     for t, o in ((q.data, other.data), (q.scales, other.scales), (q.zero_points, other.zero_points),
                  (q.global_scale, other.global_scale)):

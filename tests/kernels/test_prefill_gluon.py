@@ -321,7 +321,7 @@ def test_emulation_catches_the_subnormal_scale_shortcut(gen, monkeypatch):
     cond = (x.double().abs() @ wd.abs().T).numpy()
     assert pws.gluon_scale_args(q)[0] == pg.SK_UE4M3
     assert (np.abs(emulate(x, q) - ref) <= 2.0 ** -20 * cond + 1e-300).all()  # the reference rounds s * gs
-    monkeypatch.setattr(wst, "ue4m3_normal", lambda q: True)
+    monkeypatch.setattr(pws, "ue4m3_normal", lambda q: True)
     assert not (np.abs(emulate(x, q) - ref) <= 2.0 ** -20 * cond + 1e-300).all()
 
 
@@ -407,7 +407,9 @@ def test_e4m3_emulation_catches_a_wrong_binade(name, gen, monkeypatch):
     wd = q.dequantize(torch.float64)
     ref = (x.double() @ wd.T).numpy()
     cond = (x.double().abs() @ wd.abs().T).numpy()
-    monkeypatch.setattr(wst, "e8m0_window", lambda q, f=wst.e8m0_window: f(q) + 1)
+    higher = lambda q, f=wst.e8m0_window: f(q) + 1  # noqa: E731
+    monkeypatch.setattr(wst, "e8m0_window", higher)  # (what the emulator reads)
+    monkeypatch.setattr(pws, "e8m0_window", higher)  # (what the scale arguments read)
     assert not (np.abs(emulate(x, q) - ref) <= 2.0 ** -40 * cond + 1e-300).all()
 
 
@@ -608,13 +610,13 @@ def test_gpu_small_weight_route_in_a_graph(monkeypatch):
     x = torch.randn(48, 1024, device=dev, generator=g).to(torch.bfloat16)
     ms.linear(x, q)  # eager: decode_tma, so prefill_ws compiles inside the capture below
     torch.cuda.synchronize()
-    real, calls = pws.prefill_ws, []
-    monkeypatch.setattr(pws, "prefill_ws", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    real, calls = routing.prefill_ws_run, []
+    monkeypatch.setattr(routing, "prefill_ws_run", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = ms.linear(x, q)
     assert calls == [48]
-    monkeypatch.setattr(pws, "prefill_ws", real)
+    monkeypatch.setattr(routing, "prefill_ws_run", real)
     x.copy_(torch.randn(48, 1024, device=dev, generator=g).to(torch.bfloat16))
     graph.replay()
     torch.cuda.synchronize()

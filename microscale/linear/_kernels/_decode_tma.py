@@ -48,8 +48,6 @@ from . import _ptx
 from ._prefill_gluon import (_SKS, _SKZ, ARRIVE2_ASM, ARRIVE2_CONS, ARRIVE4_ASM, ARRIVE4_CONS, BK, SIGNAL4_ASM,
                              SIGNAL4_CONS, WAIT4_ASM, _decode, code_word_layout, ring_barriers)
 
-_ptx.install()
-
 
 @gluon.jit
 def _chunks(n_tiles, NCT: gl.constexpr):

@@ -144,7 +144,7 @@ def decode_tma_reason(q: QTensor, x: torch.Tensor) -> str | None:
     if not 1 <= x.shape[0] <= tuning.get().decode_tma_max_m:
         return f"serves 1 to {tuning.get().decode_tma_max_m} tokens, got {x.shape[0]}"
     if q.shape[1] % (64 * tuning.get().dt_chunk):
-        return f"needs K a multiple of {64 * tuning.dt_chunk}, got {q.shape[1]}"
+        return f"needs K a multiple of {64 * tuning.get().dt_chunk}, got {q.shape[1]}"
     return None
 
 
