@@ -3,8 +3,8 @@
 Why: Gluon lowers every ``mbarrier`` wait and the elected ``mbarrier`` arrive of a
 multi-warp partition with a CTA-wide named barrier (``bar.sync id, threads``) in front.
 In the consumer loops of :mod:`._decode_tma` these barriers make all consumer warps
-wait for the slowest one twice per ring chunk (ncu, twelfth session: the largest stall
-reason). Neither is needed for the ring's correctness when each warp frees a slot on its
+wait for the slowest one twice per ring chunk (ncu: the largest stall reason;
+docs/decisions/linear-decode-tma.md). Neither is needed for the ring's correctness when each warp frees a slot on its
 own: a thread's wait covers its own reads, and a slot is empty once every consumer warp
 has arrived after its reads (``bar.warp.sync`` orders the lanes of a warp, the arrive
 releases them).

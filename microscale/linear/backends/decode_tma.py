@@ -165,8 +165,7 @@ def choose_decode_tma_programs(n: int, k: int, num_sms: int, rows: int = 0, per_
     the fewest K parts (a power of two, at most 8, dividing the chunks) that give every SM
     one; as many units per program as ``per_sm`` resident per SM need (whole units where the
     count divides) where that spreads evenly over the SMs, else ``per_sm`` programs per SM, each
-    with an equal stream-K share (H200, 16 tokens, ``benchmarks/exp_balance.py``: 176 tiles 44.6
-    µs with equal shares against 51.5 with one program per tile; 224 tiles 57.3 against 54.9)."""
+    with an equal stream-K share (docs/decisions/linear-decode-tma.md)."""
     rows, per_sm = rows or tuning.get().dt_rows, per_sm or tuning.get().dt_per_sm
     tiles, nct = cdiv(n, rows), k // (64 * (chunk or tuning.get().dt_chunk))
     parts = 1

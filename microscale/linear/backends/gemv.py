@@ -30,13 +30,11 @@ class GemvConfig:
     4-bit float codes decoded by the select variant (``_gemv_kernels._decode_word_ptx``:
     11% fewer SASS per word); ``scale_pairs``: UE4M3 scales applied in the PTX loaded as
     16-bit pairs of neighbouring chains (half the loads, a smaller layout conversion). Both
-    are on by default (H200, 28672x8192 at 1 token: NVFP4 40.8 -> 37.4 us with both, MXFP4
-    37.9 -> 36.2 us with the select decode; ``benchmarks/NOTES_linear.md``) and are ignored
-    where they do not apply (other element kinds, other scales, odd scale strides).
-    ``scale_direct``: block scales loaded by PTX straight into the layout of their use
-    (no shared-memory layout conversion and barriers per K step; PTX path, unmasked tiles;
-    zero points likewise, one byte load per chain), on by default (H200, 28672x8192 at 1 token: NVFP4 35.6
-    -> 34.1 us, MXFP4 35.4 -> 32.8 us, MXFP8 57.5 -> 56.4 us; bit-identical outputs)."""
+    are on by default and ignored where they do not apply (other element kinds, other scales,
+    odd scale strides). ``scale_direct``: block scales loaded by PTX straight into the layout
+    of their use (no shared-memory layout conversion and barriers per K step; PTX path,
+    unmasked tiles; zero points likewise), on by default, bit-identical outputs. Measured
+    choices: docs/decisions/linear-gemv.md."""
 
     block_n: int = 8
     block_kw: int = 256

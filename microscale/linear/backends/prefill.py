@@ -36,15 +36,12 @@ class PrefillConfig:
 
 
 def choose_prefill_config(m: int, fmt: Format, k: int | None = None) -> PrefillConfig:
-    """Best of the H200 sweeps (benchmarks/h200_2026-12-01/prefill*.log, h200_2026-12-01b/small_m2.log;
-    28672x8192). Up to 32 tokens: 16/32 tokens x 64 weight rows, 128-element K steps, K split
-    in two (NVFP4 M=16: 88.6 us = 1.28x cuBLAS, was 0.97x unsplit with 64-element steps;
-    MXFP8 1.11x, was 0.50x); affine formats 256-element steps split in four (1.04x).
-    33-255 tokens: up to 64 tokens x 64 rows, 128-element steps (affine: 64). From 256
-    tokens, 8 warps: minifloats with E8M0/UE4M3 scales decode by bf16x2 pairs into the
-    register operand (256 x 128 tiles, 4 stages: NVFP4 0.71-0.76x cuBLAS at M=4096, MXFP8
-    0.67x against 0.58x without); affine formats likewise without the pair decode; the
-    rest 256 x 128 tiles from 2048 tokens on, else 128 x 128. ``pair`` is asked for every
+    """Best of the H200 sweeps (docs/decisions/linear-prefill-ws.md). Up to 32 tokens: 16/32
+    tokens x 64 weight rows, 128-element K steps, K split in two; affine formats 256-element
+    steps split in four. 33-255 tokens: up to 64 tokens x 64 rows, 128-element steps (affine:
+    64). From 256 tokens, 8 warps: minifloats with E8M0/UE4M3 scales decode by bf16x2 pairs
+    into the register operand (256 x 128 tiles, 4 stages); affine formats likewise without the
+    pair decode; the rest 256 x 128 tiles from 2048 tokens on, else 128 x 128. ``pair`` is asked for every
     minifloat with E8M0/UE4M3 scales; :func:`prefill` uses it where it is exact. Given
     ``k``, the K step and split shrink until they tile K (``prefill_supported`` shapes)."""
     c = _prefill_tiles(m, fmt)
