@@ -2,23 +2,29 @@
 (pure functions of the format and of the weight's scanned facts)."""
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..formats import Format
 from ..formats.kinds import ElementKind, element_kind
 from ..qtensor import QTensor
-from .weight_state import e8m0_range, f16_scale_max, has_specials, zero_point_max
+from .weight_state import e8m0_range, f16_scale_max, has_specials, state, zero_point_max
 
 OP = "linear"
 
 
-@functools.lru_cache(maxsize=256)
+_KINDS: dict = {}  # id(fmt) -> (fmt, kind): asked on every call; a Format's own hash walks all its fields
+
+
 def gemv_kind(fmt: Format) -> int | None:
     """The decoders' element kind (``KIND``) of a format as a plain int, or None when none decodes it."""
+    hit = _KINDS.get(id(fmt))
+    if hit is not None and hit[0] is fmt:
+        return hit[1]
     k = element_kind(fmt)
-    return None if k is None else int(k)
+    if len(_KINDS) >= 256:
+        _KINDS.clear()
+    _KINDS[id(fmt)] = (fmt, None if k is None else int(k))  # (fmt kept: its id is not reused meanwhile)
+    return _KINDS[id(fmt)][1]
 
 
 def check(x: torch.Tensor, n: int, k: int, device: torch.device, bias: torch.Tensor | None) -> None:
@@ -40,6 +46,11 @@ def check(x: torch.Tensor, n: int, k: int, device: torch.device, bias: torch.Ten
 
 
 def e2m1_weight_reason(q: QTensor) -> str | None:
+    """:func:`_e2m1_weight_reason`, once per weight version (kept in its state)."""
+    return state(q).fact(q, "e2m1_reason", lambda: _e2m1_weight_reason(q))
+
+
+def _e2m1_weight_reason(q: QTensor) -> str | None:
     """Why ``q`` is not a weight the E2M1 tensor-core kernels (:func:`gemv_mma`,
     :func:`prefill_ws`) take, or None: E2M1 codes with UE4M3 (16) or E8M0 (32) block scales,
     an unpadded 2-D weight with row-major scales."""
@@ -98,10 +109,15 @@ def e4m3_weight_reason(q: QTensor) -> str | None:
 
 
 def gluon_weight_reason(q: QTensor) -> str | None:
+    """:func:`_gluon_weight_reason`, once per weight version (kept in its state)."""
+    return state(q).fact(q, "gluon_reason", lambda: _gluon_weight_reason(q))
+
+
+def _gluon_weight_reason(q: QTensor) -> str | None:
     """Why :func:`prefill_ws` has no decode for weight ``q``, or None: E2M1 codes
     (:func:`e2m1_weight_reason`), 4/8-bit integers (:func:`int_weight_reason`) or E4M3 / E5M2
     codes with E8M0 scales (:func:`e4m3_weight_reason`)."""
-    whys = [r(q) for r in (e2m1_weight_reason, int_weight_reason, e4m3_weight_reason)]
+    whys = [r(q) for r in (_e2m1_weight_reason, int_weight_reason, e4m3_weight_reason)]
     if None in whys:
         return None
     if all(w.startswith("serves") for w in whys):
@@ -111,6 +127,11 @@ def gluon_weight_reason(q: QTensor) -> str | None:
 
 
 def f16_weight_reason(q: QTensor) -> str | None:
+    """:func:`_f16_weight_reason`, once per weight version (kept in its state)."""
+    return state(q).fact(q, "f16_reason", lambda: _f16_weight_reason(q))
+
+
+def _f16_weight_reason(q: QTensor) -> str | None:
     """Why the Gluon kernels' f16 decode (fp16 activations) cannot take weight ``q`` exactly, or
     None: E8M0 scales within the element kind's window of :data:`E8M0_F16_WINDOW` (NaN none), fp16
     block scales small enough that ``(code - z) * s`` stays finite in f16 (both scanned once;

@@ -58,6 +58,7 @@ _WMAX = {F4: 6.0 * 2.0**-14, E4M3: 448.0, E5M2: 57344.0, I8: 128.0, I4: 8.0, U8Z
 HAS_ZP_KIND = (U8Z, U4Z)
 
 
+@functools.lru_cache(maxsize=None)  # asked on every call
 def x_exponent(kind: int, chain: int, scale_max: float = 1.0) -> int:
     """``XE``: activations are scaled into ``[2^(XE-1), 2^XE)`` so that a chain of
     ``chain`` words (``8 * chain / XREGS`` products per f16 lane), times a block scale of
@@ -300,6 +301,7 @@ def _hadd2(a, b):
                                      pack=1)
 
 
+@functools.lru_cache(maxsize=None)  # asked on every call
 def scale_load_asm(nbytes: int) -> str:
     """PTX loading one block scale (or, paired, two byte scales) of ``nbytes`` bytes into a
     32-bit register, zero-extended (the scale decodes read only the low ``8 * nbytes``
