@@ -8,10 +8,12 @@ Quick use::
     y = q.dequantize(torch.bfloat16)
     out = ms.linear(x, q)                # x @ dequant(q)^T, fused kernels on CUDA
     print(ms.formats.registry.keys())
+
+Triton is needed only by the GPU paths, which load it on first use.
 """
 from . import formats
 from .formats import Format, get_format, registry
-from .qlinear import linear
+from .linear import linear  # the op; its package is microscale.linear (import it by name)
 from .ops import decode, dequantize, encode, quantize
 from .qtensor import QTensor
 

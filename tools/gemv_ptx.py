@@ -1,13 +1,13 @@
 """Compile the decode GEMV and its activation prep (or, ``--mma``, the tensor-core decode
 kernel; ``--ws``, the warp-specialized Gluon prefill, ``--dtma`` the TMA-fed Gluon decode kernel,
 with ptxas's register / spill report)
-for sm_90 without a GPU, as ``qlinear`` launches them on an H200 for a weight's second call
+for sm_90 without a GPU, as ``ms.linear`` launches them on an H200 for a weight's second call
 (config from ``choose_gemv_config`` / ``choose_gemv_mma_config`` unless overridden), and
 write their PTX / SASS.
 
     python tools/gemv_ptx.py OUTDIR [--fmt nvfp4] [--m 1] [--n 28672] [--k 8192]
                              [--config "{'pdl': True}"] [--sass] [--mma | --ws | --dtma]
-                             [--set "{'_DT_WG': True}"]
+                             [--set "{'gemv_early_w': False}"]
 
 Writes ``OUTDIR/<kernel>.ptx`` for each launch (``.sass`` too with ``--sass``) and prints
 the loop-body instruction histogram of the main kernel. Used by
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import os
 import sys
 from dataclasses import replace
@@ -33,10 +34,32 @@ from triton.compiler import ASTSource  # noqa: E402
 
 import compile_check as cc  # noqa: E402
 import microscale as ms  # noqa: E402
-from microscale import qlinear as L  # noqa: E402
-from microscale.kernels import _gemv_kernels as kern  # noqa: E402
-from microscale.kernels import _gemv_mma as mkern  # noqa: E402
+from microscale.linear import tuning  # noqa: E402
+from microscale.linear.backends import decode_tma as dt  # noqa: E402
+from microscale.linear.backends import gemv as gv  # noqa: E402
+from microscale.linear.backends import gemv_mma as gmma  # noqa: E402
+from microscale.linear.backends import prefill_ws as pws  # noqa: E402
+from microscale.runtime import target  # noqa: E402
+from microscale.linear._kernels import _gemv_kernels as kern  # noqa: E402
+from microscale.linear._kernels import _gemv_mma as mkern  # noqa: E402
 from sass import dump_compiled, loop_counts  # noqa: E402
+
+
+@contextlib.contextmanager
+def _recorded(*patches, **facts):
+    """The backends' launches recorded (not run); ``patches``: ``(module, name, value)`` set
+    meanwhile; ``facts``: target facts stood in (:func:`microscale.runtime.target.override`)."""
+    rec = lambda fn, grid, *a, **kw: cc._record(fn, a, kw)  # noqa: E731
+    patches = [(md, "launch", rec) for md in (gv, gmma, pws, dt)] + [(pws, "launch_direct", rec)] + list(patches)
+    saved = [(md, name, getattr(md, name)) for md, name, _ in patches]
+    for md, name, value in patches:
+        setattr(md, name, value)
+    try:
+        with target.override(**facts):
+            yield
+    finally:
+        for md, name, value in reversed(saved):
+            setattr(md, name, value)
 
 
 def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict, mma: bool = False) -> dict:
@@ -45,21 +68,15 @@ def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict, mma: bool = 
     q = ms.quantize(torch.randn(64, k), fmt)
     x = torch.zeros(m, k, dtype=torch.bfloat16)
     cc.SPECS.clear()
-    saved = L.launch, L._pdl_capable, L._num_sms
-    L.launch = lambda fn, grid, *a, **kw: cc._record(fn, a, kw)
-    L._pdl_capable = lambda device: True
-    L._num_sms = lambda device: 132
-    try:
+    with _recorded(pdl=True, num_sms=132):  # a Hopper's
         for _ in range(2):  # the second call: the steady state (the weight's views cached)
             cc.SPECS.clear()
             if mma:
-                cfg = replace(L.choose_gemv_mma_config(n, k, torch.device("cpu"), m), **overrides)
-                L._gemv_mma_launch(x, q, None, cfg)
+                cfg = replace(gmma.choose_gemv_mma_config(n, k, torch.device("cpu"), m), **overrides)
+                gmma.gemv_mma_run(x, q, None, cfg)
             else:
-                cfg = replace(L.choose_gemv_config(n, k, torch.device("cpu"), m, q.fmt.element.bits), **overrides)
-                L.gemv(x, q, None, cfg, use_asm=True)
-    finally:
-        L.launch, L._pdl_capable, L._num_sms = saved
+                cfg = replace(gv.choose_gemv_config(n, k, torch.device("cpu"), m, q.fmt.element.bits), **overrides)
+                gv.gemv(x, q, None, cfg, use_asm=True)
     mods = (kern, mkern)
     out = {}
     for s in cc.SPECS.values():
@@ -72,26 +89,20 @@ def compile_gemv(fmt: str, m: int, n: int, k: int, overrides: dict, mma: bool = 
 def compile_gluon(fmt: str, m: int, n: int, k: int, overrides: dict, op: str = "prefill_ws",
                   dtype: torch.dtype = torch.bfloat16) -> dict:
     """``{kernel name: compiled kernel}`` for one call's launches of a Gluon route, ``op``
-    ``prefill_ws`` or ``decode_tma`` in ``qlinear`` (the K-permutation prep and the
+    ``prefill_ws`` or ``decode_tma`` (the K-permutation prep and the
     warp-specialized kernel), sm_90a, for activations of ``dtype``."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from microscale.kernels import _decode_tma as dk
-    from microscale.kernels import _prefill_gluon as pg
+    from microscale.linear._kernels import _decode_tma as dk
+    from microscale.linear._kernels import _prefill_gluon as pg
 
     rows = n if n * k <= 1 << 24 else 1024 + n % 8  # what specializes: N % 8 (the TMA store), strides
     q = ms.quantize(torch.randn(rows, k), fmt)
     x = torch.zeros(m, k, dtype=dtype)
     cc.SPECS.clear()
-    reason = "_prefill_ws_reason" if op == "prefill_ws" else "_decode_tma_reason"
-    saved = L.launch, L._launch_direct, getattr(L, reason)
-    L.launch = L._launch_direct = lambda fn, grid, *a, **kw: cc._record(fn, a, kw)
-    setattr(L, reason, lambda q, x: None)  # the device checks: a Hopper is stood in
-    try:
-        getattr(L, op)(x, q, None, **overrides)
-    finally:
-        L.launch, L._launch_direct = saved[:2]
-        setattr(L, reason, saved[2])
+    md = pws if op == "prefill_ws" else dt
+    with _recorded((md, op + "_reason", lambda q, x: None)):  # the device checks: a Hopper is stood in
+        getattr(md, op)(x, q, None, **overrides)
     out = {}
     for s in cc.SPECS.values():
         fn = getattr(pg, s["kernel"], None) or getattr(dk, s["kernel"])
@@ -116,13 +127,13 @@ def main() -> None:
     ap.add_argument("--dtma", action="store_true", help="the TMA-fed Gluon decode kernel (decode_tma) instead; "
                     "--config then takes its keyword arguments")
     ap.add_argument("--fp16", action="store_true", help="float16 activations (--ws / --dtma)")
-    ap.add_argument("--set", default="{}", help="qlinear module switches to set first, a Python dict literal "
-                    "(e.g. \"{'_DT_WG': True}\")")
+    ap.add_argument("--set", default="{}", help="fields of microscale.linear.tuning to set first, a Python dict "
+                    "literal (e.g. \"{'gemv_early_w': False}\")")
     a = ap.parse_args()
-    for name, value in ast.literal_eval(a.set).items():
-        if not hasattr(L, name):
-            raise SystemExit(f"qlinear has no {name}")
-        setattr(L, name, value)
+    try:
+        tuning.set_tuning(**ast.literal_eval(a.set))
+    except TypeError as e:
+        raise SystemExit(f"--set: {e}") from None
     os.makedirs(a.outdir, exist_ok=True)
     cfg = ast.literal_eval(a.config)
     gluon_main = "_prefill_ws_kernel" if a.ws else "_decode_tma_kernel" if a.dtma else None

@@ -18,11 +18,11 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float
 
 
 def _kernel_linear():
-    """``microscale.qlinear.linear`` if that module imports, else None (checked once)."""
+    """``microscale.linear.linear`` if that module imports, else None (checked once)."""
     global _LINEAR
     if _LINEAR is _UNSET:
         try:
-            from ..qlinear import linear as fn
+            from ..linear import linear as fn
         except Exception:  # not landed yet, or its import failed: use the dequantize path
             fn = None
         _LINEAR = fn
@@ -41,7 +41,7 @@ class QuantLinear(nn.Module):
     ``state_dict`` and ``load_state_dict`` work as for any module; the format, shape,
     dtype and QTensor meta travel as the module's extra state (a JSON-able dict).
 
-    ``forward`` calls :func:`microscale.qlinear.linear` (the fused kernel on CUDA, its
+    ``forward`` calls :func:`microscale.linear.linear` (the fused kernel on CUDA, its
     reference elsewhere) for bf16/fp16 inputs and weights it accepts; otherwise (float32
     input, padded K, or linear.py unavailable) ``F.linear(x, W.dequantize(x.dtype), b)``.
     """

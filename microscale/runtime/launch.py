@@ -3,29 +3,38 @@
 ``JITFunction.run`` binds and specializes every argument, builds a cache key from all of
 them (our PTX constexprs are kilobytes of text) and assembles launch metadata on every
 call: on the H200 machine's host ~100 µs for one of our launches, longer than the kernel
-itself at decode sizes (``benchmarks/NOTES_linear.md``). :func:`launch` keys a cache of
+itself at decode sizes (docs/decisions/linear-host-time.md). :func:`launch` keys a cache of
 compiled kernels on exactly what Triton specializes on (tensor dtype and 16-byte
 alignment; integers' ``== 1``, divisibility by 16 and width; every other argument by
 value), takes Triton's own path on a miss, and on a hit calls the compiled kernel's
 launcher directly. It falls back to Triton's path whenever a launch hook is installed
-(profilers) and under the interpreter. A hit skips Triton's check that module globals a
-kernel read at compile time are unchanged: microscale's kernels read only constants.
+(profilers), under the interpreter, and on Triton releases outside
+:data:`microscale.runtime.target.SUPPORTED_TRITON` (its launcher internals are version
+specific). A hit skips Triton's check that module globals a kernel read at compile time
+are unchanged: microscale's kernels read only constants. Importing this module does not
+need Triton; launching does.
 """
 from __future__ import annotations
 
-import functools
-import os
 import threading
 
 import torch
-from triton import knobs
-from triton.runtime import driver
 
-#: ``MICROSCALE_FAST_LAUNCH=0`` (read at import) always takes Triton's own path (A/B runs)
-_FAST = os.environ.get("MICROSCALE_FAST_LAUNCH", "1") == "1"
-#: ``MICROSCALE_BIND_LAUNCH=0`` (read at import): :func:`bind` keeps the compiled kernel's own
-#: launcher, which encodes host TMA descriptors again at every launch (A/B runs)
-_BIND = os.environ.get("MICROSCALE_BIND_LAUNCH", "1") == "1"
+from . import target
+from .target import pdl_capable  # noqa: F401  (re-exported: the kernels' callers ask here)
+
+try:
+    from triton import knobs
+    from triton.runtime import driver
+except ImportError:  # the CPU paths never launch
+    knobs = driver = None
+
+#: the cached fast path (False: always Triton's own path, for A/B runs); taken only on the Triton
+#: releases it was written for (:func:`microscale.runtime.target.triton_supported`)
+_FAST = True
+#: :func:`bind` encodes host TMA descriptors once (False: the compiled kernel's own launcher, which
+#: encodes them at every launch)
+_BIND = True
 _CACHE: dict = {}
 _PARAMS: dict = {}
 _TLS = threading.local()
@@ -34,7 +43,7 @@ _TLS = threading.local()
 def record(into: list | None) -> None:
     """While ``into`` is a list, this thread's launches append ``(compiled kernel, grid,
     argument values)`` to it, or None for one that took Triton's own path (the call plans of
-    :func:`microscale.qlinear.linear`); None stops recording."""
+    ``microscale.linear``); None stops recording."""
     _TLS.record = into
 
 
@@ -47,14 +56,6 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(n: int) -> int:
     """Smallest power of two >= ``n`` (1 for ``n <= 1``), as ``triton.next_power_of_2``."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-@functools.lru_cache(maxsize=64)
-def pdl_capable(device: torch.device) -> bool:
-    """Programmatic dependent launch (``griddepcontrol``) on ``device``: an NVIDIA GPU of
-    compute capability 9.0 or newer (not ROCm, whose capability numbers overlap)."""
-    return (device.type == "cuda" and torch.version.hip is None
-            and torch.cuda.get_device_capability(device) >= (9, 0))
 
 
 def _spec(a):
@@ -73,6 +74,8 @@ def _spec(a):
 
 def hooked() -> bool:
     """Whether a launch hook (profilers, proton) wants launch metadata."""
+    if knobs is None:
+        return False
     for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
         if h is not None and getattr(h, "calls", True):
             return True
@@ -83,7 +86,7 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
     """``fn[grid](*args, **kwargs)``: positional arguments are the kernel's leading
     parameters, keyword arguments the rest (constexprs, keyed by value; tensors) and
     launch options (``num_warps``, ``num_stages``, ``launch_pdl``...)."""
-    if not _FAST or os.environ.get("TRITON_INTERPRET", "0") == "1" or hooked():
+    if not _FAST or not target.triton_supported() or target.interpreting() or hooked():
         fn[grid](*args, **kwargs)
         rec = getattr(_TLS, "record", None)
         if rec is not None:
@@ -147,7 +150,7 @@ def bind(compiled, grid: tuple, vals: list) -> tuple:
 
     Why: Triton's launcher does per launch what a replay need not redo. It turns every host
     TMA descriptor into a ``CUtensorMap`` again (a driver encode and Python list work per
-    descriptor: :func:`microscale.qlinear.decode_tma` has three), and for every tensor argument
+    descriptor: the linear op's ``decode_tma`` backend has three), and for every tensor argument
     calls ``data_ptr()`` and asks the driver what the pointer is (``cuPointerGetAttribute``);
     an integer argument it takes as the address. Where the compiled kernel's launcher is
     Triton's C launcher (``__triton_launcher``), alone or inside its host-descriptor wrapper
@@ -155,7 +158,7 @@ def bind(compiled, grid: tuple, vals: list) -> tuple:
     no scratch memory, the descriptors are encoded here once with Triton's own
     ``make_tensordesc_arg``, CUDA tensors become their addresses and ``fn`` calls the C
     launcher directly. The tensors behind ``vals`` must then stay alive and where they are
-    (the caller keeps ``vals``). Elsewhere (another launcher, ``MICROSCALE_BIND_LAUNCH=0``)
+    (the caller keeps ``vals``). Elsewhere (another launcher, ``_BIND`` off)
     ``fn`` is the compiled kernel's own launcher with ``vals`` as they are."""
     g = _grid3(grid)
     raw = _raw_launcher(compiled) if _BIND else None

@@ -9,9 +9,14 @@ import pytest
 import torch
 
 import microscale as ms
+from microscale.linear.backends import gemv as gv
+from microscale.runtime import target
+from microscale.linear import tuning
 from microscale.formats import registry
-from microscale.kernels import _gemv_kernels as kern
-from microscale.qlinear import GemvConfig, _gemv_kind, gemv
+from microscale.linear._kernels import _gemv_kernels as kern
+from microscale.linear.backends.gemv import GemvConfig
+from microscale.linear.eligibility import gemv_kind as _gemv_kind
+from microscale.linear.backends.gemv import gemv
 
 SUPPORTED = [n for n, f in registry.items() if _gemv_kind(f) is not None and f.block_rows == 1]
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -56,17 +61,15 @@ def test_gemv_default_config_matches_float64(name, asm, gen, monkeypatch):
     only with 4-bit codes; one warp per program for 8-bit codes at one token on a short
     weight, with 512-word steps on long rows), against float64. The height that counts as
     tall is lowered to 32 rows so that the interpreter runs both on small weights."""
-    from microscale import qlinear as L
 
-    monkeypatch.setattr(L, "_GEMV_PROGRAMS_PER_SM", 1)
-    monkeypatch.setattr(L, "_num_sms", lambda device: 8)
-    L.choose_gemv_config.cache_clear()  # (cached under the real threshold elsewhere)
+    tuning.set_tuning(gemv_programs_per_sm=1)
+    monkeypatch.setattr(target, "num_sms", lambda device: 8)
     try:
         bits = registry[name].element.bits
         for n, rows in ((24, 2), (40, 4)):
             k = 256
             for m in (1, 2):
-                c = L.choose_gemv_config(n, k, torch.device(DEV), m, bits)
+                c = gv.choose_gemv_config(n, k, torch.device(DEV), m, bits)
                 want = (rows, True) if m == 1 or bits == 4 else (4, False)
                 assert (c.block_n, c.prefetch) == want, (m, c)
                 assert c.num_warps == (1 if (m, bits, rows) == (1, 8, 2) else 2), (m, c)
@@ -75,10 +78,10 @@ def test_gemv_default_config_matches_float64(name, asm, gen, monkeypatch):
                 ref = x.double() @ q.dequantize(torch.float64).T
                 out = gemv(x.to(DEV), q.to(DEV), None, use_asm=asm)
                 assert out.shape == (m, n) and rel(out, ref) < 1e-2, (n, m, rows)
-        steps = [L.choose_gemv_config(24, 32 * kw // bits, torch.device(DEV), 1, bits).block_kw for kw in (2048, 4096)]
+        steps = [gv.choose_gemv_config(24, 32 * kw // bits, torch.device(DEV), 1, bits).block_kw for kw in (2048, 4096)]
         assert steps == ([256, 512] if bits == 8 else [256, 256]), steps
     finally:
-        L.choose_gemv_config.cache_clear()
+        tuning.reset()  # (the config cache keys on the tuning and target facts: nothing stale)
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp8_e4m3", "int8_fp16", "mxfp8_e5m2", "int8_affine_g32"])
@@ -220,12 +223,11 @@ def test_lop3_model():
         assert int(np.uint32(r["d"])) & 0xFF == lut
 
 
-@pytest.mark.parametrize("select,rotate", [(False, False), (True, False), (True, True)])
-def test_f4_decode_ptx_bit_placement(gen, select, rotate):
+@pytest.mark.parametrize("select", [False, True])
+def test_f4_decode_ptx_bit_placement(gen, select):
     """The GEMV's E2M1 word decode (the PTX the GPU runs): f16 pair ``j`` holds elements
     ``j`` (low half) and ``j + 4`` (high half), each as sign -> bit 15 and the three
-    magnitude bits at ``10 - MBITS``: checked bit for bit on every nibble in every slot
-    (``rotate``: the 11-op select decode, ``MICROSCALE_GEMV_F4_ROTATE``)."""
+    magnitude bits at ``10 - MBITS``: checked bit for bit on every nibble in every slot."""
     import ml_dtypes
     import numpy as np
 
@@ -233,8 +235,8 @@ def test_f4_decode_ptx_bit_placement(gen, select, rotate):
     every = np.array([v * 0x11111111 for v in range(16)], dtype=np.uint32)  # each nibble value in each slot
     w = np.concatenate([words, every, np.arange(16, dtype=np.uint32) << 28])
     out = [f"p{j}" for j in range(4)]
-    lines = kern._decode_word_ptx(kern.F4, 1, "w", out, select, rotate)
-    assert sum(ln.count(";") for ln in lines) == (11 if rotate else 13 if select else 19)
+    lines = kern._decode_word_ptx(kern.F4, 1, "w", out, select)
+    assert sum(ln.count(";") for ln in lines) == (13 if select else 19)
     regs = _run_int_ptx(lines, {"w": w})
     pos = 10 - 1
     for j in range(4):
@@ -303,13 +305,12 @@ def test_int4_decode_emulation_catches_a_wrong_constant(gen, monkeypatch):
 
 @pytest.mark.parametrize("asm", ASM)
 @pytest.mark.parametrize("m,n", [(1, 40), (3, 37)])
-def test_scale_pairs_and_select_match_the_plain_path(m, n, asm, gen, monkeypatch):
+def test_scale_pairs_and_select_match_the_plain_path(m, n, asm, gen):
     """``GemvConfig.scale_pairs`` (UE4M3 scales loaded as 16-bit chain pairs) and, on a GPU
-    where the PTX runs, ``f4_select`` (the select decode, also with ``_GEMV_F4_ROTATE``; on CPU
+    where the PTX runs, ``f4_select`` (the select decode; on CPU
     its PTX is checked by :func:`test_f4_decode_ptx_bit_placement`): the same results as
     byte-loaded scales and the shift decode, and within the GEMV's bound of float64, ragged
     rows included."""
-    from microscale import qlinear as L
 
     k = 512
     q = ms.quantize(torch.randn(n, k, generator=gen), "nvfp4")
@@ -322,18 +323,13 @@ def test_scale_pairs_and_select_match_the_plain_path(m, n, asm, gen, monkeypatch
         got = gemv(x.to(DEV), q.to(DEV), None, cfg, use_asm=asm)
         assert rel(got, ref) < 1e-2
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)
-    if asm:  # (without the PTX the switch changes nothing)
-        sel = GemvConfig(block_n=8, block_kw=32, scale_pairs=True, f4_select=True)
-        monkeypatch.setattr(L, "_GEMV_F4_ROTATE", False)
-        plain = gemv(x.to(DEV), q.to(DEV), None, sel, use_asm=asm)
-        monkeypatch.setattr(L, "_GEMV_F4_ROTATE", True)  # the 11-op decode: the same bits
-        assert torch.equal(gemv(x.to(DEV), q.to(DEV), None, sel, use_asm=asm), plain)
 
 
-def _gemv_ptx(run_tool, tmp_path, env: dict, config: str, fmt: str = "nvfp4") -> dict:
+def _gemv_ptx(run_tool, tmp_path, tune: dict, config: str, fmt: str = "nvfp4") -> dict:
     """PTX of the 1-token GEMV and its prep, compiled for sm_90 in a subprocess
-    (``tools/gemv_ptx.py``: the interpreter mode of this process cannot compile)."""
-    r = run_tool("gemv_ptx.py", str(tmp_path), "--k", "2048", "--fmt", fmt, "--config", config, env=env)
+    (``tools/gemv_ptx.py``: the interpreter mode of this process cannot compile); ``tune``:
+    tuning fields set first."""
+    r = run_tool("gemv_ptx.py", str(tmp_path), "--k", "2048", "--fmt", fmt, "--config", config, "--set", repr(tune))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return {n: (tmp_path / f"{n}.ptx").read_text() for n in ("_gemv_kernel", "_prep_x_kernel")}
 
@@ -342,8 +338,8 @@ def test_pdl_weight_loads_go_out_before_the_wait(run_tool, tmp_path):
     """With a programmatic dependent launch the GEMV issues its first step's code loads
     (16-byte) before ``griddepcontrol.wait`` and lets the next kernel launch at its start;
     the prep, launched as a dependent of the kernel before it, waits before reading x.
-    With ``MICROSCALE_GEMV_EARLY_W=0`` / ``MICROSCALE_GEMV_PDL_CHAIN=0`` the old order
-    comes back (so the check can fail)."""
+    With ``tuning.gemv_early_w`` / ``tuning.gemv_pdl_chain`` off the old order comes back (so the
+    check can fail)."""
     def first(ptx, s):
         return ptx.index(s) if s in ptx else len(ptx)
 
@@ -352,7 +348,7 @@ def test_pdl_weight_loads_go_out_before_the_wait(run_tool, tmp_path):
     assert first(g, "ld.global.v4") < first(g, "griddepcontrol.wait") < len(g)
     assert first(g, "griddepcontrol.launch_dependents") < first(g, "griddepcontrol.wait")
     assert first(prep, "griddepcontrol.wait") < first(prep, "ld.global") < len(prep)
-    p = _gemv_ptx(run_tool, tmp_path / "off", {"MICROSCALE_GEMV_EARLY_W": "0", "MICROSCALE_GEMV_PDL_CHAIN": "0"},
+    p = _gemv_ptx(run_tool, tmp_path / "off", {"gemv_early_w": False, "gemv_pdl_chain": False},
                   "{'pdl': True}")
     g, prep = p["_gemv_kernel"], p["_prep_x_kernel"]
     assert first(g, "griddepcontrol.wait") < first(g, "ld.global") and "launch_dependents" not in g
@@ -434,7 +430,7 @@ def test_scale_direct_is_bit_identical(name, gen):
     (the ragged one keeps the default loads)."""
     from dataclasses import replace
 
-    from microscale.qlinear import choose_gemv_config
+    from microscale.linear.backends.gemv import choose_gemv_config
 
     for n, k, split in ((64, 1024, 1), (37, 1024, 1), (64, 2048, 2)):
         q = ms.quantize(torch.randn(n, k, generator=gen), name).to(DEV)
@@ -482,18 +478,17 @@ def test_first_use_of_a_weight_reads_it_after_the_wait(monkeypatch, gen):
     """The GEMV reads a weight ahead of its programmatic-launch wait (``EARLY_W``) only once
     its views are cached: not on the weight's first use (kernels still in flight may be
     writing it, and the views may be fresh copies) and not after an in-place change."""
-    from microscale import qlinear as L
 
     seen = []
-    real = L.launch
+    real = gv.launch
 
     def spy(fn, grid, *a, **kw):
         if "EARLY_W" in kw:
             seen.append(kw["EARLY_W"])
         return real(fn, grid, *a, **kw)
 
-    monkeypatch.setattr(L, "launch", spy)
-    monkeypatch.setattr(L, "_EARLY_W", True)
+    monkeypatch.setattr(gv, "launch", spy)
+    tuning.set_tuning(gemv_early_w=True)
     q = ms.quantize(torch.randn(16, 256, generator=gen), "nvfp4").to(DEV)
     x = torch.randn(1, 256, generator=gen).to(DEV, torch.bfloat16)
     cfg = GemvConfig(block_n=8, block_kw=32)

@@ -1,4 +1,4 @@
-"""The tensor-core decode path (``qlinear.gemv_mma``) without a GPU.
+"""The tensor-core decode path (``linear.gemv_mma``) without a GPU.
 
 Its arithmetic is PTX inside ``tl.inline_asm_elementwise``, which the Triton interpreter
 cannot run. So these tests execute the generated PTX text itself: a small interpreter
@@ -17,8 +17,10 @@ import pytest
 import torch
 
 import microscale as ms
-from microscale import qlinear as L
-from microscale.kernels import _gemv_mma as kern
+from microscale.linear.backends import gemv_mma as gmma
+from microscale.linear import tuning
+from microscale.linear import weight_state as wst
+from microscale.linear._kernels import _gemv_mma as kern
 
 
 def _f16_bits_to_f64(b: np.ndarray) -> np.ndarray:
@@ -217,7 +219,7 @@ def xfrag(x: torch.Tensor, wpl: int) -> torch.Tensor:
     return xf.cpu()
 
 
-def emulate(x: torch.Tensor, q, c: L.GemvMmaConfig) -> np.ndarray:
+def emulate(x: torch.Tensor, q, c: gmma.GemvMmaConfig) -> np.ndarray:
     """The kernel's per-lane schedule (``_gemv_mma_kernel``) over one warp at a time
     (``c.xfrag``: on the activations :func:`xfrag` prepared)."""
     m, k = x.shape
@@ -232,7 +234,7 @@ def emulate(x: torch.Tensor, q, c: L.GemvMmaConfig) -> np.ndarray:
     xb = (xfrag(x, wpl) if c.xfrag else x.contiguous()).view(torch.uint8).numpy().reshape(-1)
     mem = np.concatenate([codes, scales, xb, np.zeros(64, np.uint8)])
     w0, s0, x0 = 0, codes.size, codes.size + scales.size
-    sk, ke, post = L._gemv_mma_scale_args(q)
+    sk, ke, post = gmma.gemv_mma_scale_args(q)
     lasm, lcons, _ = kern.load_asm(rg, wpl, 0, wpl // wpg)
     xasm, xcons, _ = kern.load_asm(0, wpl, tg, 0, 512 if c.xfrag else 16)
     sasm, scons = kern.step_asm(rg, wpl, tg, wpg, sk, c.xfrag, c.select)
@@ -286,9 +288,9 @@ def _check(out, x, q):
 
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m,cfg", [
-    (1, L.GemvMmaConfig(2, 8, 2)),
-    (5, L.GemvMmaConfig(1, 4, 1, split_k=2)),
-    (16, L.GemvMmaConfig(2, 4, 1)),
+    (1, gmma.GemvMmaConfig(2, 8, 2)),
+    (5, gmma.GemvMmaConfig(1, 4, 1, split_k=2)),
+    (16, gmma.GemvMmaConfig(2, 4, 1)),
 ])
 def test_generated_ptx_matches_float64(name, m, cfg, gen):
     q, x = _case(name, 40, 1024, m, gen)  # 40 rows: a partial row group
@@ -297,10 +299,10 @@ def test_generated_ptx_matches_float64(name, m, cfg, gen):
 
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("m,cfg", [
-    (1, L.GemvMmaConfig(2, 8, 2, xfrag=True)),
-    (5, L.GemvMmaConfig(1, 4, 1, split_k=2, xfrag=True)),
-    (11, L.GemvMmaConfig(1, 8, 2, split_k=2, xfrag=True)),
-    (16, L.GemvMmaConfig(2, 4, 1, xfrag=True)),
+    (1, gmma.GemvMmaConfig(2, 8, 2, xfrag=True)),
+    (5, gmma.GemvMmaConfig(1, 4, 1, split_k=2, xfrag=True)),
+    (11, gmma.GemvMmaConfig(1, 8, 2, split_k=2, xfrag=True)),
+    (16, gmma.GemvMmaConfig(2, 4, 1, xfrag=True)),
 ])
 def test_generated_ptx_on_fragment_ordered_activations(name, m, cfg, gen):
     """``xfrag``: the prep kernel (interpreted) and the kernel's addressing of its output,
@@ -355,8 +357,8 @@ def test_select_decode_places_every_code(gen):
             assert (x == y).all()
 
 
-@pytest.mark.parametrize("m,cfg", [(3, L.GemvMmaConfig(1, 4, 1, select=True)),
-                                   (16, L.GemvMmaConfig(2, 4, 1, split_k=2, xfrag=True, select=True))])
+@pytest.mark.parametrize("m,cfg", [(3, gmma.GemvMmaConfig(1, 4, 1, select=True)),
+                                   (16, gmma.GemvMmaConfig(2, 4, 1, split_k=2, xfrag=True, select=True))])
 def test_generated_ptx_select_decode(m, cfg, gen):
     for name in ("nvfp4", "mxfp4"):
         q, x = _case(name, 40, 1024, m, gen)
@@ -365,7 +367,7 @@ def test_generated_ptx_select_decode(m, cfg, gen):
 
 def test_generated_ptx_k_not_a_multiple_of_1024(gen):
     q, x = _case("mxfp4", 24, 768, 2, gen)  # 3 steps of 256 elements
-    _check(emulate(x, q, L.GemvMmaConfig(2, 8, 1)), x, q)
+    _check(emulate(x, q, gmma.GemvMmaConfig(2, 8, 1)), x, q)
 
 
 def test_emulator_catches_a_wrong_pairing(gen, monkeypatch):
@@ -379,7 +381,7 @@ def test_emulator_catches_a_wrong_pairing(gen, monkeypatch):
 
     monkeypatch.setattr(kern, "step_asm", bad)
     with pytest.raises(AssertionError):
-        _check(emulate(x, q, L.GemvMmaConfig(1, 4, 1)), x, q)
+        _check(emulate(x, q, gmma.GemvMmaConfig(1, 4, 1)), x, q)
 
 
 def test_subnormal_placement_and_extreme_scales(gen):
@@ -394,7 +396,7 @@ def test_subnormal_placement_and_extreme_scales(gen):
             sc[::2] = 0x7E
         else:
             sc.copy_(torch.randint(60, 180, sc.shape, generator=gen).to(torch.uint8))
-        _check(emulate(x, q, L.GemvMmaConfig(1, 4, 1)), x, q)
+        _check(emulate(x, q, gmma.GemvMmaConfig(1, 4, 1)), x, q)
 
 
 def test_e8m0_window():
@@ -402,19 +404,19 @@ def test_e8m0_window():
     sc = q.scales.view(torch.uint8)
     sc.fill_(127)
     sc[0, 0] = 100
-    assert L._e8m0_window(q) == -1  # D = max - 128
+    assert wst.e8m0_window(q) == -1  # D = max - 128
     sc[0, 0] = 0  # 127 binades apart: outside [D + 2, D + 128]
-    assert L._e8m0_window(q) is None
+    assert wst.e8m0_window(q) is None
     sc[0, 0] = 127
     sc[1, 1] = 255  # NaN scale
-    assert L._e8m0_window(q) is None
+    assert wst.e8m0_window(q) is None
 
 
 def test_supported_and_config_rules(gen):
     """Unserved calls name their reason (device-independent ones are checked first)."""
     q = ms.quantize(torch.randn(64, 1024, generator=gen), "nvfp4")
     x = torch.randn(4, 1024, generator=gen).to(torch.bfloat16)
-    assert not L.gemv_mma_supported(q, x)  # CPU tensors
+    assert not gmma.gemv_mma_supported(q, x)  # CPU tensors
     for args, msg in [((x, q), "needs CUDA tensors"),
                       ((x.half(), q), "needs bfloat16"),
                       ((torch.randn(17, 1024).to(torch.bfloat16), q), "1..16 tokens"),
@@ -422,32 +424,32 @@ def test_supported_and_config_rules(gen):
                       ((torch.randn(2, 320).to(torch.bfloat16), ms.quantize(torch.randn(8, 320, generator=gen),
                                                                              "nvfp4")), "multiple of its K step")]:
         with pytest.raises(ValueError, match=msg):
-            L.gemv_mma(*args)
+            gmma.gemv_mma(*args)
     with pytest.raises(ValueError, match="bias has shape"):
-        L.gemv_mma(x, q, torch.randn(3))
-    c = L.choose_gemv_mma_config(28672, 8192, torch.device("cpu"), 1)
+        gmma.gemv_mma(x, q, torch.randn(3))
+    c = gmma.choose_gemv_mma_config(28672, 8192, torch.device("cpu"), 1)
     assert (c.row_groups, c.words_per_lane, c.num_warps) == (2, 8, 2)
     assert c.split_k >= 1 and (8192 // 8) % (4 * c.words_per_lane * c.split_k) == 0
-    c = L.choose_gemv_mma_config(8192, 512, torch.device("cpu"), 16)
+    c = gmma.choose_gemv_mma_config(8192, 512, torch.device("cpu"), 16)
     assert c.words_per_lane == 4 and 512 // 8 % (16 * c.split_k) == 0
 
 
-@pytest.mark.parametrize("m,cfg", [(1, L.GemvMmaConfig(2, 8, 2)), (5, L.GemvMmaConfig(1, 4, 1, split_k=2)),
-                                   (16, L.GemvMmaConfig(2, 4, 1, xfrag=True, select=True))])
+@pytest.mark.parametrize("m,cfg", [(1, gmma.GemvMmaConfig(2, 8, 2)), (5, gmma.GemvMmaConfig(1, 4, 1, split_k=2)),
+                                   (16, gmma.GemvMmaConfig(2, 4, 1, xfrag=True, select=True))])
 def test_multiply_add_scales_match_float64(m, cfg, gen, monkeypatch):
-    """``SK_UE4M3N`` (``_GEMV_MMA_SCALE_IMAD``): NVFP4 through the generated PTX with the multiply-add scales
+    """``SK_UE4M3N`` (``tuning.gemv_mma_scale_imad``): NVFP4 through the generated PTX with the multiply-add scales
     matches float64 as the conversion does; a weight with subnormal scales over nonzero codes keeps the
     conversion (and forced onto the multiply-add, the emulation fails: the scan is what keeps it right)."""
-    monkeypatch.setattr(L, "_GEMV_MMA_SCALE_IMAD", True)
+    tuning.set_tuning(gemv_mma_scale_imad=True)
     q, x = _case("nvfp4", 40, 1024, m, gen)
-    assert L._gemv_mma_scale_args(q)[0] == kern.SK_UE4M3N
+    assert gmma.gemv_mma_scale_args(q)[0] == kern.SK_UE4M3N
     _check(emulate(x, q, cfg), x, q)
     w = torch.randn(40, 1024, generator=gen)
     w[:, :64] *= 2.0 ** -16  # subnormal UE4M3 scales over nonzero codes
     q2 = ms.quantize(w, "nvfp4")
-    assert L._gemv_mma_scale_args(q2)[0] == kern.SK_UE4M3
+    assert gmma.gemv_mma_scale_args(q2)[0] == kern.SK_UE4M3
     _check(emulate(x, q2, cfg), x, q2)
-    monkeypatch.setattr(L, "_ue4m3_normal", lambda q: True)
+    monkeypatch.setattr(gmma, "ue4m3_normal", lambda q: True)
     with pytest.raises(AssertionError):
         _check(emulate(x, q2, cfg), x, q2)
 
@@ -482,16 +484,16 @@ def test_gpu_kernel_and_routing(name):
         x = torch.randn(m, 2048, device=dev, generator=g).to(torch.bfloat16)
         ref = x.double() @ wd.T + bias.double()
         cond = x.double().abs() @ wd.abs().T + bias.double().abs()
-        for cfg in (None, L.GemvMmaConfig(1, 4, 1, split_k=4), L.GemvMmaConfig(2, 8, 2),
-                    L.GemvMmaConfig(2, 8, 2, xfrag=True), L.GemvMmaConfig(1, 4, 2, split_k=4, xfrag=True),
-                    L.GemvMmaConfig(2, 4, 4, select=True), L.GemvMmaConfig(2, 8, 2, xfrag=True, select=True)):
-            out = L.gemv_mma(x, q, bias, cfg)
+        for cfg in (None, gmma.GemvMmaConfig(1, 4, 1, split_k=4), gmma.GemvMmaConfig(2, 8, 2),
+                    gmma.GemvMmaConfig(2, 8, 2, xfrag=True), gmma.GemvMmaConfig(1, 4, 2, split_k=4, xfrag=True),
+                    gmma.GemvMmaConfig(2, 4, 4, select=True), gmma.GemvMmaConfig(2, 8, 2, xfrag=True, select=True)):
+            out = gmma.gemv_mma(x, q, bias, cfg)
             assert out.dtype == torch.bfloat16 and out.shape == (m, 200)
             assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, cfg)
     x = torch.randn(1, 3, 2048, device=dev, generator=g).to(torch.bfloat16)  # 3 tokens: routed here
-    assert L.gemv_mma_supported(q, x) and 3 < L.DECODE_TMA_SMALL_MIN_M  # (also inside a graph)
+    assert gmma.gemv_mma_supported(q, x) and 3 < tuning.get().decode_tma_small_min_m  # (also inside a graph)
     y = ms.linear(x, q)
-    torch.testing.assert_close(y, L.gemv_mma(x.reshape(3, -1), q).reshape(1, 3, 200), rtol=0, atol=0)
+    torch.testing.assert_close(y, gmma.gemv_mma(x.reshape(3, -1), q).reshape(1, 3, 200), rtol=0, atol=0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         yg = ms.linear(x, q)
@@ -501,7 +503,7 @@ def test_gpu_kernel_and_routing(name):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
 def test_gpu_scale_imad_bit_identical(monkeypatch):
-    """NVFP4 with the UE4M3 scales made by one multiply-add (``_GEMV_MMA_SCALE_IMAD``) gives the same bits
+    """NVFP4 with the UE4M3 scales made by one multiply-add (``tuning.gemv_mma_scale_imad``) gives the same bits
     as the conversion sequence, over the configs and token counts (ragged rows, bias), with an all-zero
     block whose scale byte the multiply-add gets wrong (times zero codes: still zero)."""
     dev = torch.device("cuda")
@@ -512,17 +514,17 @@ def test_gpu_scale_imad_bit_identical(monkeypatch):
     w[3, 32:48] = 0  # an all-zero block, given a subnormal scale byte (allowed: it scales zero codes)
     q = ms.quantize(w, "nvfp4")
     q.scales.view(torch.uint8).reshape(200, -1)[3, 2] = 3
-    assert L._ue4m3_normal(q)  # (else both runs take the conversion)
+    assert wst.ue4m3_normal(q)  # (else both runs take the conversion)
     bias = torch.randn(200, device=dev, generator=g)
     for m in (2, 5, 8, 16):
         x = torch.randn(m, 2048, device=dev, generator=g).to(torch.bfloat16)
-        for cfg in (None, L.GemvMmaConfig(1, 4, 1, split_k=4), L.GemvMmaConfig(2, 8, 2, xfrag=True),
-                    L.GemvMmaConfig(2, 4, 4, select=True)):
+        for cfg in (None, gmma.GemvMmaConfig(1, 4, 1, split_k=4), gmma.GemvMmaConfig(2, 8, 2, xfrag=True),
+                    gmma.GemvMmaConfig(2, 4, 4, select=True)):
             outs = []
             for on in (False, True):
-                monkeypatch.setattr(L, "_GEMV_MMA_SCALE_IMAD", on)
-                assert L._gemv_mma_scale_args(q)[0] == (kern.SK_UE4M3N if on else kern.SK_UE4M3)
-                outs.append(L.gemv_mma(x, q, bias, cfg))
+                tuning.set_tuning(gemv_mma_scale_imad=on)
+                assert gmma.gemv_mma_scale_args(q)[0] == (kern.SK_UE4M3N if on else kern.SK_UE4M3)
+                outs.append(gmma.gemv_mma(x, q, bias, cfg))
             torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0, msg=f"{m} {cfg}")
 
 
@@ -530,13 +532,13 @@ def test_weight_views_follow_in_place_updates(gen):
     """The decode wrappers' cached views of a weight are rebuilt when any of its tensors
     changes in place (data, scales, global scale)."""
     q = ms.quantize(torch.randn(16, 64, generator=gen), "nvfp4")
-    a = L._weight_views(q)
-    assert L._weight_views(q) is a
+    a = wst.views(q)
+    assert wst.views(q) is a
     q.global_scale.mul_(2)
-    b = L._weight_views(q)
+    b = wst.views(q)
     assert b is not a and torch.equal(b.global_scale, q.global_scale.reshape(1).float())
     q.scales.view(torch.uint8)[0, 0] ^= 1
-    c = L._weight_views(q)
+    c = wst.views(q)
     assert c is not b and torch.equal(c.scales_u8, q.scales.view(torch.uint8))
     q.data.view(torch.uint8)[0, 0] ^= 1
-    assert L._weight_views(q) is not c
+    assert wst.views(q) is not c

@@ -18,9 +18,12 @@ import pytest
 import torch
 
 import microscale as ms
-from microscale import qlinear as L
+from microscale.linear import routing
+from microscale.linear.backends import decode_tma as dt
+from microscale.linear import eligibility as elig
+from microscale.linear.backends import prefill_ws as pws
 
-pg = pytest.importorskip("microscale.kernels._prefill_gluon")
+pg = pytest.importorskip("microscale.linear._kernels._prefill_gluon")
 from test_gemv_mma import Warp  # noqa: E402  (the PTX emulator)
 from test_prefill_gluon import _xperm  # noqa: E402
 
@@ -201,7 +204,7 @@ def test_f16_arithmetic_matches_float64(name, gen):
     """Every format's f16 decode: the weights bit-exact (or the f16 of ``(code - z) * s``), at both
     ends of the E8M0 windows and at the largest fp16 scale taken, and the sums against float64."""
     q = _weight(name, gen)
-    assert L._f16_weight_reason(q) is None
+    assert elig.f16_weight_reason(q) is None
     _check(q, (torch.randn(5, q.shape[1], generator=gen) * 2).to(torch.float16))
 
 
@@ -210,7 +213,7 @@ def test_scale_args_are_the_emulated_ones(gen):
     ``2^14``; fp16 scales: 1)."""
     for name in NAMES:
         q = _weight(name, gen)
-        sk, ke, post = L._gluon_scale_args(q, True)
+        sk, ke, post = pws.gluon_scale_args(q, True)
         want = _emulated_ke_post(q) if q.fmt.scale.name == "e8m0" else (0, 2.0 ** 14 if name == "nvfp4" else 1.0)
         assert (ke, post) == want, name
 
@@ -220,7 +223,7 @@ def test_scale_args_are_the_emulated_ones(gen):
 def test_windows_are_tight(name, gen, monkeypatch):
     """One binade more than the window is refused, and is wrong: moved up, the largest scale's
     products overflow (or the scale itself does); moved down, the least scale's lose bits."""
-    assert "within" in L._f16_weight_reason(_e8m0_weight(name, gen, span=1))
+    assert "within" in elig.f16_weight_reason(_e8m0_weight(name, gen, span=1))
     q = _e8m0_weight(name, gen)
     x = (torch.randn(3, q.shape[1], generator=gen) * 2).to(torch.float16)
     for shift in (1, -1):
@@ -240,10 +243,10 @@ def test_zero_blocks_below_the_window(name, gen):
     q = ms.quantize(w, name)
     s = q.scales.view(torch.uint8)
     assert int(s[4, 0]) < int(s.max()) - 40  # far below any f16 window
-    assert L._f16_weight_reason(q) is None
+    assert elig.f16_weight_reason(q) is None
     _check(q, (torch.randn(3, 512, generator=gen) * 2).to(torch.float16))
     q.data[4, 3] = 0x11 if name == "mxfp4" else 0x01  # a nonzero code in a zero block
-    assert "within" in L._f16_weight_reason(q)
+    assert "within" in elig.f16_weight_reason(q)
 
 
 def test_fp16_scale_bound(gen):
@@ -251,10 +254,10 @@ def test_fp16_scale_bound(gen):
     the bound the products stay finite (the arithmetic test's row 0)."""
     for name in ("int4_affine_g128", "int8_fp16"):
         q = _fp16_scaled_weight(name, gen)
-        assert L._f16_weight_reason(q) is None
+        assert elig.f16_weight_reason(q) is None
         top = torch.tensor(65504 / (1 << q.fmt.element.bits), dtype=torch.float16).view(torch.int16)
         q.scales.view(torch.int16)[5, 1] = top + 1  # the next fp16 above the bound
-        assert "fp16 scales of at most" in L._f16_weight_reason(q)
+        assert "fp16 scales of at most" in elig.f16_weight_reason(q)
 
 
 @pytest.mark.parametrize("name", ["int4_affine_g128", "int4_fp16", "int8_affine_g128", "int8_fp16"])
@@ -334,11 +337,11 @@ def test_gpu_f16_kernels(name):
                           (9, 4096, 8192, "dt"), (32, 520, 4096, "dt"), (5, 28672, 1024, "dt")]:
         q = ms.quantize(torch.randn(n, k, device=dev, generator=g) * 0.05, name)
         wd = q.dequantize(torch.float64)
-        if q.fmt.scale.name == "fp16" and not (op == "dt" and L._dt_post(q, L._dt_tokens(m))):
+        if q.fmt.scale.name == "fp16" and not (op == "dt" and dt.dt_post(q, dt.dt_tokens(m))):
             wd = wd.to(torch.float16).double()
         x = (torch.randn(m, k, device=dev, generator=g) * 2).half()
         bias = torch.randn(n, device=dev, generator=g)
-        fn = L.prefill_ws if op == "ws" else L.decode_tma
+        fn = pws.prefill_ws if op == "ws" else dt.decode_tma
         out = fn(x, q, bias)
         assert torch.equal(out, fn(x, q, bias))
         ref = x.double() @ wd.T + bias.double()
@@ -363,8 +366,8 @@ def test_gpu_f16_in_cuda_graphs(name, monkeypatch):
     x = torch.randn(16, 2048, device=dev, generator=g).half()
     want = x.double() @ q.dequantize(torch.float64).T
     calls = []
-    real = L.decode_tma
-    monkeypatch.setattr(L, "decode_tma", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = routing.decode_tma_run
+    monkeypatch.setattr(routing, "decode_tma_run", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     for scanned in (False, True):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

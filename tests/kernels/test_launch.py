@@ -82,3 +82,28 @@ def test_gpu_results_follow_alignment_and_specialization():
         cond = x.double().abs() @ wd.abs().T
         out = ms.linear(x, w)
         assert ((out.double() - ref).abs() <= 2.0 ** -7 * ref.abs() + 2.0 ** -12 * cond).all(), (m, off)
+
+
+def test_unsupported_triton_takes_tritons_own_path(monkeypatch):
+    """On a Triton release outside the supported range the launcher never uses its cache
+    (whose internals are version specific): every launch is ``fn[grid](...)``."""
+    from microscale.runtime import target
+
+    calls = []
+
+    class Fn:
+        params = []
+
+        def __getitem__(self, grid):
+            def runner(*a, **kw):
+                calls.append(grid)
+                return type("Compiled", (), {"packed_metadata": None})()
+            return runner
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(_launch, "driver", None)  # the fast path would need it
+    fn = Fn()
+    with target.override(triton_version=(3, 7, 0), interpreting=False):
+        for _ in range(3):
+            _launch.launch(fn, (2,), torch.zeros(4), 5, num_warps=4)
+    assert calls == [(2,)] * 3 and not any(k[0] is fn for k in _launch._CACHE)

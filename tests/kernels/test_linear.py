@@ -13,7 +13,10 @@ import pytest
 import torch
 
 import microscale as ms
-from microscale import qlinear as L
+from microscale.linear import op
+from microscale.linear import packed
+from microscale.linear.backends import splitk as sk
+from microscale.linear import weight_state as wst
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") == "1"
 needs_interp = pytest.mark.skipif(not INTERP, reason="kernels run on CPU only under TRITON_INTERPRET=1")
@@ -44,18 +47,18 @@ def test_kernels_every_format(name):
     """Both kernels (split-K decode path and tiled prefill path), ragged M and N, poisoned output."""
     gen = torch.Generator().manual_seed(hash(name) % 2**31)
     q = _weight(name, 40, 128, gen)
-    pw = L.prepare(q)
+    pw = packed.prepare(q)
     n, k = q.shape
     x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
     bias = torch.randn(n, generator=gen)
-    cfgs = [L.LinearConfig(block_n=16, block_m=16, block_kw=8, split_k=2, pair=False),  # decode shape
-            L.LinearConfig(block_n=32, block_m=32, block_kw=16, split_k=1, pair=False)]  # prefill shape
+    cfgs = [sk.LinearConfig(block_n=16, block_m=16, block_kw=8, split_k=2, pair=False),  # decode shape
+            sk.LinearConfig(block_n=32, block_m=32, block_kw=16, split_k=1, pair=False)]  # prefill shape
     if pw.container_bits == 4:
-        cfgs.append(L.LinearConfig(block_n=16, block_m=16, block_kw=8, split_k=3, pair=True))
+        cfgs.append(sk.LinearConfig(block_n=16, block_m=16, block_kw=8, split_k=3, pair=True))
     ref = _ref(x, q, bias)
     for cfg in cfgs:
         out = torch.full((3, n), float("nan"), dtype=x.dtype)
-        L._launch(x, pw, bias, cfg, out=out)
+        sk.splitk_run(x, pw, bias, cfg, out=out)
         assert not torch.isnan(out).any(), f"{name} {cfg}: output not fully written"
         assert _err(out, ref) < 1e-2, f"{name} {cfg}: rel err {_err(out, ref):.3e}"
 
@@ -71,7 +74,7 @@ def test_public_op_heuristic(name, m, dtype):
     k = 48 if fmt.block_size == 16 else 2 * fmt.block_size
     q = ms.quantize(torch.randn(24, k, generator=gen), name)
     x = torch.randn(1, m, k, generator=gen).to(dtype)
-    y = L.linear(x, q)
+    y = op.linear(x, q)
     assert y.shape == (1, m, 24) and y.dtype == dtype
     assert _err(y[0], _ref(x[0], q, None)) < 1e-2
 
@@ -81,17 +84,17 @@ def test_repack_round_trip():
     gen = torch.Generator().manual_seed(0)
     for name in ["nvfp4", "mxfp6_e2m3", "int3_fp16", "mxfp8_e5m2", "int4_affine_g128"]:
         q = _weight(name, 8, 96 if name != "int4_affine_g128" else 256, gen)
-        q2 = L.prepare(q).to_qtensor()
+        q2 = packed.prepare(q).to_qtensor()
         assert torch.equal(q2.data, q.data) and torch.equal(q2.scales.view(torch.uint8) if q2.scales.dtype != q.scales.dtype else q2.scales, q.scales)
 
 
 def test_specials_detected_only_when_present():
     q = ms.quantize(torch.randn(4, 64), "mxfp8_e4m3")
-    assert not L.prepare(q).specials
+    assert not packed.prepare(q).specials
     data = q.data.clone()
     data[0, 3] = 0x7F  # E4M3 NaN
     q2 = ms.QTensor(data, q.scales, q.fmt, q.shape, q.dtype)
-    assert L.prepare(q2).specials
+    assert packed.prepare(q2).specials
 
 
 def test_specials_assumed_while_capturing(monkeypatch):
@@ -99,15 +102,15 @@ def test_specials_assumed_while_capturing(monkeypatch):
     an unscanned fp8 weight is packed for the NaN/Inf-aware decode and the answer is not
     kept; a weight scanned by an earlier eager call keeps its scanned answer."""
     q = ms.quantize(torch.randn(4, 64), "mxfp8_e4m3")
-    monkeypatch.setattr(L, "_capturing", lambda t: True)
-    monkeypatch.setattr(L, "_has_specials", lambda *a: pytest.fail("scanned while capturing"))
-    assert L.prepare(q).specials
+    monkeypatch.setattr(wst, "capturing", lambda t: True)
+    monkeypatch.setattr(wst, "codes_have_specials", lambda *a: pytest.fail("scanned while capturing"))
+    assert packed.prepare(q).specials
     assert getattr(q.data, "_microscale_specials", None) is None
     monkeypatch.undo()
-    assert not L.prepare(q).specials  # scanned eagerly, answer kept
-    monkeypatch.setattr(L, "_capturing", lambda t: True)
-    monkeypatch.setattr(L, "_has_specials", lambda *a: pytest.fail("scanned again"))
-    assert not L.prepare(q).specials
+    assert not packed.prepare(q).specials  # scanned eagerly, answer kept
+    monkeypatch.setattr(wst, "capturing", lambda t: True)
+    monkeypatch.setattr(wst, "codes_have_specials", lambda *a: pytest.fail("scanned again"))
+    assert not packed.prepare(q).specials
 
 
 @needs_interp
@@ -117,12 +120,12 @@ def test_specials_decode_on_finite_codes(name):
     same output as the plain one on finite codes."""
     gen = torch.Generator().manual_seed(5)
     q = _weight(name, 40, 256, gen)
-    pw = L.prepare(q)
+    pw = packed.prepare(q)
     assert not pw.specials
     x = torch.randn(3, q.shape[1], generator=gen).to(torch.bfloat16)
-    cfg = L.LinearConfig(block_n=16, block_m=16, block_kw=8, split_k=2, pair=False)
-    plain = L._launch(x, pw, None, cfg)
-    aware = L._launch(x, dataclasses.replace(pw, specials=True), None, cfg)
+    cfg = sk.LinearConfig(block_n=16, block_m=16, block_kw=8, split_k=2, pair=False)
+    plain = sk.splitk_run(x, pw, None, cfg)
+    aware = sk.splitk_run(x, dataclasses.replace(pw, specials=True), None, cfg)
     assert torch.equal(plain, aware)
     assert _err(aware, _ref(x, q, None)) < 1e-2
 
@@ -134,25 +137,25 @@ def test_cpu_reference_op_and_errors():
     y = torch.ops.microscale.linear(x, *_op_args(q))
     assert _err(y, _ref(x, q, None)) < 1e-2
     with pytest.raises(ValueError, match="K=64"):
-        L.linear(torch.randn(2, 32).to(torch.bfloat16), q)
+        op.linear(torch.randn(2, 32).to(torch.bfloat16), q)
     with pytest.raises(TypeError, match="bfloat16 or float16"):
-        L.linear(torch.randn(2, 64), q)
+        op.linear(torch.randn(2, 64), q)
     with pytest.raises(ValueError, match="bias"):
-        L.linear(x, q, torch.randn(3))
+        op.linear(x, q, torch.randn(3))
 
 
 def _op_args(q):
-    pw = L.prepare(q)
-    return (pw.codes, pw.scales, pw.zero_points, pw.global_scale, None, L._fmt_json(pw.fmt), pw.n, pw.k,
+    pw = packed.prepare(q)
+    return (pw.codes, pw.scales, pw.zero_points, pw.global_scale, None, packed.fmt_json(pw.fmt), pw.n, pw.k,
             pw.specials)
 
 
 def test_torch_compile_cpu():
     """torch.compile traces the custom op as one node (CPU: reference implementation)."""
     q = ms.quantize(torch.randn(16, 64), "nvfp4")
-    pw = L.prepare(q)
+    pw = packed.prepare(q)
     bias = torch.randn(16)
-    f = torch.compile(lambda a: L.linear(a, pw, bias), fullgraph=True, backend="eager")
+    f = torch.compile(lambda a: op.linear(a, pw, bias), fullgraph=True, backend="eager")
     x = torch.randn(3, 64).to(torch.bfloat16)
     assert _err(f(x), _ref(x, q, bias)) < 1e-2
     torch.library.opcheck(torch.ops.microscale.linear.default, (x, *_op_args(q)))

@@ -1,4 +1,4 @@
-"""Eager call plans of ``ms.linear`` (``qlinear._Plan``): launch recording in
+"""Eager call plans of ``ms.linear`` (``linear._Plan``): launch recording in
 ``runtime.launch``, the plan's substitution of x / bias / output and its refusals, the
 state machine in ``linear`` (first call marks, second records, later ones replay) on the
 CPU with stub kernels; on a GPU, replays against the routes they stand for."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import microscale as ms
-from microscale import qlinear as L
+from microscale.linear import op, plans, routing, tuning, weight_state
 from microscale.runtime import launch as _launch
 
 
@@ -81,7 +81,7 @@ def test_plan_substitutes_x_bias_and_output(stub_driver):
     x, b, y = torch.randn(2, 8), torch.randn(4), torch.empty(2, 4)
     const = torch.ones(3)
     rec = [(c1, (5,), [x, const, 8, 2.5]), (c2, (1, 2), [x, y.view(torch.int32), b, y, const])]
-    plan = L._Plan.build(rec, x, b, y)
+    plan = plans.Plan.build(rec, x, b, y)
     assert plan is not None
     x2, b2 = torch.randn(2, 8), torch.randn(4)
     out = plan(x2, b2)
@@ -102,14 +102,14 @@ def test_plan_refusals():
     descriptor covers x."""
     c = _Compiled([])
     x, b, y = torch.randn(2, 8), torch.randn(4), torch.empty(2, 4)
-    assert L._Plan.build([(c, (1,), [x, y]), None], x, None, y) is None
-    assert L._Plan.build([(c, (1,), [x.clone(), y])], x, None, y) is None
-    assert L._Plan.build([(c, (1,), [x, y, b.clone()])], x, b, y) is None
-    assert L._Plan.build([(c, (1,), [x, y[:1]])], x, None, y) is None
+    assert plans.Plan.build([(c, (1,), [x, y]), None], x, None, y) is None
+    assert plans.Plan.build([(c, (1,), [x.clone(), y])], x, None, y) is None
+    assert plans.Plan.build([(c, (1,), [x, y, b.clone()])], x, b, y) is None
+    assert plans.Plan.build([(c, (1,), [x, y[:1]])], x, None, y) is None
     desc = type("Desc", (), {"block_shape": [16, 64], "base": x})()
-    assert L._Plan.build([(c, (1,), [x, y, desc])], x, None, y) is None
-    assert L._Plan.build([], x, None, y) is None
-    assert L._Plan.build([(c, (1,), [x, y])], x, None, y) is not None
+    assert plans.Plan.build([(c, (1,), [x, y, desc])], x, None, y) is None
+    assert plans.Plan.build([], x, None, y) is None
+    assert plans.Plan.build([(c, (1,), [x, y])], x, None, y) is not None
 
 
 def _descriptor_kernel(raw_launch):
@@ -186,24 +186,24 @@ def test_linear_marks_records_then_replays(stub_driver, monkeypatch):
         return y, plannable[0]
 
     plannable = [True]
-    monkeypatch.setattr(L, "_route", route)
-    monkeypatch.setattr(L, "_plan_key", lambda x, q, bias: (x.shape, bias is None))
-    monkeypatch.setattr(L, "_check", lambda *a: None)
+    monkeypatch.setattr(op, "route", route)
+    monkeypatch.setattr(op, "plan_key", lambda x, q, bias: (x.shape, bias is None))
+    monkeypatch.setattr(op, "check", lambda *a: None)
     q = ms.quantize(torch.randn(4, 64), "mxfp4")
     xs = [torch.randn(3, 64) for _ in range(4)]
     for x in xs:
-        L.linear(x, q)
+        op.linear(x, q)
     assert len(routed) == 2  # marked, recorded; then two replays
     replays = [v for g, v in (e for e in log if e[0] != "miss")][-2:]
     assert replays[0][0] is xs[2] and replays[1][0] is xs[3]
-    assert any(type(p) is L._Plan for p in q.__dict__["_ms_plans"].values())
+    assert any(type(p) is plans.Plan for p in weight_state.state(q).plans.values())
     b = torch.randn(4)
     for _ in range(3):
-        L.linear(xs[0], q, b)
+        op.linear(xs[0], q, b)
     assert len(routed) == 4  # a new key: marked, recorded, replayed
     plannable[0] = False
     for _ in range(3):
-        L.linear(torch.randn(5, 64), q)
+        op.linear(torch.randn(5, 64), q)
     assert len(routed) == 7  # refused: the route every time
 
 
@@ -211,7 +211,7 @@ def test_linear_marks_records_then_replays(stub_driver, monkeypatch):
 @pytest.mark.parametrize("fmt,m,lead,tma", [("nvfp4", 1, (), "graph"), ("mxfp4", 2, (2,), "graph"),
                                             ("mxfp8_e4m3", 1, (), "graph"), ("int4_affine_g128", 3, (), "graph"),
                                             ("nvfp4", 8, (2,), "graph"), ("mxfp4", 16, (), "graph"),
-                                            ("nvfp4", 12, (3,), "1"), ("mxfp4", 40, (2,), "auto"),
+                                            ("nvfp4", 12, (3,), "always"), ("mxfp4", 40, (2,), "auto"),
                                             ("nvfp4", 64, (), "auto")])
 def test_gpu_plans_replay_the_routes(fmt, m, lead, tma, monkeypatch):
     """Eager calls with fresh x and bias each time: every result (replays included) is
@@ -219,7 +219,7 @@ def test_gpu_plans_replay_the_routes(fmt, m, lead, tma, monkeypatch):
     weight is followed; another stream gets its own plan."""
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(11)
-    monkeypatch.setattr(L, "_DECODE_TMA", tma)
+    tuning.set_tuning(decode_tma=tma)
     n, k = 384, 1024
     q = ms.quantize(torch.randn(n, k, device=dev, generator=g), fmt)
     shape = (*lead, m // lead[0], k) if lead else (m, k)
@@ -234,9 +234,9 @@ def test_gpu_plans_replay_the_routes(fmt, m, lead, tma, monkeypatch):
             x, b = fresh()
             bias = b if use_bias else None
             y = ms.linear(x, q, bias)
-            want, _ = L._route(x, q, bias)
+            want, _ = routing.route(x, q, bias)
             assert torch.equal(y, want), (fmt, m, use_bias)
-    assert sum(type(p) is L._Plan for p in q.__dict__["_ms_plans"].values()) == 2
+    assert sum(type(p) is plans.Plan for p in weight_state.state(q).plans.values()) == 2
     other = ms.quantize(torch.randn(n, k, device=dev, generator=g), fmt)
     for t, o in ((q.data, other.data), (q.scales, other.scales), (q.zero_points, other.zero_points),
                  (q.global_scale, other.global_scale)):
@@ -244,13 +244,13 @@ def test_gpu_plans_replay_the_routes(fmt, m, lead, tma, monkeypatch):
             t.copy_(o)
     for _ in range(3):
         x, b = fresh()
-        assert torch.equal(ms.linear(x, q, b), L._route(x, other, b)[0])
+        assert torch.equal(ms.linear(x, q, b), routing.route(x, other, b)[0])
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         for _ in range(3):
             x, b = fresh()
             y = ms.linear(x, q, b)
-            want = L._route(x, other, b)[0]
+            want = routing.route(x, other, b)[0]
     torch.cuda.synchronize()
     assert torch.equal(y, want)
 

@@ -1,4 +1,4 @@
-"""Prefill kernel on the canonical layout (``qlinear.prefill``), against float64 math, in
+"""Prefill kernel on the canonical layout (``linear.prefill``), against float64 math, in
 the interpreter (small tiles) or, on a GPU machine, on CUDA tensors; the benchmark suite
 (``python -m microscale.bench``) checks real shapes."""
 import pytest
@@ -6,7 +6,9 @@ import torch
 
 import microscale as ms
 from microscale.formats import registry
-from microscale.qlinear import PrefillConfig, choose_prefill_config, prefill
+from microscale.linear.backends.prefill import PrefillConfig
+from microscale.linear.backends.prefill import choose_prefill_config
+from microscale.linear.backends.prefill import prefill
 
 FORMATS = [n for n, f in registry.items() if f.element.bits in (4, 8) and f.block_rows == 1]
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -80,7 +82,7 @@ def test_prefill_pair_decode(name, gen):
 def test_prefill_split_k_and_wide_scales(name, block_k, split_k, pair, gen):
     """Split-K partials reduced by the last program of each tile (twice: the tile counters
     must come back to zero), with scales / zero points read as whole int32 words."""
-    from microscale.qlinear import _word_rows
+    from microscale.linear.backends.prefill import word_rows as _word_rows
     m, n, k = 19, 40, 512
     q = ms.quantize(torch.randn(n, k, generator=gen), name)
     assert _word_rows(q.scales.contiguous())[1]
@@ -107,7 +109,7 @@ def test_prefill_split_k_errors(gen):
 def test_prefill_pair_decode_8bit(name, gen):
     """8-bit minifloats decoded as bf16x2 pairs; a weight holding a NaN code falls back to
     the per-element decode, which honours it."""
-    from microscale.qlinear import _weight_has_specials
+    from microscale.linear.weight_state import has_specials as _weight_has_specials
     q = ms.quantize(torch.randn(40, 256, generator=gen) * 3, name)
     x = torch.randn(21, 256, generator=gen).to(torch.bfloat16)
     ref = x.double() @ q.dequantize(torch.float64).T

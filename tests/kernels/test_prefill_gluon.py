@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon prefill (``qlinear.prefill_ws``) without a GPU.
+"""The warp-specialized Gluon prefill (``linear.prefill_ws``) without a GPU.
 
 Gluon kernels do not run under the Triton interpreter. What runs here: the K-permutation
 prep kernel (interpreted) against its formula; the kernel's arithmetic (its decode and
@@ -19,9 +19,14 @@ import pytest
 import torch
 
 import microscale as ms
-from microscale import qlinear as L
+from microscale.linear import eligibility as elig
+from microscale.linear.backends import prefill_ws as pws
+from microscale.linear import routing
+from microscale.runtime import target
+from microscale.linear import tuning
+from microscale.linear import weight_state as wst
 
-pg = pytest.importorskip("microscale.kernels._prefill_gluon")
+pg = pytest.importorskip("microscale.linear._kernels._prefill_gluon")
 from test_gemv_mma import Warp  # noqa: E402  (the PTX emulator)
 
 
@@ -52,7 +57,7 @@ def _emulated_e8m0(q) -> tuple[int, float]:
     (``ke = 126 - D``), E4M3 as ``v 2^-120`` one binade lower (``121 - D``), E5M2 as ``v 2^-112``
     (``120 - D``), integers exact (``-D``, their ``2^-frac`` in ``post``)."""
     el = q.fmt.element
-    d = L._e8m0_window(q)
+    d = wst.e8m0_window(q)
     if el.kind == "int":
         return -d, 2.0 ** (d - el.frac_bits)
     if el.bits == 4:
@@ -65,7 +70,7 @@ def _emulated_e8m0(q) -> tuple[int, float]:
 def _scale_word(warp, q, sb: np.ndarray, ke: int = 0) -> np.ndarray:
     """The bf16x2 scale words the kernels' bf16 decode makes of scale bytes ``sb`` (``_byte_scale`` for
     ``q``'s scale kind): one integer multiply-add (``SK_UE4M3N`` / ``SK_E8M0N``) or the conversion PTX."""
-    sk = L._gluon_scale_args(q)[0]
+    sk = pws.gluon_scale_args(q)[0]
     if sk == pg.SK_UE4M3N:
         return ((sb.astype(np.int64) * pg.UE4M3_MUL + pg.UE4M3_ADD) & 0xFFFFFFFF).astype(np.uint32)
     if sk == pg.SK_E8M0N:
@@ -203,7 +208,7 @@ def _check_int8(q, x: torch.Tensor) -> None:
     out, nat = _emulate_8bit(x, q)
     exact = q.dequantize(torch.float64)
     if q.fmt.scale.name == "e8m0":
-        assert L._e8m0_window(q) is not None
+        assert wst.e8m0_window(q) is not None
         assert np.array_equal(nat, exact.numpy())
     else:
         ex = exact.numpy()
@@ -245,7 +250,7 @@ def test_scale_args_are_the_emulated_ones(gen):
     for name in (*fixed, "mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8", "mxint4"):
         q = ms.quantize(torch.randn(8, 256, generator=gen) * 2.0 ** (len(name) - 8), name)  # windows differ
         want = fixed[name] if name in fixed else (pg.SK_E8M0N, *_emulated_e8m0(q))
-        assert (L._gluon_scale_args(q), L._gluon_elem_kind(q)) == (want, kinds.get(name, 0)), name
+        assert (pws.gluon_scale_args(q), elig.gluon_elem_kind(q)) == (want, kinds.get(name, 0)), name
 
 
 def test_scale_multiply_add_is_the_conversion():
@@ -280,26 +285,26 @@ def test_ue4m3_scan(gen):
     126) scale blocks of zero codes; a subnormal scale under a nonzero code, or a NaN scale anywhere,
     keeps the conversion PTX; fp16 activations always take it; rescanned after an in-place change."""
     q = ms.quantize(torch.randn(16, 256, generator=gen), "nvfp4")
-    assert L._gluon_scale_args(q)[0] == pg.SK_UE4M3N
-    assert L._gluon_scale_args(q, True)[0] == pg.SK_UE4M3
+    assert pws.gluon_scale_args(q)[0] == pg.SK_UE4M3N
+    assert pws.gluon_scale_args(q, True)[0] == pg.SK_UE4M3
     data, sc = q.data.clone(), q.scales.clone()
     sc.view(torch.uint8)[3, 5] = 0  # a zero scale over zero codes
     codes = data.view(torch.uint8)
     codes[3, 5 * 8:6 * 8] = 0
     q2 = dataclasses.replace(q, data=data, scales=sc)
-    assert L._gluon_scale_args(q2)[0] == pg.SK_UE4M3N
+    assert pws.gluon_scale_args(q2)[0] == pg.SK_UE4M3N
     sc.view(torch.uint8)[3, 5] = 3  # subnormal, still over zero codes
-    assert L._gluon_scale_args(q2)[0] == pg.SK_UE4M3N
+    assert pws.gluon_scale_args(q2)[0] == pg.SK_UE4M3N
     codes[3, 5 * 8] = 0x10  # a nonzero code under the subnormal scale
-    assert L._gluon_scale_args(q2)[0] == pg.SK_UE4M3
+    assert pws.gluon_scale_args(q2)[0] == pg.SK_UE4M3
     codes[3, 5 * 8] = 0x80  # -0: zero again
-    assert L._gluon_scale_args(q2)[0] == pg.SK_UE4M3N
+    assert pws.gluon_scale_args(q2)[0] == pg.SK_UE4M3N
     sc.view(torch.uint8)[7, 1] = 0x7F  # NaN
-    assert L._gluon_scale_args(q2)[0] == pg.SK_UE4M3
+    assert pws.gluon_scale_args(q2)[0] == pg.SK_UE4M3
     sc.view(torch.uint8)[7, 1] = 0x40
-    assert L._gluon_scale_args(q2)[0] == pg.SK_UE4M3N
+    assert pws.gluon_scale_args(q2)[0] == pg.SK_UE4M3N
     sc.view(torch.uint8)[3, 5] = 0x80  # a sign bit, even over zero codes (the multiply-add makes Inf of it)
-    assert L._gluon_scale_args(q2)[0] == pg.SK_UE4M3
+    assert pws.gluon_scale_args(q2)[0] == pg.SK_UE4M3
 
 
 def test_emulation_catches_the_subnormal_scale_shortcut(gen, monkeypatch):
@@ -314,9 +319,9 @@ def test_emulation_catches_the_subnormal_scale_shortcut(gen, monkeypatch):
     wd = q.dequantize(torch.float64)
     ref = (x.double() @ wd.T).numpy()
     cond = (x.double().abs() @ wd.abs().T).numpy()
-    assert L._gluon_scale_args(q)[0] == pg.SK_UE4M3
+    assert pws.gluon_scale_args(q)[0] == pg.SK_UE4M3
     assert (np.abs(emulate(x, q) - ref) <= 2.0 ** -20 * cond + 1e-300).all()  # the reference rounds s * gs
-    monkeypatch.setattr(L, "_ue4m3_normal", lambda q: True)
+    monkeypatch.setattr(pws, "ue4m3_normal", lambda q: True)
     assert not (np.abs(emulate(x, q) - ref) <= 2.0 ** -20 * cond + 1e-300).all()
 
 
@@ -370,7 +375,7 @@ def test_e4m3_arithmetic_matches_float64(name, gen):
     """E4M3 / E5M2 codes: every decoded weight (code times its E8M0 scale, exact in bf16 down to
     its subnormals) against float64."""
     q = _e4m3_weight(gen, name=name)
-    assert L._e8m0_window(q) is not None
+    assert wst.e8m0_window(q) is not None
     x = (torch.randn(5, q.shape[1], generator=gen) * 2).to(torch.bfloat16)
     out = emulate(x, q)
     wd = q.dequantize(torch.float64)
@@ -402,7 +407,9 @@ def test_e4m3_emulation_catches_a_wrong_binade(name, gen, monkeypatch):
     wd = q.dequantize(torch.float64)
     ref = (x.double() @ wd.T).numpy()
     cond = (x.double().abs() @ wd.abs().T).numpy()
-    monkeypatch.setattr(L, "_e8m0_window", lambda q, f=L._e8m0_window: f(q) + 1)
+    higher = lambda q, f=wst.e8m0_window: f(q) + 1  # noqa: E731
+    monkeypatch.setattr(wst, "e8m0_window", higher)  # (what the emulator reads)
+    monkeypatch.setattr(pws, "e8m0_window", higher)  # (what the scale arguments read)
     assert not (np.abs(emulate(x, q) - ref) <= 2.0 ** -40 * cond + 1e-300).all()
 
 
@@ -526,10 +533,10 @@ def test_gpu_routing_switch(name, lead, monkeypatch):
     g = torch.Generator(device=dev).manual_seed(6)
     q = ms.quantize(torch.randn(256, 512, device=dev, generator=g), name)
     x = torch.randn(*lead, 512, device=dev, generator=g).to(torch.bfloat16)
-    monkeypatch.setattr(L, "_PREFILL_WS", True)
+    tuning.set_tuning(prefill_ws=True)
     y = ms.linear(x, q)
     m = x.numel() // 512
-    torch.testing.assert_close(y, L.prefill_ws(x.reshape(m, 512), q).reshape(*lead, 256), rtol=0, atol=0)
+    torch.testing.assert_close(y, pws.prefill_ws(x.reshape(m, 512), q).reshape(*lead, 256), rtol=0, atol=0)
 
 
 def test_ws_token_thresholds():
@@ -538,10 +545,10 @@ def test_ws_token_thresholds():
     blocks of 32 (the Triton prefill kernel is ahead up to 64 tokens)."""
     from types import SimpleNamespace as NS
 
-    assert L._ws_min_m(NS(fmt=ms.get_format("nvfp4"))) == L.PREFILL_WS_MIN_M == L.DECODE_TMA_MAX_M + 1
-    assert L._ws_min_m(NS(fmt=ms.get_format("int4_affine_g128"))) == L.PREFILL_WS_MIN_M
-    assert L._ws_min_m(NS(fmt=ms.get_format("mxfp8_e4m3"))) == L.PREFILL_WS_MIN_M_8BIT == L.DECODE_TMA_MAX_M_8BIT + 1
-    assert [L._ws_min_m(NS(fmt=ms.get_format(n))) for n in ("mxint8", "int8_affine_g128", "int8_affine_g32",
+    assert routing.ws_min_m(NS(fmt=ms.get_format("nvfp4"))) == tuning.get().prefill_ws_min_m == tuning.get().decode_tma_max_m + 1
+    assert routing.ws_min_m(NS(fmt=ms.get_format("int4_affine_g128"))) == tuning.get().prefill_ws_min_m
+    assert routing.ws_min_m(NS(fmt=ms.get_format("mxfp8_e4m3"))) == tuning.get().prefill_ws_min_m_8bit == tuning.get().decode_tma_max_m_8bit + 1
+    assert [routing.ws_min_m(NS(fmt=ms.get_format(n))) for n in ("mxint8", "int8_affine_g128", "int8_affine_g32",
                                                             "int8_fp16")] == [33, 33, 65, 65]
 
 
@@ -555,8 +562,8 @@ def test_small_weight_routing(monkeypatch):
 
     capturing = [True]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    monkeypatch.setattr(L, "_DT_ONE_TABLE", True)
-    monkeypatch.setattr(L, "_num_sms", lambda device: 132)
+    tuning.set_tuning(dt_one_table=True)
+    monkeypatch.setattr(target, "num_sms", lambda device: 132)
 
     def x(m, cuda=True, dtype=torch.float16):
         return NS(is_cuda=cuda, shape=(m, 8192), numel=lambda: m * 8192, dtype=dtype, device=None)
@@ -564,30 +571,30 @@ def test_small_weight_routing(monkeypatch):
     f4 = ms.get_format("nvfp4")
     small, big = NS(shape=(8192, 8192), fmt=f4), NS(shape=(8192, 8193), fmt=f4)
     for other in ("int4_affine_g128", "mxfp8_e4m3"):  # E2M1 only
-        assert not L._prefill_ws_small_wanted(x(48), NS(shape=(8192, 8192), fmt=ms.get_format(other)))
-    assert [L._prefill_ws_small_wanted(x(m), small) for m in (32, 33, 48, 64, 65)] == [False, True, True, True, False]
-    assert not L._prefill_ws_small_wanted(x(48), big) and not L._prefill_ws_small_wanted(x(48, False), small)
-    assert small.shape[0] * small.shape[1] == L.PREFILL_WS_SMALL_MAX_NK
+        assert not routing.prefill_ws_small_wanted(x(48), NS(shape=(8192, 8192), fmt=ms.get_format(other)))
+    assert [routing.prefill_ws_small_wanted(x(m), small) for m in (32, 33, 48, 64, 65)] == [False, True, True, True, False]
+    assert not routing.prefill_ws_small_wanted(x(48), big) and not routing.prefill_ws_small_wanted(x(48, False), small)
+    assert small.shape[0] * small.shape[1] == tuning.get().prefill_ws_small_max_nk
     # bf16 activations: decode_tma's 256-row tile from PREFILL_WS_SMALL_MAX_NK_BF16 on (fp16 has no such tile)
     bf16 = torch.bfloat16
     half, half1 = NS(shape=(6144, 8192), fmt=f4), NS(shape=(6144, 8193), fmt=f4)
-    assert half.shape[0] * half.shape[1] == L.PREFILL_WS_SMALL_MAX_NK_BF16
-    assert L._prefill_ws_small_wanted(x(48, dtype=bf16), half) and L._prefill_ws_small_wanted(x(64, dtype=bf16), half)
-    assert not L._prefill_ws_small_wanted(x(48, dtype=bf16), half1)
-    assert not L._prefill_ws_small_wanted(x(48, dtype=bf16), small)
-    monkeypatch.setattr(L, "_DT_ONE_TABLE", False)  # 128-row tiles: the larger limit
-    assert L._prefill_ws_small_wanted(x(48, dtype=bf16), small)
+    assert half.shape[0] * half.shape[1] == tuning.get().prefill_ws_small_max_nk_bf16
+    assert routing.prefill_ws_small_wanted(x(48, dtype=bf16), half) and routing.prefill_ws_small_wanted(x(64, dtype=bf16), half)
+    assert not routing.prefill_ws_small_wanted(x(48, dtype=bf16), half1)
+    assert not routing.prefill_ws_small_wanted(x(48, dtype=bf16), small)
+    tuning.set_tuning(dt_one_table=False)  # 128-row tiles: the larger limit
+    assert routing.prefill_ws_small_wanted(x(48, dtype=bf16), small)
     tall = NS(shape=(28672, 2048), fmt=f4)  # 112 256-row tiles fill the SMs: that tile even without one table
-    assert not L._prefill_ws_small_wanted(x(48, dtype=bf16), tall) and L._prefill_ws_small_wanted(x(48), tall)
-    monkeypatch.setattr(L, "_PREFILL_WS", False)
-    assert not L._prefill_ws_small_wanted(x(48), small)
-    monkeypatch.setattr(L, "_PREFILL_WS", True)
-    monkeypatch.setattr(L, "_DECODE_TMA", "1")  # decode_tma forced
-    assert not L._prefill_ws_small_wanted(x(48), small)
-    monkeypatch.setattr(L, "_DECODE_TMA", "auto")
-    assert L._prefill_ws_small_wanted(x(48), small)
+    assert not routing.prefill_ws_small_wanted(x(48, dtype=bf16), tall) and routing.prefill_ws_small_wanted(x(48), tall)
+    tuning.set_tuning(prefill_ws=False)
+    assert not routing.prefill_ws_small_wanted(x(48), small)
+    tuning.set_tuning(prefill_ws=True)
+    tuning.set_tuning(decode_tma="always")  # decode_tma forced
+    assert not routing.prefill_ws_small_wanted(x(48), small)
+    tuning.set_tuning(decode_tma="auto")
+    assert routing.prefill_ws_small_wanted(x(48), small)
     capturing[0] = False
-    assert not L._prefill_ws_small_wanted(x(48), small)
+    assert not routing.prefill_ws_small_wanted(x(48), small)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
@@ -597,23 +604,23 @@ def test_gpu_small_weight_route_in_a_graph(monkeypatch):
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) != (9, 0):
         pytest.skip("sm_90 (wgmma)")
-    monkeypatch.setattr(L, "_PREFILL_WS", True)
+    tuning.set_tuning(prefill_ws=True)
     g = torch.Generator(device=dev).manual_seed(7)
     q = ms.quantize(torch.randn(384, 1024, device=dev, generator=g), "nvfp4")
     x = torch.randn(48, 1024, device=dev, generator=g).to(torch.bfloat16)
     ms.linear(x, q)  # eager: decode_tma, so prefill_ws compiles inside the capture below
     torch.cuda.synchronize()
-    real, calls = L.prefill_ws, []
-    monkeypatch.setattr(L, "prefill_ws", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    real, calls = routing.prefill_ws_run, []
+    monkeypatch.setattr(routing, "prefill_ws_run", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = ms.linear(x, q)
     assert calls == [48]
-    monkeypatch.setattr(L, "prefill_ws", real)
+    monkeypatch.setattr(routing, "prefill_ws_run", real)
     x.copy_(torch.randn(48, 1024, device=dev, generator=g).to(torch.bfloat16))
     graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(y, L.prefill_ws(x, q), rtol=0, atol=0)
+    torch.testing.assert_close(y, pws.prefill_ws(x, q), rtol=0, atol=0)
     ref = x.double() @ q.dequantize().double().T
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
 
@@ -640,10 +647,10 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
     if torch.cuda.get_device_capability(dev) != (9, 0):
         pytest.skip("sm_90 (wgmma)")
     if programs is not None:
-        monkeypatch.setattr(L, "_num_sms", lambda device: programs)
+        monkeypatch.setattr(target, "num_sms", lambda device: programs)
     parts = []  # partial floats each launch asked the workspace for (nonzero: a split tail)
-    workspace = L._workspace
-    monkeypatch.setattr(L, "_workspace", lambda device, floats, tiles: parts.append(floats) or workspace(
+    workspace = pws.workspace
+    monkeypatch.setattr(pws, "workspace", lambda device, floats, tiles: parts.append(floats) or workspace(
         device, floats, tiles))
     g = torch.Generator(device=dev).manual_seed(4)
     cases = [(300, 196, 1024, 256), (64, 128, 512, 128), (513, 200, 2048, 256),  # N % 8: both stores
@@ -656,8 +663,8 @@ def test_gpu_prefill_ws(name, programs, split_tail, monkeypatch):
             wd = wd.to(torch.bfloat16).double()
         x = (torch.randn(m, k, device=dev, generator=g) * 2).to(torch.bfloat16)
         bias = torch.randn(n, device=dev, generator=g)
-        out = L.prefill_ws(x, q, bias, block_t=bt, split_tail=split_tail)
-        assert torch.equal(out, L.prefill_ws(x, q, bias, block_t=bt, split_tail=split_tail))
+        out = pws.prefill_ws(x, q, bias, block_t=bt, split_tail=split_tail)
+        assert torch.equal(out, pws.prefill_ws(x, q, bias, block_t=bt, split_tail=split_tail))
         ref = x.double() @ wd.T + bias.double()
         cond = x.double().abs() @ wd.abs().T + bias.double().abs()
         assert out.dtype == torch.bfloat16 and out.shape == (m, n)
@@ -677,48 +684,48 @@ def test_gpu_bad_tile_arguments():
     q = ms.quantize(torch.randn(128, 256, device=dev), "nvfp4")
     x = torch.randn(64, 256, device=dev).to(torch.bfloat16)
     with pytest.raises(ValueError, match="block_t in"):
-        L.prefill_ws(x, q, block_t=96)
+        pws.prefill_ws(x, q, block_t=96)
     with pytest.raises(ValueError, match="stages <="):
-        L.prefill_ws(x, q, block_t=256, stages=6)
+        pws.prefill_ws(x, q, block_t=256, stages=6)
 
 
 def test_reasons():
     q = ms.quantize(torch.randn(64, 256), "mxfp6_e2m3")
     x = torch.randn(4, 256).to(torch.bfloat16)
     with pytest.raises(ValueError, match="serves E2M1"):
-        L.prefill_ws(x, q)
+        pws.prefill_ws(x, q)
     q = ms.quantize(torch.randn(64, 256), "nvfp4")
     with pytest.raises(ValueError, match="Hopper"):  # float16 activations are served (the f16 decodes)
-        L.prefill_ws(x.half(), q)
+        pws.prefill_ws(x.half(), q)
     with pytest.raises(TypeError, match="bfloat16 or float16"):
-        L.prefill_ws(x.float(), q)
+        pws.prefill_ws(x.float(), q)
     with pytest.raises(ValueError, match="Hopper"):
-        L.prefill_ws(x, q)
+        pws.prefill_ws(x, q)
     q = ms.quantize(torch.randn(64, 256), "int4_affine_g128")
-    assert L._prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)"  # the weight itself is served
+    assert pws.prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)"  # the weight itself is served
     q.zero_points[3, 1] = 16  # 128 + z and (code - z) * lo no longer exact in bf16
     with pytest.raises(ValueError, match="zero points of at most 15"):
-        L.prefill_ws(x, q)
+        pws.prefill_ws(x, q)
     for name in ("int4_fp32", "mxint6", "int8_fp32", "fp8_e4m3_fp16"):
         with pytest.raises(ValueError, match="4/8-bit integers with fp16"):
-            L.prefill_ws(x, ms.quantize(torch.randn(64, 256), name))
+            pws.prefill_ws(x, ms.quantize(torch.randn(64, 256), name))
     for name in ("int8_affine_g128", "int8_fp16", "mxint8"):  # 8-bit integers: any zero point
         q = ms.quantize(torch.randn(64, 256), name)
         if q.zero_points is not None:
             q.zero_points[3, 1] = 255
-        assert L._prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)", name
+        assert pws.prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)", name
     q = ms.quantize(torch.randn(64, 256), "mxfp8_e4m3")
-    assert L._prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)"
+    assert pws.prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)"
     q.data[5, 7] = 0x7F  # a NaN code: the bit-placement decode has no NaN
     with pytest.raises(ValueError, match="without Inf / NaN"):
-        L.prefill_ws(x, q)
+        pws.prefill_ws(x, q)
     for name in ("mxfp8_e5m2", "mxint4"):
         q = ms.quantize(torch.randn(64, 256), name)
-        assert L._prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)", name
+        assert pws.prefill_ws_reason(q, x) == "needs a Hopper GPU (sm_90: wgmma)", name
     q = ms.quantize(torch.randn(64, 256), "mxfp8_e5m2")
     q.data[5, 7] = 0xFC
     with pytest.raises(ValueError, match="without Inf / NaN"):
-        L.prefill_ws(x, q)
+        pws.prefill_ws(x, q)
 
 
 @pytest.mark.parametrize("m, n, split, want", [
@@ -730,6 +737,6 @@ def test_reasons():
 def test_choose_ws_tile(m, n, split, want):
     """The token tile with the least modelled cost (the picks of the H200 sweeps,
     docs/decisions/linear-prefill-ws.md)."""
-    bt, stages = L.choose_prefill_ws_tile(m, n, 132, split)
+    bt, stages = pws.choose_prefill_ws_tile(m, n, 132, split)
     assert bt == want
     assert (stages + 2) * bt * 128 <= 200 * 1024  # the ring and two output tiles fit

@@ -1,4 +1,4 @@
-"""The PTX rewrite for per-warp slot release (:mod:`microscale.kernels._ptx`) on hand-written PTX in the
+"""The PTX rewrite for per-warp slot release (:mod:`microscale.linear._kernels._ptx`) on hand-written PTX in the
 shape Gluon emits: the partition barrier before a ring wait goes, the one before an elected arrive
 becomes a warp barrier with an arrive by every warp's lane 0; unmarked PTX passes through unchanged, and
 a marked PTX whose arrives do not look as expected refuses to compile (its empty barriers would never
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from microscale.kernels import _ptx
+from microscale.linear._kernels import _ptx
 
 WAIT = """\tbar.sync \t0, 256;
 \t// begin inline asm
@@ -64,14 +64,33 @@ def test_unexpected_barriers_refuse_to_compile():
 def test_active_only_while_the_hook_is_installed(monkeypatch):
     """Kernels take the marker only while the rewrite's hook is Triton's (a kernel compiled with the
     marker but without the rewrite would hang): replaced, the rewrite is reported inactive."""
-    import importlib
-
     from triton import knobs
 
-    importlib.import_module("microscale.kernels._decode_tma")  # installs the hook
+    _ptx.install()  # (what decode_tma's first launch does)
     assert _ptx.active()
     monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", lambda *a: None)
     assert not _ptx.active()
+
+
+def test_hook_not_installed_at_import():
+    """Importing microscale, the linear op and the decode kernel's module leaves Triton's compile hooks
+    alone (the rewrite is installed by decode_tma's first launch; a fresh process, since other tests
+    in this one launch it)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    code = ("import microscale, microscale.linear, microscale.linear._kernels._decode_tma\n"
+            "from triton import knobs\n"
+            "from microscale.linear._kernels import _ptx\n"
+            "assert knobs.runtime.add_stages_inspection_hook is None and not _ptx.active()\n"
+            "_ptx.install()\n"
+            "assert _ptx.active()\n")
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
 
 
 def test_rewrite_version_follows_the_rewrite():
@@ -81,7 +100,7 @@ def test_rewrite_version_follows_the_rewrite():
     import hashlib
     import inspect
 
-    versions = {"ms:warp-arrive:v1": "15ee3240bde601c8"}
+    versions = {"ms:warp-arrive:v1": "15ee3240bde601c8", "ms:warp-arrive:v2": "f45c53f4ad379d54"}
     digest = hashlib.sha256(inspect.getsource(_ptx.warp_arrive).encode()).hexdigest()[:16]
     assert versions.get(_ptx.MARKER) == digest, (
         f"warp_arrive changed (source hash {digest}): bump _ptx.MARKER and the marker text in _ptx.marker, "

@@ -99,7 +99,7 @@ def _pdl_start(PDL: tl.constexpr, TRIGGER: tl.constexpr):
     it was) and, with ``TRIGGER``, let the next kernel launch once every program of this
     grid runs, which hides the launch and ramp of back-to-back kernels. Quantize does not
     trigger: its codes may be a weight that the decode GEMV reads before its own wait
-    (``qlinear._PDL_CHAIN``); dequantize writes dense tensors only."""
+    (the linear tuning field ``gemv_pdl_chain``); dequantize writes dense tensors only."""
     if PDL:
         if TRIGGER:
             gdc_launch_dependents()

@@ -3,8 +3,8 @@
 Why: Gluon lowers every ``mbarrier`` wait and the elected ``mbarrier`` arrive of a
 multi-warp partition with a CTA-wide named barrier (``bar.sync id, threads``) in front.
 In the consumer loops of :mod:`._decode_tma` these barriers make all consumer warps
-wait for the slowest one twice per ring chunk (ncu, twelfth session: the largest stall
-reason). Neither is needed for the ring's correctness when each warp frees a slot on its
+wait for the slowest one twice per ring chunk (ncu: the largest stall reason;
+docs/decisions/linear-decode-tma.md). Neither is needed for the ring's correctness when each warp frees a slot on its
 own: a thread's wait covers its own reads, and a slot is empty once every consumer warp
 has arrived after its reads (``bar.warp.sync`` orders the lanes of a warp, the arrive
 releases them).
@@ -30,7 +30,7 @@ from triton.experimental.gluon import language as gl
 
 #: the comment a kernel's PTX carries to have its consumer barriers rewritten (with the rewrite's version:
 #: the text is part of the kernels' source, so a new version misses Triton's cache of the old binaries)
-MARKER = "ms:warp-arrive:v1"
+MARKER = "ms:warp-arrive:v2"
 
 _BAR = re.compile(r"^\s*bar\.sync\s+\d+,\s*\d+;\s*$")
 _ARRIVE = re.compile(r"^\s*@%p\d+\s+mbarrier\.arrive\.shared::cta\.b64\s+_,\s*\[(%r\d+)\];\s*$")
@@ -79,7 +79,7 @@ def warp_arrive(ptx: str) -> str:
     arrives = [x for x in out if "mbarrier.arrive" in x and "expect_tx" not in x]
     if not arrives or any("%ms_lane0" not in x for x in arrives):
         raise RuntimeError("microscale: the PTX rewrite for per-warp slot release did not find the expected "
-                           "barrier pattern (a different Triton version?); set MICROSCALE_WARP_ARRIVE=0")
+                           "barrier pattern (a different Triton version?); turn microscale.linear.tuning.dt_warp_arrive off")
     return "\n".join(out)
 
 
@@ -87,7 +87,7 @@ def warp_arrive(ptx: str) -> str:
 def marker(v):
     """``v`` unchanged (an int32 tensor), through an inline asm that puts :data:`MARKER` into the
     kernel's PTX."""
-    return gl.inline_asm_elementwise("mov.b32 $0, $1; // ms:warp-arrive:v1", "=r,r", [v], dtype=gl.int32,
+    return gl.inline_asm_elementwise("mov.b32 $0, $1; // ms:warp-arrive:v2", "=r,r", [v], dtype=gl.int32,
                                      is_pure=True, pack=1)
 
 

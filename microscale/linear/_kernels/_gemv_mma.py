@@ -42,7 +42,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 #: scale kinds served (the ``SK`` constexpr): E8M0 and UE4M3 block scales; ``SK_UE4M3N``: UE4M3 scales of a
 #: weight scanned to hold no subnormal scale over a nonzero code and no sign bit
-#: (:func:`microscale.qlinear._ue4m3_normal`), made by one multiply-add (``b * 16 + 0x7780`` per half,
+#: (:func:`microscale.linear.weight_state.ue4m3_normal`), made by one multiply-add (``b * 16 + 0x7780`` per half,
 #: :data:`UE4M3_ADD`)
 SK_E8M0, SK_UE4M3, SK_UE4M3N = 1, 2, 5
 #: added to ``b << 4`` in each bf16 half (239 on the exponent field): the bf16 of ``s * 2^119`` for a normal

@@ -1,8 +1,8 @@
 """Warp-specialized prefill for 4-bit, E4M3 and 8-bit integer weights on Hopper, in Gluon (private).
 
 Why: the Triton prefill kernel (:mod:`._linear_kernels`, ``swap`` + ``pair``) reaches
-0.78x cuBLAS bf16 at 4096 tokens (this kernel: 0.79-0.93x in short timings; NOTES_linear.md,
-tenth session). Its sm_90 SASS shows where the time goes besides the MMAs: the decoded
+0.78x cuBLAS bf16 at 4096 tokens (this kernel: 0.79-0.93x in short timings;
+docs/decisions/linear-prefill-ws.md). Its sm_90 SASS shows where the time goes besides the MMAs: the decoded
 weight tile makes a round trip through shared memory per 16-element K slice
 (``STS.128`` + ``LDSM``) to reach the wgmma register-operand layout, the block
 scales are re-laid-out through shared memory behind two CTA barriers per K step, and one
@@ -48,12 +48,12 @@ the bf16 of ``(code - z) * s`` except within 2^-15 (relative) of a rounding tie.
 fp16 activations (``F16``) take the same kernel with f16 decodes (:func:`f16_decode_asm`: E2M1 as
 ``v * 2^-14`` by the one-token GEMV's select decode, E4M3 / E5M2 by ``cvt``, integers under the f16
 exponent of 1024, then one ``mul.f16x2`` by the block scale) and fp16 MMAs: the weights exact (E8M0
-scales within an f16 window per element kind, ``microscale.qlinear._E8M0_F16_WINDOW``; UE4M3 scales
+scales within an f16 window per element kind, ``microscale.linear.eligibility.E8M0_F16_WINDOW``; UE4M3 scales
 always), or for fp16 scales the f16 of ``(code - z) * s``; the K order is the same.
 
-``ms.linear`` routes NVFP4 / MXFP4, those integer weights, MXFP8 and MXINT8 here from ``qlinear.PREFILL_WS_MIN_M``
-(65) tokens (8-bit codes from ``PREFILL_WS_MIN_M_8BIT``, 33, but integers with fp16 scales in blocks of 32)
-(H200 timings: ``benchmarks/run_gpu_prefill.py``, ``WS=1``). Gluon kernels do not run under
+``ms.linear`` routes NVFP4 / MXFP4, those integer weights, MXFP8 and MXINT8 here from ``tuning.prefill_ws_min_m``
+(65) tokens (8-bit codes from ``tuning.prefill_ws_min_m_8bit``, 33, but integers with fp16 scales in blocks of 32)
+(H200 timings: docs/decisions/linear-prefill-ws.md). Gluon kernels do not run under
 the Triton interpreter; CI compiles this one for sm_90 and checks its structure and its
 decode (``tests/kernels/test_prefill_gluon.py``).
 """
@@ -118,7 +118,7 @@ UE4M3_ASM = gl.constexpr("{\n.reg .b16 lo, hi;\n.reg .b32 sc;\n.reg .f32 fa;\ncv
              "mul.f32 fa, fa, 0f7B000000;\ncvt.rn.bf16x2.f32 $0, fa, fa;\n}")
 #: E8M0 scale byte ``$1`` and ``$2`` = ``ke`` -> bf16x2 ``2^(e + ke - 127)`` in both halves (bf16 bits
 #: ``(e + ke) << 7``; ``ke``: ``126 - D`` for E2M1, ``120 - D'`` for E4M3, ``120 - D`` for E5M2, ``-D`` for
-#: integers: :func:`microscale.qlinear._gluon_scale_args`)
+#: integers: :func:`microscale.linear.backends.prefill_ws.gluon_scale_args`)
 E8M0_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nshl.b32 t, t, 7;\nprmt.b32 $0, t, 0, 0x1010;\n}")
 
 
@@ -126,7 +126,7 @@ def e4m3_decode_asm(mbits: int = 3) -> str:
     """PTX: E4M3 code word ``$4`` (element ``i`` in byte ``i``) and bf16x2 scale ``$5`` -> 4 bf16
     outputs ``$0..$3``, element ``i`` times the scale times ``2^-120``: each byte's sign to bit
     15 and its 7 exponent|mantissa bits to bits 4..10 of a bf16 (subnormals included; NaN codes
-    are not decoded: :func:`microscale.qlinear.prefill_ws` refuses weights holding them).
+    are not decoded: :func:`microscale.linear.prefill_ws` refuses weights holding them).
     ``mbits=2``: E5M2 codes, their 7 bits to bits 5..11, times ``2^-112`` (no Inf / NaN either)."""
     sh = mbits + 1  # E4M3: bits 14..8 of the half down 4 to 10..4; E5M2: down 3 to 11..5
     mask = (0x7F << (8 - sh)) * 0x10001
@@ -267,7 +267,7 @@ def f16_decode_asm(kind: str, scaled: bool = True) -> str:
 
     Operands after the word: with ``scaled`` the f16x2 scale (both halves equal) every value is
     multiplied by, rounded once (exact for the float codes and E8M0-scaled integers within the windows
-    of :func:`microscale.qlinear._gluon_scale_args`; ``(code - z) * s`` rounded to f16 for fp16
+    of :func:`microscale.linear.backends.prefill_ws.gluon_scale_args`; ``(code - z) * s`` rounded to f16 for fp16
     scales); then for ``u4`` / ``s4`` the f16x2 ``1024 + z``, ``-(64 + z)`` and ``1/16``
     (:data:`F16_C16`), for ``u8`` / ``s8`` the f16x2 ``1024 + z`` and ``0x64646464``
     (:data:`F16_C64`)."""
@@ -323,7 +323,7 @@ F16_S8_CODE_ASM = gl.constexpr(f16_decode_asm("s8", False))
 UE4M3_F16_ASM = gl.constexpr("{\n.reg .b16 lo;\n.reg .b32 sc;\ncvt.u16.u32 lo, $1;\ncvt.rn.f16x2.e4m3x2 sc, lo;\n"
                              "prmt.b32 $0, sc, 0, 0x1010;\n}")
 #: E8M0 scale byte ``$1`` and ``$2`` = ``ke`` -> f16x2 ``2^(e + ke - 15)`` in both halves (f16 bits
-#: ``(e + ke) << 10``; ``e + ke`` within the window of :func:`microscale.qlinear._gluon_scale_args`, or
+#: ``(e + ke) << 10``; ``e + ke`` within the window of :func:`microscale.linear.backends.prefill_ws.gluon_scale_args`, or
 #: below it for blocks of zero codes only: clamped to 0, the f16 zero)
 E8M0_F16_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nmax.s32 t, t, 0;\nshl.b32 t, t, 10;\n"
                             "prmt.b32 $0, t, 0, 0x1010;\n}")
@@ -334,7 +334,7 @@ E8M0_F16_ASM = gl.constexpr("{\n.reg .b32 t;\nadd.u32 t, $1, $2;\nmax.s32 t, t, 
 #: ``UE4M3_ADD`` adds 239 to both exponent fields: ``s * 2^119``, as :data:`UE4M3_ASM`, for normal scales
 #: (bytes 8..126); subnormal ones come out wrong (and 0x80..0x87 as Inf), so ``SK_UE4M3N`` is for weights whose
 #: bytes below 8 only scale blocks of zero codes and with no byte above 126 (scanned,
-#: :func:`microscale.qlinear._ue4m3_normal`)
+#: :func:`microscale.linear.weight_state.ue4m3_normal`)
 UE4M3_MUL = 0x00100010  # (UE4M3_ADD: from ._gemv_mma, which makes the same scales)
 _UE4M3_MUL, _UE4M3_ADD = gl.constexpr(UE4M3_MUL), gl.constexpr(UE4M3_ADD)
 #: the bf16x2 scale of an E8M0 byte ``e`` by one integer multiply-add, ``(e + ke) * E8M0_MUL``: the bits

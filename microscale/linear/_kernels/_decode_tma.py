@@ -10,10 +10,10 @@ decode and issue ``mma.sync``:
 * work: the row tiles of ``ROWS`` (128, or 256 with two row slices per warp) weight rows, each ``NCT`` ring chunks of ``C`` K
   steps, in tile-major order; program ``p`` of ``P`` takes chunks ``[p T / P, (p + 1) T / P)``
   of the ``T`` (stream-K shares: whole tiles or equal parts of them where ``P`` divides, see
-  :func:`microscale.qlinear.choose_decode_tma_programs`);
+  :func:`microscale.linear.backends.decode_tma.choose_decode_tma_programs`);
 * per ring chunk of ``C`` K steps of 64 (``BK``) the producer loads the tile's code words
   (``[ROWS, 8 CW]`` int32 boxes of the canonical layout, ``CW`` steps each), its block scales
-  from a step-major copy made once per weight (:func:`microscale.qlinear._step_scales`:
+  from a step-major copy made once per weight (:func:`microscale.linear.backends.decode_tma.step_scales`:
   ``[ROWS, 4]`` bytes a step, one per 16 elements; for integers with fp16 scales ``NPS``
   int32 per row and step, fp16 bits | zero point << 16; ``SW`` steps a box) and per step the
   activations (``[TOK, 64]``, ``TOK`` 8, 16, 32 or 64, rows past ``M`` zero-filled by TMA) into
@@ -47,8 +47,6 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from . import _ptx
 from ._prefill_gluon import (_SKS, _SKZ, ARRIVE2_ASM, ARRIVE2_CONS, ARRIVE4_ASM, ARRIVE4_CONS, BK, SIGNAL4_ASM,
                              SIGNAL4_CONS, WAIT4_ASM, _decode, code_word_layout, ring_barriers)
-
-_ptx.install()
 
 
 @gluon.jit
@@ -278,7 +276,7 @@ def _decode_tma_kernel(w_desc, s_desc, x_desc, gs_ptr, b_ptr, out_ptr, ws_ptr, c
     if len(s_desc.block_type.shape) == 4:
         # the step-major table of 256-row tiles ([tiles256 x steps, 2, 2, 256] bytes: a step's rows 0-127
         # then 128-255) read by 128-row tiles: box [SW, 1, 2, 256] = the bytes of a [2 SW, 256] box of
-        # their own table, so one table serves both tile heights (qlinear._DT_ONE_TABLE)
+        # their own table, so one table serves both tile heights (tuning.dt_one_table)
         gl.static_assert((ROWS == 128) & (NPS == 1), "the 256-row table serves 128-row tiles of byte scales")
         SW: gl.constexpr = s_desc.block_type.shape[0]
         s_bufs = gl.allocate_shared_memory(gl.uint8, [STAGES * C, SR, 256],

@@ -2,7 +2,7 @@
 
 One kernel, :func:`_linear_splitk_kernel`, parametric over the format through
 ``tl.constexpr`` parameters (never one copy per format), serves both paths with
-different configs (``microscale.qlinear.choose_config``):
+different configs (``microscale.linear.backends.splitk.choose_config``):
 
 * decode (few tokens): the weight tile is the MMA's M side and the tokens, zero-padded
   to 16, its N side, so the multiply-adds run on tensor cores while the CUDA cores only
@@ -14,7 +14,7 @@ different configs (``microscale.qlinear.choose_config``):
   weight tile is decoded once per K-strip for all of them; loads software-pipelined
   (``num_stages``).
 
-Weight layout (built by :func:`microscale.qlinear.prepare`): codes in *containers* of
+Weight layout (built by :func:`microscale.linear.packed.prepare`): codes in *containers* of
 ``CB`` = 4 or 8 bits (4 for codes of <= 4 bits, else 8), ``S = 32/CB`` per int32 word,
 rows ``[N, KP*CB/32]`` with K zero-padded to ``KP`` (a multiple of 256). Layout tiles of
 8 words (``TK = 8*S`` elements): element ``j*16 + 2*w + h`` of a tile sits in word
@@ -33,7 +33,7 @@ path free of selects. ``PAIR=True`` (4-bit containers, bf16 activations) decodes
 elements per 32-bit operation straight into bf16x2 and scales them with bf16x2
 multiplies.
 
-Measured on the H200 (benchmarks/run_gpu_linear.py): correct, but far from the
+Measured on the H200 (docs/decisions/linear-gemv.md): correct, but far from the
 bandwidth ceiling; the SASS (cuobjdump of a Triton 3.6 sm_90 build) shows about 8
 instructions per weight element in the decode loop (pair decode + two HMUL2 + mask and
 layout work) where the budget at full HBM bandwidth is about 2.5, and the activations

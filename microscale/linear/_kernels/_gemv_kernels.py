@@ -58,6 +58,7 @@ _WMAX = {F4: 6.0 * 2.0**-14, E4M3: 448.0, E5M2: 57344.0, I8: 128.0, I4: 8.0, U8Z
 HAS_ZP_KIND = (U8Z, U4Z)
 
 
+@functools.lru_cache(maxsize=None)  # asked on every call
 def x_exponent(kind: int, chain: int, scale_max: float = 1.0) -> int:
     """``XE``: activations are scaled into ``[2^(XE-1), 2^XE)`` so that a chain of
     ``chain`` words (``8 * chain / XREGS`` products per f16 lane), times a block scale of
@@ -66,11 +67,9 @@ def x_exponent(kind: int, chain: int, scale_max: float = 1.0) -> int:
     return min(15, math.floor(math.log2(65504.0 / (_WMAX[kind] * per_lane * scale_max))))
 
 
-def _decode_word_ptx(kind: int, mbits: int, w: str, out: list[str], select: bool = False,
-                     rotate: bool = False) -> list[str]:
+def _decode_word_ptx(kind: int, mbits: int, w: str, out: list[str], select: bool = False) -> list[str]:
     """PTX lines decoding int32 register ``w`` into f16x2 registers ``out``. ``select``
-    (4-bit floats): the select decode (13 PTX integer ops per word against 16; same pairs);
-    with ``rotate``, 11 (pair (3, 7) from the odd select too, see below)."""
+    (4-bit floats): the select decode (13 PTX integer ops per word against 16; same pairs)."""
     if kind == F4 and select:
         # The f16 wants each sign 5 + MBITS bits above its magnitude's first bit, the nibble
         # has it 3 above: so w << D (D = 2 + MBITS) carries every sign to where its pair
@@ -78,29 +77,21 @@ def _decode_word_ptx(kind: int, mbits: int, w: str, out: list[str], select: bool
         # (from w << D): z_even holds elements 0, 2, 4, 6 and z_odd 1, 3, 5 in f16 shape, each
         # pair then one shift + mask. Element 7's sign would leave the word, but pair (3, 7)
         # already has its signs at bits 15 / 31: magnitudes shifted down, signs masked in.
-        # ``rotate``: u = rotl(w, D) instead, so element 7's sign wraps to bit D - 1, which z_odd
-        # takes from u (its magnitudes from w sit at 4..6, 12..14, ...): z_odd rotated right by D
-        # is pair (3, 7) in place (magnitudes of 3 / 7 from 12 / 28 to POS / POS + 16, signs from
-        # 15 + D / D - 1 to 15 / 31), one rotation and the mask. The bits u gains at 0..D-1 reach
-        # no other pair's mask: z_even takes those bits from w, pair (1, 5) shifts them below POS.
         pos = 10 - mbits  # bit where the 3 magnitude bits start in an f16
         d = 2 + mbits
         mag = (0b111 << pos) | (0b111 << (pos + 16))
         full = hex(mag | 0x80008000)
         # (lop3 0xE4: a where c is set, b elsewhere, one instruction; written as and/or,
         # ptxas spends two)
-        lines = [f"shf.l.wrap.b32 u, {w}, {w}, {d};" if rotate else f"shl.b32 u, {w}, {d};",
+        lines = [f"shl.b32 u, {w}, {d};",
                  f"lop3.b32 m, {w}, u, 0x07070707, 0xE4;",  # z_even
                  f"lop3.b32 k, {w}, u, 0x70707070, 0xE4;"]  # z_odd
         for j, (z, base) in enumerate((("m", 0), ("k", 4), ("m", 8))):  # pairs (0,4), (1,5), (2,6)
             sh = pos - base
             lines.append((f"shl.b32 {out[j]}, {z}, {sh}; " if sh else f"mov.b32 {out[j]}, {z}; ")
                          + f"and.b32 {out[j]}, {out[j]}, {full};")
-        if rotate:  # pair (3, 7)
-            lines.append(f"shf.r.wrap.b32 {out[3]}, k, k, {d}; and.b32 {out[3]}, {out[3]}, {full};")
-        else:
-            lines.append(f"shr.u32 s, {w}, {12 - pos}; and.b32 s, s, {hex(mag)}; "
-                         f"and.b32 {out[3]}, {w}, 0x80008000; or.b32 {out[3]}, {out[3]}, s;")
+        lines.append(f"shr.u32 s, {w}, {12 - pos}; and.b32 s, s, {hex(mag)}; "  # pair (3, 7)
+                     f"and.b32 {out[3]}, {w}, 0x80008000; or.b32 {out[3]}, {out[3]}, s;")
         return lines
     if kind == F4:
         pos = 10 - mbits  # bit where the 3 magnitude bits start in an f16
@@ -159,7 +150,7 @@ def _decode_constants_ptx(kind: int, zk: str, zk2: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)  # per call otherwise: ~12 us of host time (stubbed-kernel profile)
-def word_asm(kind: int, mbits: int, tokens: int, select: bool = False, rotate: bool = False) -> str:
+def word_asm(kind: int, mbits: int, tokens: int, select: bool = False) -> str:
     """PTX for one int32 word of codes and ``tokens`` tokens: the f16x2 sum of the word's
     products with each token's activation pairs, packed in an int32 per token.
 
@@ -172,7 +163,7 @@ def word_asm(kind: int, mbits: int, tokens: int, select: bool = False, rotate: b
     regs = ", ".join(["m", "s", "u", "c", "k", "k2"] + [f"p{i}" for i in range(xr)] + [f"a{t}" for t in range(tokens)])
     body = [f".reg .b32 {regs};", ".reg .b16 lo, hi;"] + _decode_constants_ptx(kind, f"${tokens + 1}",
                                                                                  f"${tokens + 2}")
-    body += _decode_word_ptx(kind, mbits, f"${tokens}", [f"p{i}" for i in range(xr)], select, rotate)
+    body += _decode_word_ptx(kind, mbits, f"${tokens}", [f"p{i}" for i in range(xr)], select)
     for t in range(tokens):
         for j in range(xr):
             xo = f"${x0 + t * xr + j}"
@@ -310,6 +301,7 @@ def _hadd2(a, b):
                                      pack=1)
 
 
+@functools.lru_cache(maxsize=None)  # asked on every call
 def scale_load_asm(nbytes: int) -> str:
     """PTX loading one block scale (or, paired, two byte scales) of ``nbytes`` bytes into a
     32-bit register, zero-extended (the scale decodes read only the low ``8 * nbytes``

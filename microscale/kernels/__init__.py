@@ -1,1 +1,0 @@
-"""Triton kernels (private modules, one per op family)."""

@@ -1,0 +1,1 @@
+"""One module per kernel of the linear op: its config, its ``supports`` reasons and its launcher."""

@@ -1,0 +1,93 @@
+"""Eager call plans: the launches of one ``linear`` call recorded on the second call with the
+same key and replayed from the third with a new x, bias and output (host time per call is then
+a fraction of the wrappers'; docs/decisions/linear-call-plans.md)."""
+from __future__ import annotations
+
+import torch
+
+from ..qtensor import QTensor
+from ..runtime import launch as _kl
+from . import tuning
+
+
+SEEN, REFUSED = object(), object()  # a key's first call (recorded on its second); no plan
+
+
+def plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple | None:
+    """What a plan of ``linear(x, q, bias)`` depends on besides the weight's version (plans live in
+    its state), or None when no plan may serve it (CPU, non-contiguous x or bias, graph capture,
+    launch hooks, tracing, plans off): x's and bias's shape, dtype, device and 16-byte alignment,
+    the current stream and the tuning record in force."""
+    if (not x.is_cuda or not x.is_contiguous() or torch.cuda.is_current_stream_capturing() or _kl.hooked()
+            or torch.compiler.is_compiling() or not tuning.get().plans):
+        return None
+    if bias is None:
+        bk = None
+    elif bias.is_contiguous():
+        bk = (bias.shape, bias.dtype, bias.device, bias.data_ptr() % 16)
+    else:
+        return None
+    return (x.shape, x.dtype, x.device, x.data_ptr() % 16, bk, _kl.current_stream(), tuning.serial())
+
+
+class Plan:
+    """The launches of one :func:`linear` call, replayed with a new x, bias and output; bound
+    once (:func:`microscale.runtime.launch.bind`: TMA descriptors encoded, tensors as addresses)."""
+
+    __slots__ = ("launches", "shape", "dtype", "device")
+
+    def __init__(self, launches: list, shape: torch.Size, dtype: torch.dtype, device: torch.device):
+        self.launches, self.shape, self.dtype, self.device = launches, shape, dtype, device
+
+    @staticmethod
+    def build(rec: list, x: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> "Plan | None":
+        """The plan of a recorded call, or None: every launch took the cached path; a tensor
+        argument at x's, bias's or the output's address is that tensor (or a same-sized view
+        of it), every other one is the call's own (the weight's views, workspaces, scratch);
+        x and bias are each read by some launch (not a converted copy); no TMA descriptor
+        covers x, bias or the output."""
+        if not rec or any(r is None for r in rec) or not y.is_contiguous():
+            return None
+        subs = [(x.data_ptr(), x), (y.data_ptr(), y)] + ([(bias.data_ptr(), bias)] if bias is not None else [])
+        seen = set()
+        launches = []
+        for compiled, grid, vals in rec:
+            slots = []
+            for i, v in enumerate(vals):
+                if isinstance(v, torch.Tensor):
+                    for j, (ptr, t) in enumerate(subs):
+                        if v.data_ptr() == ptr:
+                            if v.dtype.itemsize * v.numel() != t.dtype.itemsize * t.numel():
+                                return None
+                            slots.append((i, j, None if v.dtype == t.dtype else v.dtype))
+                            seen.add(j)
+                            break
+                elif hasattr(v, "block_shape") and hasattr(v, "base"):  # a TMA descriptor: kept as recorded
+                    if any(v.base.data_ptr() == ptr for ptr, _ in subs):
+                        return None
+            # the recorded call's x, bias and output are not kept alive by the plan
+            kept = [None if any(i == sl[0] for sl in slots) else v for i, v in enumerate(vals)]
+            fn, args, pos, ptrs = _kl.bind(compiled, tuple(grid), kept)  # (descriptors encoded once)
+            slots = tuple((pos[i], j, None if ptrs else dt) for i, j, dt in slots)  # (an address needs no view)
+            launches.append((fn, args, slots, ptrs, kept))  # (kept: what args address stays alive)
+        if 0 not in seen or (bias is not None and 2 not in seen):
+            return None
+        return Plan(launches, y.shape, y.dtype, y.device)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        subs = (x, out, bias)
+        addrs = None
+        stream = _kl.current_stream()  # (part of the plan's key)
+        for fn, args, slots, ptrs, _ in self.launches:
+            args = args.copy()
+            if ptrs:  # a bound launch takes addresses (x, bias: CUDA tensors of the key's device)
+                if addrs is None:
+                    addrs = tuple(t.data_ptr() if t is not None else None for t in subs)
+                for i, j, _ in slots:
+                    args[i] = addrs[j]
+            else:
+                for i, j, dt in slots:
+                    args[i] = subs[j] if dt is None else subs[j].view(dt)
+            fn(stream, args)
+        return out
