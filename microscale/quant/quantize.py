@@ -23,6 +23,7 @@ from ..formats import Format, NonFinite, Overflow, Rounding, ScaleLayout, ScaleR
     packed_len
 from ..formats.elements import _enum
 from ..qtensor import QTensor
+from ..runtime import target
 from . import params as _p
 from . import tuning
 from .tuning import QuantizeConfig
@@ -45,6 +46,10 @@ def _prepare(x, fmt, scale_rule, block_size, rounding, overflow, nonfinite, glob
              op="quantize"):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type != "cuda" and not target.interpreting():  # Triton would say "0 active drivers"
+        raise ValueError(f"{op}: x is on {x.device}; this is the GPU kernel's entry point: pass a CUDA tensor "
+                         "(ms.quantize / ms.dequantize take CPU tensors through the reference; TRITON_INTERPRET=1 "
+                         "emulates the kernel on the CPU)")
     fmt = reference.resolve_format(fmt, block_size, scale_rule, convention)
     rounding = _enum(Rounding, rounding, "rounding")
     overflow = _enum(Overflow, overflow, "overflow")

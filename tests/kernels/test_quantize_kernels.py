@@ -846,3 +846,17 @@ def test_quantize_captures_in_a_cuda_graph(name, gen):
         assert torch.equal(yg, ms.dequantize(qe, torch.bfloat16)), gs
         if two:
             assert torch.equal(qg.global_scale, qe.global_scale), gs
+
+
+def test_kernel_entry_refuses_cpu_tensors_without_the_interpreter():
+    """Outside the interpreter a CPU tensor at the kernels' entry points is a clear error (not
+    Triton's "0 active drivers")."""
+    from microscale.quant import quantize_for_gemm
+    from microscale.runtime import target
+
+    x = torch.randn(128, 64)
+    with target.override(interpreting=False):
+        with pytest.raises(ValueError, match="quantize_for_gemm: x is on cpu"):
+            quantize_for_gemm(x, "mxfp8_e4m3")
+        with pytest.raises(ValueError, match="quantize: x is on cpu"):
+            kq.quantize(x, "mxfp4")
