@@ -47,6 +47,7 @@ sys.path.insert(0, ROOT)
 from microscale import quant as kq  # noqa: E402
 from microscale import reference, reference_fused  # noqa: E402
 from microscale.formats import registry  # noqa: E402
+from microscale.runtime import target  # noqa: E402
 from microscale.quant import fused, params  # noqa: E402
 from microscale.quant._kernels import amax as _ka, dequantize as _kd, quantize as _kqk  # noqa: E402
 from sass import dump_compiled  # noqa: E402
@@ -86,9 +87,13 @@ def intercept():
     saved = {n: getattr(m, n) for n, m in KERNELS.items()}
     for n, f in saved.items():
         setattr(KERNELS[n], n, _Recorder(f))
+    # launches are recorded, never run: the entry points' CPU-tensor guard stands down as under the interpreter
+    guard = target.override(interpreting=True)
+    guard.__enter__()
     try:
         yield saved
     finally:
+        guard.__exit__(None, None, None)
         for n, f in saved.items():
             setattr(KERNELS[n], n, f)
 
