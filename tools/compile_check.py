@@ -87,13 +87,11 @@ def intercept():
     saved = {n: getattr(m, n) for n, m in KERNELS.items()}
     for n, f in saved.items():
         setattr(KERNELS[n], n, _Recorder(f))
-    # launches are recorded, never run: the entry points' CPU-tensor guard stands down as under the interpreter
-    guard = target.override(interpreting=True)
-    guard.__enter__()
     try:
-        yield saved
+        # launches are recorded, never run: the entry points' CPU-tensor guard stands down as under the interpreter
+        with target.override(interpreting=True):
+            yield saved
     finally:
-        guard.__exit__(None, None, None)
         for n, f in saved.items():
             setattr(KERNELS[n], n, f)
 
