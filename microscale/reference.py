@@ -12,7 +12,7 @@ from .formats import (
     Format, NonFinite, Overflow, Rounding, ScaleRule, TwoLevel, e8m0_from_amax, get_format,
     pack_codes, packed_len, round_integer, unpack_codes,
 )
-from .formats.elements import _enum, beyond_float32, to_float32
+from .formats.elements import _enum, beyond_float32
 from .formats.format import check_int
 from .qtensor import QTensor
 

@@ -1,7 +1,6 @@
 """The one skip-pattern dialect: the same pattern selects the same layers in quantize_model
 (module names) and in checkpoint conversion (tensor names)."""
 import pytest
-import torch
 from torch import nn
 
 from microscale._names import skip_matches

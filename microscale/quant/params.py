@@ -62,7 +62,7 @@ def _pdl_ok(dev: torch.device) -> bool:
     """Whether the quantize / dequantize kernels launch as programmatic dependents on ``dev``."""
     if not tuning.current().pdl or _INTERPRET:
         return False
-    from ..runtime.launch import pdl_capable
+    from ..runtime.target import pdl_capable
 
     return pdl_capable(dev)
 

@@ -21,7 +21,6 @@ import threading
 import torch
 
 from . import target
-from .target import pdl_capable  # noqa: F401  (re-exported: the kernels' callers ask here)
 
 try:
     from triton import knobs

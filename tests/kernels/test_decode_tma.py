@@ -19,7 +19,6 @@ import torch
 import microscale as ms
 from microscale.linear.backends import decode_tma as dt
 from microscale.linear import packed
-from microscale.linear.backends import prefill_ws as pws
 from microscale.linear import routing
 from microscale.runtime import target
 from microscale.linear import tuning
