@@ -207,21 +207,8 @@ class Warp:
             raise NotImplementedError(f"PTX op {op!r} in {stmt!r}")
 
 
-def xfrag(x: torch.Tensor, wpl: int) -> torch.Tensor:
-    """``_xfrag_kernel`` (the Triton interpreter without a GPU): ``[token groups, 8 K]`` bf16
-    on the CPU."""
-    m, k = x.shape
-    tg = -(-m // 8)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"  # conftest interprets only without one
-    xd = x.to(dev)
-    xf = torch.full((tg, 8 * k), float("nan"), dtype=torch.bfloat16, device=dev)  # every element must be written
-    kern._xfrag_kernel[(tg, k // (32 * wpl))](xd, xf, m, xd.stride(0), K=k, WPL=wpl)
-    return xf.cpu()
-
-
 def emulate(x: torch.Tensor, q, c: gmma.GemvMmaConfig) -> np.ndarray:
-    """The kernel's per-lane schedule (``_gemv_mma_kernel``) over one warp at a time
-    (``c.xfrag``: on the activations :func:`xfrag` prepared)."""
+    """The kernel's per-lane schedule (``_gemv_mma_kernel``) over one warp at a time."""
     m, k = x.shape
     n = q.shape[0]
     f = q.fmt
@@ -231,13 +218,13 @@ def emulate(x: torch.Tensor, q, c: gmma.GemvMmaConfig) -> np.ndarray:
     step = 4 * wpl
     codes = q.data.contiguous().view(torch.uint8).numpy().reshape(-1)
     scales = q.scales.contiguous().view(torch.uint8).numpy().reshape(-1)
-    xb = (xfrag(x, wpl) if c.xfrag else x.contiguous()).view(torch.uint8).numpy().reshape(-1)
+    xb = x.contiguous().view(torch.uint8).numpy().reshape(-1)
     mem = np.concatenate([codes, scales, xb, np.zeros(64, np.uint8)])
     w0, s0, x0 = 0, codes.size, codes.size + scales.size
     sk, ke, post = gmma.gemv_mma_scale_args(q)
     lasm, lcons, _ = kern.load_asm(rg, wpl, 0, wpl // wpg)
-    xasm, xcons, _ = kern.load_asm(0, wpl, tg, 0, 512 if c.xfrag else 16)
-    sasm, scons = kern.step_asm(rg, wpl, tg, wpg, sk, c.xfrag, c.select)
+    xasm, xcons, _ = kern.load_asm(0, wpl, tg, 0, 16)
+    sasm, scons = kern.step_asm(rg, wpl, tg, wpg, sk)
     warp = Warp(mem)
     out = np.zeros((m, n))
     g, t = warp.g, warp.t
@@ -249,14 +236,11 @@ def emulate(x: torch.Tensor, q, c: gmma.GemvMmaConfig) -> np.ndarray:
                 k0 = pid_k * per + t * wpl
                 ws = [w0 + np.minimum(base + 8 * r, n - 1) * (kw * 4) + k0 * 4 for r in range(2 * rg)]
                 ss = [s0 + np.minimum(base + 8 * r, n - 1) * (kw // wpg) + k0 // wpg for r in range(2 * rg)]
-                if c.xfrag:  # token group qq: 8 K elements; lane's 16 bytes of each 512
-                    xs = [x0 + qq * (16 * k) + pid_k * per * 128 + (4 * g + t) * 16 for qq in range(tg)]
-                else:
-                    xs = [x0 + np.minimum(g + 8 * qq, m - 1) * (k * 2) + k0 * 16 for qq in range(tg)]
+                xs = [x0 + np.minimum(g + 8 * qq, m - 1) * (k * 2) + k0 * 16 for qq in range(tg)]
                 accs = [np.zeros(32) for _ in range(4 * rg * tg)]
                 for i in range(0, per, step):
                     d = warp.run(lasm, lcons, [a + i * 4 for a in ws] + [a + i // wpg for a in ss])
-                    dx = warp.run(xasm, xcons, [a + i * (128 if c.xfrag else 16) for a in xs])
+                    dx = warp.run(xasm, xcons, [a + i * 16 for a in xs])
                     extra = [np.full(32, ke)] if sk == kern.SK_E8M0 else []
                     accs = warp.run(sasm, scons, d + dx + accs + extra)
                 for i in range(rg):
@@ -297,35 +281,6 @@ def test_generated_ptx_matches_float64(name, m, cfg, gen):
     _check(emulate(x, q, cfg), x, q)
 
 
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("m,cfg", [
-    (1, gmma.GemvMmaConfig(2, 8, 2, xfrag=True)),
-    (5, gmma.GemvMmaConfig(1, 4, 1, split_k=2, xfrag=True)),
-    (11, gmma.GemvMmaConfig(1, 8, 2, split_k=2, xfrag=True)),
-    (16, gmma.GemvMmaConfig(2, 4, 1, xfrag=True)),
-])
-def test_generated_ptx_on_fragment_ordered_activations(name, m, cfg, gen):
-    """``xfrag``: the prep kernel (interpreted) and the kernel's addressing of its output,
-    with partial token groups (zeros past M) and split K."""
-    q, x = _case(name, 40, 1024, m, gen)
-    _check(emulate(x, q, cfg), x, q)
-
-
-@pytest.mark.parametrize("m,wpl", [(3, 4), (8, 8), (13, 4)])
-def test_xfrag_layout(m, wpl, gen):
-    """Every element of the prep's output against the layout's formula: lane (g, t) of
-    row u of step s in token group q holds (x[8w+j], x[8w+j+4]), j = 0..3, of word
-    w = 4 wpl s + wpl t + u of token 8q + g, and zeros past the last token."""
-    k = 512
-    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
-    got = xfrag(x, wpl).view(-1, k // (32 * wpl), wpl, 8, 4, 4, 2)  # q, s, u, g, t, j, h
-    tg, steps = got.shape[:2]
-    xp = torch.cat([x, torch.zeros(8 * tg - m, k, dtype=x.dtype)])
-    for q, s, u, g, t, j, h in np.ndindex(*got.shape):
-        w = 4 * wpl * s + wpl * t + u
-        assert got[q, s, u, g, t, j, h] == xp[8 * q + g, 8 * w + j + 4 * h], (q, s, u, g, t, j, h)
-
-
 def test_interpreter_bit_ops():
     """The interpreter's ``lop3`` against the ISA's definition on its canonical inputs
     (a = 0xF0, b = 0xCC, c = 0xAA), its funnel shifts against rotations."""
@@ -341,7 +296,7 @@ def test_interpreter_bit_ops():
 
 
 def test_select_decode_places_every_code(gen):
-    """``select``: all 8 nibble slots x 16 codes give the same pairs as the shift decode."""
+    """The select decode (the Gluon prefill's): all 8 nibble slots x 16 codes give the same pairs as the shift decode."""
     w = Warp(np.zeros(1, np.uint8))
     one = "0x3F803F80"  # bf16x2 (1, 1): the scale multiply leaves the bits as placed
     words = np.array([int("".join("%x" % ((c + 5 * i) % 16) for i in range(8)), 16) for c in range(32)],
@@ -355,14 +310,6 @@ def test_select_decode_places_every_code(gen):
         b = w.run("{" + regs + sel + "}", "=r,=r,=r,=r,r", [chunk])
         for x, y in zip(a, b):
             assert (x == y).all()
-
-
-@pytest.mark.parametrize("m,cfg", [(3, gmma.GemvMmaConfig(1, 4, 1, select=True)),
-                                   (16, gmma.GemvMmaConfig(2, 4, 1, split_k=2, xfrag=True, select=True))])
-def test_generated_ptx_select_decode(m, cfg, gen):
-    for name in ("nvfp4", "mxfp4"):
-        q, x = _case(name, 40, 1024, m, gen)
-        _check(emulate(x, q, cfg), x, q)
 
 
 def test_generated_ptx_k_not_a_multiple_of_1024(gen):
@@ -435,7 +382,7 @@ def test_supported_and_config_rules(gen):
 
 
 @pytest.mark.parametrize("m,cfg", [(1, gmma.GemvMmaConfig(2, 8, 2)), (5, gmma.GemvMmaConfig(1, 4, 1, split_k=2)),
-                                   (16, gmma.GemvMmaConfig(2, 4, 1, xfrag=True, select=True))])
+                                   (16, gmma.GemvMmaConfig(2, 4, 1))])
 def test_multiply_add_scales_match_float64(m, cfg, gen, monkeypatch):
     """``SK_UE4M3N`` (``tuning.gemv_mma_scale_imad``): NVFP4 through the generated PTX with the multiply-add scales
     matches float64 as the conversion does; a weight with subnormal scales over nonzero codes keeps the
@@ -458,7 +405,7 @@ def test_ptx_operands_are_all_bound():
     """Every ``$i`` an asm text names is one of its constraints' operands, and every
     output is written."""
     for rg, wpl, tg, wpg, sk in [(1, 4, 1, 2, 2), (2, 8, 2, 4, 1), (2, 4, 1, 2, 2), (2, 8, 1, 2, 5)]:
-        for asm, cons in [kern.step_asm(rg, wpl, tg, wpg, sk), kern.step_asm(rg, wpl, tg, wpg, sk, True, True),
+        for asm, cons in [kern.step_asm(rg, wpl, tg, wpg, sk),
                           kern.load_asm(rg, wpl, 0, wpl // wpg)[:2], kern.load_asm(0, wpl, tg, 0)[:2]]:
             n = len(cons.split(","))
             used = {int(i) for i in re.findall(r"\$(\d+)", asm)}
@@ -485,8 +432,7 @@ def test_gpu_kernel_and_routing(name):
         ref = x.double() @ wd.T + bias.double()
         cond = x.double().abs() @ wd.abs().T + bias.double().abs()
         for cfg in (None, gmma.GemvMmaConfig(1, 4, 1, split_k=4), gmma.GemvMmaConfig(2, 8, 2),
-                    gmma.GemvMmaConfig(2, 8, 2, xfrag=True), gmma.GemvMmaConfig(1, 4, 2, split_k=4, xfrag=True),
-                    gmma.GemvMmaConfig(2, 4, 4, select=True), gmma.GemvMmaConfig(2, 8, 2, xfrag=True, select=True)):
+                    gmma.GemvMmaConfig(1, 4, 2, split_k=4), gmma.GemvMmaConfig(2, 4, 4)):
             out = gmma.gemv_mma(x, q, bias, cfg)
             assert out.dtype == torch.bfloat16 and out.shape == (m, 200)
             assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (m, cfg)
@@ -518,8 +464,8 @@ def test_gpu_scale_imad_bit_identical(monkeypatch):
     bias = torch.randn(200, device=dev, generator=g)
     for m in (2, 5, 8, 16):
         x = torch.randn(m, 2048, device=dev, generator=g).to(torch.bfloat16)
-        for cfg in (None, gmma.GemvMmaConfig(1, 4, 1, split_k=4), gmma.GemvMmaConfig(2, 8, 2, xfrag=True),
-                    gmma.GemvMmaConfig(2, 4, 4, select=True)):
+        for cfg in (None, gmma.GemvMmaConfig(1, 4, 1, split_k=4), gmma.GemvMmaConfig(2, 8, 2),
+                    gmma.GemvMmaConfig(2, 4, 4)):
             outs = []
             for on in (False, True):
                 tuning.set_tuning(gemv_mma_scale_imad=on)

@@ -38,7 +38,6 @@ import functools
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 #: scale kinds served (the ``SK`` constexpr): E8M0 and UE4M3 block scales; ``SK_UE4M3N``: UE4M3 scales of a
 #: weight scanned to hold no subnormal scale over a nonzero code and no sign bit
@@ -116,14 +115,11 @@ def _word_lines_select(w: str, dst: str, scale: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def step_asm(rg: int, wpl: int, tg: int, wpg: int, sk: int, xfrag: bool = False,
-             select: bool = False) -> tuple[str, str]:
+def step_asm(rg: int, wpl: int, tg: int, wpg: int, sk: int) -> tuple[str, str]:
     """PTX of one step: decode, scale and ``mma.sync`` the operands :func:`load_asm`
     loaded, adding to ``4 * rg * tg`` fp32 accumulators (inputs after the operands, in
     (row group, token group, c0..c3) order; the outputs in the same order). E8M0 takes
-    one more input: ``(126 - D) * 0x10001``. ``xfrag``: the activation words arrive as
-    the MMA's pairs (fragment order, :func:`_xfrag_kernel`), so no ``prmt`` pairs them.
-    ``select``: codes decoded by :func:`_word_lines_select` (same bits)."""
+    one more input: ``(126 - D) * 0x10001``."""
     nw, ns, nx = 2 * rg * wpl, 2 * rg, tg * wpl * 4
     na = 4 * rg * tg
     i_w, i_s, i_x, i_a = na, na + nw, na + nw + ns, na + nw + ns + nx
@@ -131,7 +127,7 @@ def step_asm(rg: int, wpl: int, tg: int, wpg: int, sk: int, xfrag: bool = False,
     nb = wpl // wpg  # blocks per lane per row and step (wpl is a multiple of wpg)
     regs = ["m", "s", "t", "sc", "r", "z"] + [f"S{r}_{b}" for r in range(2 * rg) for b in range(nb)]
     regs += [f"p{r}_{j}" for r in range(2) for j in range(4)]
-    regs += [] if xfrag else [f"x{q}_{j}" for q in range(tg) for j in range(4)]
+    regs += [f"x{q}_{j}" for q in range(tg) for j in range(4)]
     accs = [f"e{z}_{i}_{q}_{c}" for z in range(2) for i in range(rg) for q in range(tg) for c in range(4)]
     body = [f".reg .b32 {', '.join(regs)};", ".reg .b16 lo, hi;", f".reg .f32 fa, fb, zf, {', '.join(accs)};",
             "mov.f32 zf, 0f00000000;"]
@@ -163,21 +159,17 @@ def step_asm(rg: int, wpl: int, tg: int, wpg: int, sk: int, xfrag: bool = False,
         return d, "zf, zf, zf, zf"
 
     def xr(q: int, u: int, j: int) -> str:  # activation pair (j, j+4) of word u, token group q
-        return f"${i_x + (q * wpl + u) * 4 + j}" if xfrag else f"x{q}_{j}"
+        return f"x{q}_{j}"
 
     for u in range(wpl):
-        if not xfrag:  # pair the 16 loaded bytes (elements 0..7) of each token group
-            for q in range(tg):
-                xb = i_x + (q * wpl + u) * 4
-                for j in range(4):
-                    lo_src, hi_src = (xb, xb + 2) if j < 2 else (xb + 1, xb + 3)
-                    body.append(f"prmt.b32 x{q}_{j}, ${lo_src}, ${hi_src}, {'0x5410' if j % 2 == 0 else '0x7632'};")
+        for q in range(tg):  # pair the 16 loaded bytes (elements 0..7) of each token group
+            xb = i_x + (q * wpl + u) * 4
+            for j in range(4):
+                lo_src, hi_src = (xb, xb + 2) if j < 2 else (xb + 1, xb + 3)
+                body.append(f"prmt.b32 x{q}_{j}, ${lo_src}, ${hi_src}, {'0x5410' if j % 2 == 0 else '0x7632'};")
         for i in range(rg):
             for ab in range(2):
                 w = f"${i_w + (2 * i + ab) * wpl + u}"
-                if select:
-                    body += _word_lines_select(w, f"p{ab}_", f"S{2 * i + ab}_{u // wpg}")
-                    continue
                 for j in range(4):
                     body += _pair_lines(w, f"p{ab}_{j}", j, f"S{2 * i + ab}_{u // wpg}")
             for q in range(tg):
@@ -209,45 +201,13 @@ def _load(ws, ss, xs, LASM: tl.constexpr, LCONS: tl.constexpr, NOUT: tl.constexp
 
 
 @triton.jit
-def _xfrag_kernel(x_ptr, xf_ptr, M, stride_x, K: tl.constexpr, WPL: tl.constexpr, PDL: tl.constexpr = False):
-    """Activations in the order the ``XF`` kernel's lanes load them: token group ``q``
-    (tokens ``8q .. 8q+7``, zeros past ``M``) takes ``8 K`` elements; in it K step ``s``
-    (``32 WPL`` elements) ``WPL`` rows of 512 bytes, row ``u`` holding at bytes ``16 lane``
-    the pairs ``(x[8w+j], x[8w+j+4])``, ``j = 0..3``, of word ``w = 4 WPL s + WPL t + u`` of
-    token ``8q + g`` (lane ``(g, t)``). So each activation load of a warp reads 512
-    contiguous bytes (whole sectors; on ``x`` itself the lanes' 16-byte pieces lie 64 bytes
-    apart) and its words feed the MMA unpermuted. One program per ``(q, s)``. ``PDL``:
-    launched as a programmatic dependent of the previous kernel, whose output x may be; the
-    GEMV waits for this grid."""
-    q = tl.program_id(0)
-    s = tl.program_id(1)
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
-    SE: tl.constexpr = 32 * WPL  # elements per token and step
-    tok = 8 * q + tl.arange(0, 8)
-    v = tl.load(x_ptr + tok[:, None].to(tl.int64) * stride_x + (s * SE + tl.arange(0, SE))[None, :],
-                mask=(tok < M)[:, None], other=0.0)
-    # element 8 (WPL t + u) + 4 h + j of token g goes to byte 512 u + 16 (4 g + t) + 4 j + 2 h
-    v = tl.reshape(v, [8, 4, WPL, 2, 4])
-    g5 = tl.arange(0, 8)[:, None, None, None, None]
-    t5 = tl.arange(0, 4)[None, :, None, None, None]
-    u5 = tl.arange(0, WPL)[None, None, :, None, None]
-    h5 = tl.arange(0, 2)[None, None, None, :, None]
-    j5 = tl.arange(0, 4)[None, None, None, None, :]
-    dst = q.to(tl.int64) * (8 * K) + s * (8 * SE) + u5 * 256 + (4 * g5 + t5) * 8 + 2 * j5 + h5
-    tl.store(xf_ptr + dst, v)
-
-
-@triton.jit
 def _gemv_mma_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, ke,
     N, M, stride_x, stride_w, stride_s, stride_o, post,
     KW_PER_SPLIT: tl.constexpr, RG: tl.constexpr, WPL: tl.constexpr, TG: tl.constexpr, WPG: tl.constexpr,
     SK: tl.constexpr, SPLIT_K: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
     LASM: tl.constexpr, LCONS: tl.constexpr, NOUT: tl.constexpr, XASM: tl.constexpr, XCONS: tl.constexpr,
-    NXOUT: tl.constexpr, SASM: tl.constexpr, SCONS: tl.constexpr, NW: tl.constexpr, XF: tl.constexpr = False,
-    PDL_WAIT: tl.constexpr = False,
+    NXOUT: tl.constexpr, SASM: tl.constexpr, SCONS: tl.constexpr, NW: tl.constexpr,
 ):
     """out[m, n] = sum_k x[m, k] W[n, k] (+ bias) for this program's rows, one element per
     thread (see the module notes). ``w_ptr``: int32 words of codes; ``s_ptr``: uint8
@@ -257,12 +217,8 @@ def _gemv_mma_kernel(
     Codes and scales of step i+1 are loaded before step i's arithmetic (ptxas moves these
     loads to the loop's end; loading them ahead into L2 instead measured slower); the
     activations, L1/L2 hits, in their own step (a register prefetch of them measured slower:
-    registers). ``XF``: ``x_ptr`` holds the activations in fragment order
-    (:func:`_xfrag_kernel`; ``stride_x`` = ``8 K``, a token group's elements); ``PDL_WAIT``:
-    launched as a programmatic dependent of that prep, waits for it first."""
+    registers)."""
     STEP: tl.constexpr = 4 * WPL  # words per row per step
-    if PDL_WAIT:
-        gdc_wait()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     e = tl.arange(0, 32 * NW)
@@ -280,11 +236,8 @@ def _gemv_mma_kernel(
         ss = ss + (_addr(s_ptr + row.to(tl.int64) * stride_s + k0 // WPG),)
     xs = ()
     for q in tl.static_range(TG):
-        if XF:  # this program's first step in token group q, lane's 16 bytes of each 512
-            xs = xs + (_addr(x_ptr + q * stride_x + (pid_k * KW_PER_SPLIT).to(tl.int64) * 64 + lane * 8),)
-        else:
-            tok = tl.minimum(g + 8 * q, M - 1)
-            xs = xs + (_addr(x_ptr + tok.to(tl.int64) * stride_x + k0 * 8),)
+        tok = tl.minimum(g + 8 * q, M - 1)
+        xs = xs + (_addr(x_ptr + tok.to(tl.int64) * stride_x + k0 * 8),)
     accs = ()
     for c in tl.static_range(4 * RG * TG):
         accs = accs + (tl.zeros([32 * NW], dtype=tl.float32),)
@@ -299,7 +252,7 @@ def _gemv_mma_kernel(
         d2 = _load(ws2, ss2, (), LASM, LCONS, NOUT)
         xs1 = ()
         for q in tl.static_range(TG):
-            xs1 = xs1 + (xs[q] + i * (128 if XF else 16),)  # bytes per word of the step
+            xs1 = xs1 + (xs[q] + i * 16,)  # bytes per word of the step
         dx = _load((), (), xs1, XASM, XCONS, NXOUT)
         if SK == 1:
             args = d + dx + accs + (tl.full([32 * NW], 0, tl.int32) + ke,)

@@ -21,18 +21,12 @@ class GemvMmaConfig:
     """Tiles of :func:`gemv_mma`: each warp takes ``16 * row_groups`` weight rows and
     ``4 * words_per_lane`` int32 words of codes (``32 * words_per_lane`` elements) per row
     per K step; ``num_warps`` warps per program; K split ``split_k`` ways (fp32 partials in
-    a workspace, summed in split order by the tile's last split). ``xfrag``: a small prep
-    kernel first writes the activations in the order the lanes load them (each load of a
-    warp then reads 512 contiguous bytes, and no ``prmt`` pairs them); on Hopper+ the two
-    launch as a programmatic pair. ``select``: codes decoded with two ``lop3`` selects (12
-    integer ops per word of 8 instead of 15; same bits)."""
+    a workspace, summed in split order by the tile's last split)."""
 
     row_groups: int = 2
     words_per_lane: int = 8
     num_warps: int = 2
     split_k: int = 1
-    xfrag: bool = False
-    select: bool = False
 
 
 def gemv_mma_reason(q: QTensor, x: torch.Tensor, c: GemvMmaConfig) -> str | None:
@@ -148,8 +142,8 @@ def gemv_mma_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c: Gem
     tg = -(-m // 8)
     sk, ke, post = gemv_mma_scale_args(q)
     lasm, lcons, nout = kern.load_asm(c.row_groups, c.words_per_lane, 0, c.words_per_lane // wpg)
-    xasm, xcons, nxout = kern.load_asm(0, c.words_per_lane, tg, 0, 512 if c.xfrag else 16)
-    sasm, scons = kern.step_asm(c.row_groups, c.words_per_lane, tg, wpg, sk, c.xfrag, c.select)
+    xasm, xcons, nxout = kern.load_asm(0, c.words_per_lane, tg, 0, 16)
+    sasm, scons = kern.step_asm(c.row_groups, c.words_per_lane, tg, wpg, sk)
     split = c.split_k
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     wv = views(q)
@@ -161,18 +155,11 @@ def gemv_mma_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c: Gem
         ws, cnt = workspace(x2.device, split * tiles * 4 * c.row_groups * tg * 32 * c.num_warps, tiles)
     else:
         ws = cnt = out
-    xk, stride_xk, pdl = x2, x2.stride(0), False
-    if c.xfrag:
-        pdl = target.pdl_capable(x2.device)
-        xk = torch.empty((tg, 8 * k), dtype=x2.dtype, device=x2.device)
-        stride_xk = 8 * k
-        launch(kern._xfrag_kernel, (tg, kw // step), x2, xk, m, x2.stride(0), K=k, WPL=c.words_per_lane, PDL=pdl,
-               num_warps=4, **({"launch_pdl": True} if pdl else {}))
     launch(kern._gemv_mma_kernel, (tiles, split),
-           xk, wv.words, scales, gs, bias if bias is not None else out, out, ws, cnt, ke,
-           n, m, stride_xk, kw, scales.stride(0), out.stride(0), post,
+           x2, wv.words, scales, gs, bias if bias is not None else out, out, ws, cnt, ke,
+           n, m, x2.stride(0), kw, scales.stride(0), out.stride(0), post,
            KW_PER_SPLIT=kw // split, RG=c.row_groups, WPL=c.words_per_lane, TG=tg, WPG=wpg, SK=sk, SPLIT_K=split,
            HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, LASM=lasm, LCONS=lcons, NOUT=nout,
-           XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps, XF=c.xfrag, PDL_WAIT=pdl,
-           num_warps=c.num_warps, num_stages=1, **({"launch_pdl": True} if pdl else {}))
+           XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps,
+           num_warps=c.num_warps, num_stages=1)
     return out
