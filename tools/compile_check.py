@@ -1,10 +1,13 @@
-"""Compile every quantize / dequantize kernel specialization microscale launches, for
-sm_90, without a GPU.
+"""Compile every kernel specialization microscale launches, for sm_90, without a GPU: the
+quantize / dequantize kernels, and every op family's launches listed by its
+``microscale/<family>/_compile_cases.py`` (``launches(mode)``: the linear backends, MoE,
+attention, ...).
 
     python tools/compile_check.py            # everything (quick + the GPU benchmark's launches)
     python tools/compile_check.py --quick    # registry + policies + layouts + fused, one shape
     python tools/compile_check.py --smoke    # a few launches, one per kind of run-time branch
     python tools/compile_check.py -j 4 --filter nvfp4 --list
+    python tools/compile_check.py --filter microscale.linear   # one family's launches
     python tools/compile_check.py --sass     # SASS per element on the clean-tile path
     python tools/compile_check.py --pdl-order   # programmatic-launch order of quantize / dequantize
 
@@ -28,6 +31,7 @@ import argparse
 import contextlib
 import importlib.util
 import os
+import pkgutil
 import re
 import sys
 import time
@@ -39,7 +43,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
-from triton.runtime.jit import create_function_from_signature  # noqa: E402
+from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -47,6 +51,7 @@ sys.path.insert(0, ROOT)
 from microscale import quant as kq  # noqa: E402
 from microscale import reference, reference_fused  # noqa: E402
 from microscale.formats import registry  # noqa: E402
+from microscale.runtime import launch as _launch  # noqa: E402
 from microscale.runtime import target  # noqa: E402
 from microscale.quant import fused, params  # noqa: E402
 from microscale.quant._kernels import amax as _ka, dequantize as _kd, quantize as _kqk  # noqa: E402
@@ -54,9 +59,8 @@ from sass import dump_compiled  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = make_backend(TARGET)
-KERNELS = {"_quantize_kernel": _kqk, "_dequantize_kernel": _kd, "_finite_amax_partials_kernel": _ka}  # name -> module
 
-SPECS: dict = {}  # key -> dict(kernel, signature, constexprs, attrs, options, where)
+SPECS: dict = {}  # key -> dict(kernel, fn, signature, constexprs, attrs, options, where)
 _WHERE = ["?"]
 _BINDERS: dict = {}
 
@@ -67,33 +71,30 @@ def _record(fn, args, kwargs):
         binder = _BINDERS[fn] = create_function_from_signature(fn.signature, fn.params, BACKEND)
     kwargs = dict(kwargs, debug=False)
     bound, specialization, options = binder(*args, **kwargs)
-    key = (fn.__name__, tuple(map(repr, specialization)), tuple(sorted((k, repr(v)) for k, v in options.items())))
+    key = (fn.__module__, fn.__name__, tuple(map(repr, specialization)),
+           tuple(sorted((k, repr(v)) for k, v in options.items())))
     if key not in SPECS:
         opts, signature, constexprs, attrs = fn._pack_args(BACKEND, kwargs, bound, specialization, options)
-        SPECS[key] = dict(kernel=fn.__name__, signature=signature, constexprs=constexprs, attrs=attrs,
+        SPECS[key] = dict(kernel=fn.__name__, fn=fn, signature=signature, constexprs=constexprs, attrs=attrs,
                           options=opts.__dict__, where=_WHERE[0])
 
 
-class _Recorder:
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: _record(self.fn, args, kwargs)
-
-
 @contextlib.contextmanager
-def intercept():
-    saved = {n: getattr(m, n) for n, m in KERNELS.items()}
-    for n, f in saved.items():
-        setattr(KERNELS[n], n, _Recorder(f))
+def intercept(interpreting: bool = True):
+    """Every Triton / Gluon launch (``kernel[grid](...)``, microscale's launcher included) is
+    recorded instead of run. ``interpreting``: stand the interpreter in (the quant entry points'
+    CPU-tensor guard stands down; the quant kernels' interpreter constexprs are fixed at import
+    with TRITON_INTERPRET unset, so they keep their GPU values); False for families whose
+    kernels take the interpreter as a run-time constexpr (the linear backends)."""
+    saved = JITFunction.__getitem__
+    JITFunction.__getitem__ = lambda fn, grid: (lambda *a, **kw: _record(fn, a, kw))
+    fast, _launch._FAST = _launch._FAST, False  # every launch through kernel[grid]
     try:
-        # launches are recorded, never run: the entry points' CPU-tensor guard stands down as under the interpreter
-        with target.override(interpreting=True):
-            yield saved
+        with target.override(interpreting=interpreting):
+            yield
     finally:
-        for n, f in saved.items():
-            setattr(KERNELS[n], n, f)
+        JITFunction.__getitem__ = saved
+        _launch._FAST = fast
 
 
 def _try(where, f, *a, **kw):
@@ -232,7 +233,7 @@ def benchmark_launches() -> None:
 # ----------------------------------------------------------------------------------
 def _label(s) -> str:
     c = s["constexprs"]
-    fn = getattr(KERNELS[s["kernel"]], s["kernel"])
+    fn = s["fn"]
     cx = {fn.arg_names[p[0]]: v for p, v in c.items()}
     keys = ("TR", "TK", "B", "BR", "BITS", "IS_INT", "RULE", "TWO_LEVEL", "GS_DYNAMIC", "SCALE_KIND", "LAYOUT",
             "ROUNDING", "NONFIN", "PROLOGUE", "PACK32", "HW_FP8", "HAS_ZP", "ITERS")
@@ -241,12 +242,28 @@ def _label(s) -> str:
         f" {sig}"
 
 
-def compile_one(s) -> tuple[bool, str, float]:
-    fn = getattr(KERNELS[s["kernel"]], s["kernel"])
+def source(s):
+    """The compiler's source of a recorded specialization (Gluon kernels: Gluon's own)."""
+    fn = s["fn"]
+    cls = ASTSource
+    if type(fn).__name__ == "GluonJITFunction":
+        from triton.experimental.gluon._runtime import GluonASTSource as cls
+    return cls(fn=fn, signature=s["signature"], constexprs=s["constexprs"], attrs=s["attrs"])
+
+
+def compile_spec(s):
+    """``triton.compile`` of a recorded specialization for sm_90 (the compiled kernel)."""
+    return triton.compile(source(s), target=TARGET, options=s["options"])
+
+
+_POOL_SPECS: list = []  # the specializations a forked pool compiles, by index (kernels do not pickle)
+
+
+def compile_one(i: int) -> tuple[bool, str, float]:
+    s = _POOL_SPECS[i]
     t0 = time.time()
     try:
-        src = ASTSource(fn=fn, signature=s["signature"], constexprs=s["constexprs"], attrs=s["attrs"])
-        triton.compile(src, target=TARGET, options=s["options"])
+        compile_spec(s)
         return True, "", time.time() - t0
     except Exception as e:  # noqa: BLE001
         msg = "".join(traceback.format_exception_only(type(e), e))
@@ -323,7 +340,27 @@ def smoke_launches() -> None:
          global_scale=0.01, nonfinite="error")
 
 
-def collect(mode: str) -> list[dict]:
+def family_modules() -> list[str]:
+    """The op families' launch lists: every ``microscale.<package>._compile_cases`` module."""
+    import microscale
+
+    names = []
+    for info in pkgutil.walk_packages(microscale.__path__, "microscale."):
+        if info.name.rsplit(".", 1)[-1] == "_compile_cases":
+            names.append(info.name)
+    return sorted(names)
+
+
+def family_launches(mode: str) -> None:
+    """Each family's ``launches(mode)``: its public GPU entry points over the formats, branches
+    and configs it ships ("smoke": one launch per kind of run-time branch)."""
+    for name in family_modules():
+        mod = importlib.import_module(name)
+        _WHERE[0] = name
+        mod.launches(mode)
+
+
+def collect(mode: str, families: bool = True) -> list[dict]:
     with intercept():
         if mode == "smoke":
             smoke_launches()
@@ -332,6 +369,9 @@ def collect(mode: str) -> list[dict]:
         if mode == "full":
             shape_launches()
             benchmark_launches()
+    if families:
+        with intercept(interpreting=False):
+            family_launches(mode)
     return list(SPECS.values())
 
 
@@ -356,10 +396,7 @@ def pdl_order() -> int:
     for s in SPECS.values():
         if s["kernel"] not in ("_quantize_kernel", "_dequantize_kernel"):
             continue
-        fn = getattr(KERNELS[s["kernel"]], s["kernel"])
-        c = triton.compile(ASTSource(fn=fn, signature=s["signature"], constexprs=s["constexprs"], attrs=s["attrs"]),
-                           target=TARGET, options=s["options"])
-        ptx = c.asm["ptx"]
+        ptx = compile_spec(s).asm["ptx"]
         wait, load = ptx.find("griddepcontrol.wait"), ptx.find("ld.global")
         trig = "griddepcontrol.launch_dependents" in ptx
         ok = (s["options"].get("launch_pdl") and 0 <= wait < load
@@ -398,8 +435,9 @@ def main() -> int:
     import multiprocessing as mp
 
     fails = 0
+    _POOL_SPECS[:] = specs
     with mp.get_context("fork").Pool(a.j) as pool:
-        for i, (s, (ok, msg, dt)) in enumerate(zip(specs, pool.imap(compile_one, specs))):
+        for i, (s, (ok, msg, dt)) in enumerate(zip(specs, pool.imap(compile_one, range(len(specs))))):
             if not ok:
                 fails += 1
                 print(f"FAIL [{i + 1}/{len(specs)}] {_label(s)}\n  first launched by: {s['where']}\n{msg}", flush=True)

@@ -7,6 +7,7 @@ import functools
 import torch
 
 from ..formats import Overflow, Rounding
+from ..formats.kinds import ScaleKind
 from ..qtensor import QTensor
 from . import params as _p
 from . import tuning
@@ -41,7 +42,7 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
     out = _p._empty(pshape, dtype, q.device)
     skind = _p._scale_kind(fmt)
     scales = q.scales.contiguous()
-    scales = scales.view(torch.uint8) if skind < 2 else scales
+    scales = scales.view(torch.uint8) if skind < ScaleKind.FP16 else scales
     data = q.data.contiguous()
     nan = sorted(e.nan_codes)
     grid = (rl.cdiv(R, cfg.tile_rows), rl.cdiv(K, cfg.tile_cols))

@@ -9,7 +9,6 @@ words).
 from __future__ import annotations
 
 import functools
-import os
 import struct
 from types import MappingProxyType
 
@@ -17,6 +16,8 @@ import torch
 
 from ..formats import ElementCodec, Format, NonFinite, Overflow, Rounding, ScaleLayout, ScaleRule, TwoLevel
 from ..formats.elements import _enum
+from ..formats.kinds import scale_kind
+from ..runtime import target
 from . import tuning
 
 __all__ = ["unsupported_reason"]
@@ -48,8 +49,8 @@ def _host_mul_nan_second() -> bool:
 
 _DEFAULT_NAN = _host_default_nan()
 _MUL_NAN_SECOND = _host_mul_nan_second()
-# Triton's interpreter (the CPU test suite): triton.jit reads the same variable when the kernels are imported
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Triton's interpreter (the CPU test suite): fixed at import, as triton.jit fixes it when the kernels are imported
+_INTERPRET = target.interpreting()
 # The interpreter's float32 -> bf16 cast does not round to nearest even: round on the bits.
 _MANUAL_BF16 = _INTERPRET
 # Markstein division on the fast path needs a single-rounding fma (the interpreter rounds twice)
@@ -95,12 +96,8 @@ def _element_params(e: ElementCodec, overflow: Overflow) -> MappingProxyType:
 
 
 def _scale_kind(fmt: Format) -> int:
-    """The kernels' ``SCALE_KIND``: 0 power-of-two (E8M0) bytes, 1 E4M3 bytes, 2 a float dtype."""
-    if fmt.scale.power_of_two:
-        return 0
-    if fmt.scale.storage == torch.float8_e4m3fn:
-        return 1
-    return 2
+    """The kernels' ``SCALE_KIND``: the format's :class:`~microscale.formats.kinds.ScaleKind`."""
+    return int(scale_kind(fmt))
 
 
 @functools.lru_cache(maxsize=256)

@@ -22,6 +22,7 @@ from .. import reference
 from ..formats import Format, NonFinite, Overflow, Rounding, ScaleLayout, ScaleRule, TwoLevel, get_scale_layout, \
     packed_len
 from ..formats.elements import _enum
+from ..formats.kinds import ScaleKind
 from ..qtensor import QTensor
 from ..runtime import target
 from . import params as _p
@@ -103,7 +104,7 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         else:
             scales = _p._empty((rp * cp,), fmt.scale.storage, dev)
     skind = _p._scale_kind(fmt)
-    scale_arg = scales.view(torch.uint8) if skind < 2 else scales
+    scale_arg = scales.view(torch.uint8) if skind < ScaleKind.FP16 else scales
     zps = _p._empty((SR, SC), torch.uint8, dev) if fmt.zero_point else None
     flags = torch.zeros(2, dtype=torch.int32, device=dev) if nonfinite is NonFinite.ERROR else None
     two = _p._TWO_LEVEL[fmt.two_level] if fmt.global_scale else 0
@@ -139,7 +140,8 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         R, K, x2.stride(0), 0 if y2 is None else y2.stride(0), SC, n_part, k_per_prog, float(eps),
         TR=cfg.tile_rows, TK=cfg.tile_cols, B=B, BR=BR,
         FRAC_SCALE=frac_scale, **ep,
-        SCALE_KIND=skind, SCALE_MAX=float(fmt.scale.max) if skind == 2 else 0.0, SNAN=_p._scale_nan_bits(fmt),
+        SCALE_KIND=skind, SCALE_MAX=float(fmt.scale.max) if skind >= ScaleKind.FP16 else 0.0,
+        SNAN=_p._scale_nan_bits(fmt),
         SIBITS=fmt.scale.storage.itemsize * 8, RULE=_p._RULES[fmt.scale_rule],
         TWO_LEVEL=two, GS_DYNAMIC=dynamic, NP=np_, LAYOUT=lay,
         ROUNDING=0 if rounding is Rounding.NEAREST_EVEN else 1,

@@ -6,6 +6,13 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ...formats.kinds import ScaleKind
+
+# the kernels' SCALE_KIND values: microscale.formats.kinds.ScaleKind (FP16, BF16 and FP32 share one path)
+SK_E8M0 = tl.constexpr(int(ScaleKind.E8M0))
+SK_UE4M3 = tl.constexpr(int(ScaleKind.UE4M3))
+SK_FP16 = tl.constexpr(int(ScaleKind.FP16))  # the first of the float-dtype kinds
+
 
 @triton.jit
 def _bits(x):

@@ -41,7 +41,8 @@ import triton.language as tl
 
 from .amax import _global_from_partials
 from .common import (
-    _bits, _clamp_nan, _flt, _isfinite, _markstein_div, _nan_rule, _pdl_start, _rcp_rn_normal, _round_int, _to_f32,
+    SK_E8M0, SK_FP16, SK_UE4M3, _bits, _clamp_nan, _flt, _isfinite, _markstein_div, _nan_rule, _pdl_start,
+    _rcp_rn_normal, _round_int, _to_f32,
 )
 from .elements import (
     _encode, _encode_mag_rne, _encode_mag_rne_p2, _mag_max, _pack8_nibbles, _pk_codes, _pk_load, _pk_words,
@@ -105,7 +106,7 @@ def _quantize_kernel(
             gs = tl.math.div_rn(1.0, s_dec)
     # ModelOpt's block scales amax / (6 s_dec) by Markstein's sequence with one reciprocal per
     # program (FBS; the GPU's packed path), where its range holds (else the tile is not clean)
-    FBS: tl.constexpr = PK & MARKSTEIN & ASM & (TWO_LEVEL == 1) & (SCALE_KIND == 1)
+    FBS: tl.constexpr = (SCALE_KIND == SK_UE4M3) & PK & MARKSTEIN & ASM & (TWO_LEVEL == 1)
     d6 = 0.0
     rd6 = 0.0
     sdec_ok = True
@@ -240,7 +241,7 @@ def _quantize_kernel(
                 raw, f = _scale_encode(sbf, SCALE_KIND, SCALE_MAX, st_ty, SNAN, SIBITS, MANUAL_BF16, ASM)
                 r8, f8 = _scale_encode(tl.full(f.shape, 0.125, tl.float32), SCALE_KIND, SCALE_MAX, st_ty, SNAN,
                                        SIBITS, MANUAL_BF16)
-                if SCALE_KIND == 0:
+                if SCALE_KIND == SK_E8M0:
                     r8 = tl.zeros_like(r8)
                     f8 = _e8m0_value(r8)
                 z = f == 0
@@ -433,7 +434,7 @@ def _quantize_kernel(
         scol = (k0 // B) + tl.arange(0, NB)
         smask = (srow * BR < R)[:, None] & (scol * B < K)[None, :]
         soff = _scale_offset(srow[:, None].to(tl.int64), scol[None, :], SC, LAYOUT)
-        if SCALE_KIND == 2:
+        if SCALE_KIND >= SK_FP16:
             tl.store(scale_ptr + soff, raw, mask=smask)
         elif PK & ASM:  # a byte per block from the thread that owns it (tl.store: a shared-memory relayout)
             _st_u8(scale_ptr + soff, raw, smask, EVEN)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import _bits, _cast, _clamp_nan, _flt, _isfinite, _markstein_div
+from .common import SK_E8M0, SK_UE4M3, _bits, _cast, _clamp_nan, _flt, _isfinite, _markstein_div
 from .elements import _decode, _e4m3_decode, _e4m3_encode
 
 
@@ -51,12 +51,12 @@ def _scale_encode(v, SCALE_KIND: tl.constexpr, SCALE_MAX: tl.constexpr, st_ty: t
                   HW: tl.constexpr = False, NONAN: tl.constexpr = False):
     """``ScaleCodec.encode`` then ``decode``: returns (raw value to store, float32 value).
 
-    SCALE_KIND 0: E8M0 (nearest power of two by the bits, ties up), 1: UE4M3 (E4M3 RNE
-    saturating), 2: a float dtype ``st_ty`` (clamp to +-max, RNE cast; a NaN is stored
+    SCALE_KIND (``ScaleKind``) E8M0: nearest power of two by the bits, ties up; UE4M3: E4M3 RNE
+    saturating; FP16 / BF16 / FP32: the float dtype ``st_ty`` (clamp to +-max, RNE cast; a NaN is stored
     as ``SNAN``, the host's cast of the default quiet NaN, since GPU casts canonicalise
     NaN payloads differently). ``NONAN`` (UE4M3 with ``HW``): no NaN handling, for callers
     that never use a NaN input's result."""
-    if SCALE_KIND == 0:
+    if SCALE_KIND == SK_E8M0:
         vb = _bits(v)
         e = (vb >> 23) & 0xFF
         m = vb & 0x7FFFFF
@@ -65,7 +65,7 @@ def _scale_encode(v, SCALE_KIND: tl.constexpr, SCALE_MAX: tl.constexpr, st_ty: t
         bb = tl.where(_isfinite(v) & (v > 0), bb, 255)
         raw = bb
         val = _e8m0_value(bb)
-    elif SCALE_KIND == 1:
+    elif SCALE_KIND == SK_UE4M3:
         # the NaN codes (0x7F | sign) come from NaN inputs only (saturation stops at 0x7E), so
         # the decode tests v for NaN instead of the code: the code's NaN, sign | 0x7FC00000
         isnan = v != v
@@ -90,9 +90,9 @@ def _scale_encode(v, SCALE_KIND: tl.constexpr, SCALE_MAX: tl.constexpr, st_ty: t
 
 @triton.jit
 def _scale_decode(raw, SCALE_KIND: tl.constexpr):
-    if SCALE_KIND == 0:
+    if SCALE_KIND == SK_E8M0:
         val = _e8m0_value(raw.to(tl.int32))
-    elif SCALE_KIND == 1:
+    elif SCALE_KIND == SK_UE4M3:
         val = _e4m3_decode(raw.to(tl.int32))
     else:
         val = raw.to(tl.float32)
