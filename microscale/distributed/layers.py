@@ -1,7 +1,9 @@
 """Column- and row-parallel quantized linears over a ``torch.distributed`` process group.
 
 Both hold one rank's :func:`~microscale.distributed.shard.shard` of the weight and run
-:func:`microscale.linear` on it; the same code runs over gloo (CPU) and NCCL (GPU).
+:func:`microscale.linear` on it for bf16/fp16 activations (``F.linear`` on the dequantized shard for
+float32 ones, as :class:`~microscale.nn.QuantLinear` does); the same code runs over gloo (CPU) and
+NCCL (GPU).
 
 * :class:`ColumnParallelQuantLinear` — weight cut along N (output features). Each rank computes
   its output columns; with ``gather_output=True`` they are all-gathered (and world padding
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from ..qtensor import QTensor
@@ -33,9 +36,13 @@ def world_and_rank(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
 
 
 def _linear(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> torch.Tensor:
-    from ..linear import linear  # the op family loads on first use (layer below)
+    """The local product, routed as :class:`~microscale.nn.QuantLinear` routes it: ``ms.linear`` for
+    bf16/fp16 activations, ``F.linear`` on the dequantized shard otherwise (float32 inputs)."""
+    if x.dtype in (torch.bfloat16, torch.float16):
+        from ..linear import linear  # the op family loads on first use (layer below)
 
-    return linear(x, q, bias)
+        return linear(x, q, bias)
+    return F.linear(x, q.dequantize(x.dtype), None if bias is None else bias.to(x.dtype))
 
 
 def _weight_of(src, name: str) -> tuple[QTensor, torch.Tensor | None]:
@@ -120,7 +127,7 @@ class ColumnParallelQuantLinear(_ParallelQuantLinear):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _linear(x, self.weight, None if self.bias is None else self.bias.to(x.dtype))
+        y = _linear(x, self.weight, self.bias)
         if not self.gather_output:
             return y
         parts = [torch.empty_like(y) for _ in range(self.spec.world_size)]
