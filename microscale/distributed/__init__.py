@@ -15,3 +15,6 @@ from .shard import ShardSpec, gather, gather_swizzled_scales, shard, shard_spec,
 __all__ = ["shard", "gather", "shard_spec", "ShardSpec", "shard_swizzled_scales", "gather_swizzled_scales",
            "ColumnParallelQuantLinear", "RowParallelQuantLinear", "world_and_rank", "parallelize", "DEFAULT_PLAN",
            "EXPERT_PARALLEL_HOOKS"]
+from .loading import DEFAULT_DIMS, ReadStats, load_sharded  # noqa: E402
+
+__all__ += ["load_sharded", "ReadStats", "DEFAULT_DIMS"]
