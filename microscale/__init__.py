@@ -14,6 +14,7 @@ Triton is needed only by the GPU paths, which load it on first use.
 from . import formats
 from .formats import Format, get_format, registry
 from .linear import linear  # the op; its package is microscale.linear (import it by name)
+from .moe import grouped_linear, moe_experts  # the MoE ops; their package is microscale.moe
 from .ops import decode, dequantize, encode, quantize
 from .qtensor import QTensor
 
@@ -21,3 +22,4 @@ __version__ = "0.1.0"
 
 __all__ = ["formats", "Format", "get_format", "registry", "QTensor", "quantize", "dequantize", "encode", "decode",
            "linear", "__version__"]
+__all__ += ["grouped_linear", "moe_experts"]

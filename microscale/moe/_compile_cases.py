@@ -1,0 +1,37 @@
+"""Every grouped-kernel launch the MoE ops ship, on CPU tensors (for an sm_90 compile check:
+a caller intercepts the launches; run plainly under the interpreter they compute real results)."""
+from __future__ import annotations
+
+import torch
+
+from ..formats import registry
+from ..ops import quantize
+from ..runtime import target
+from .grouped import grouped_run
+from .op import _experts_forward
+from .packed import prepare_experts
+from .tuning import GroupedConfig
+
+
+def launches() -> None:
+    """Each registry format through the decode (split-K) and prefill configs, bias and the
+    routing gather, bf16 and fp16 activations; and the composed experts forward."""
+    e, n, k = 3, 128, 256
+    offsets = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
+    configs = (GroupedConfig(block_n=128, block_m=16, block_kw=32, split_k=4),
+               GroupedConfig(block_n=128, block_m=128, block_kw=16, split_k=1, num_warps=8),
+               GroupedConfig(block_n=64, block_m=64, block_kw=16, split_k=1, num_warps=8))
+    with target.override(interpreting=True):
+        for name, fmt in registry.items():
+            pe = prepare_experts(quantize(torch.randn(e, n, k), fmt))
+            for dtype in (torch.bfloat16, torch.float16):
+                x = torch.randn(5, k).to(dtype)
+                for c in configs:
+                    grouped_run(x, pe, offsets, None, config=c)
+                grouped_run(x, pe, offsets, torch.randn(e, n), rows=torch.tensor([0, 1, 1, 4, 3], dtype=torch.int32))
+        gu = prepare_experts(quantize(torch.randn(8, 128, 256), "mxfp4"))
+        dn = prepare_experts(quantize(torch.randn(8, 256, 64), "mxfp4"))
+        x = torch.randn(4, 256).to(torch.bfloat16)
+        idx = torch.randint(0, 8, (4, 2))
+        _experts_forward(x, gu, dn, idx, torch.rand(4, 2), torch.randn(8, 128), torch.randn(8, 256),
+                         "swiglu_clamped", 1.702, 7.0, "interleaved")

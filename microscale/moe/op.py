@@ -1,0 +1,218 @@
+"""The public MoE ops and their ``torch.library`` registration.
+
+``grouped_linear`` and ``moe_experts`` take 3-D QTensor weights ``[E, N, K]`` (any registry
+format), repacked once per weight version (:mod:`.packed`), and run the custom ops
+``torch.ops.microscale.grouped_linear`` / ``torch.ops.microscale.moe_experts``: the grouped
+Triton kernel on CUDA (:mod:`.grouped`), the float64 reference (:mod:`.reference`) elsewhere.
+"""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from ..formats import Format
+from ..qtensor import QTensor
+from .packed import OP, PackedExperts, cached_prepare_experts, fmt_json
+from .reference import ACTIVATIONS, LAYOUTS, grouped_linear_reference, moe_experts_reference, swiglu
+
+__all__ = ["grouped_linear", "moe_experts", "route_tokens"]
+
+_MOE = "microscale.moe_experts"
+
+
+def _unpack(codes, scales, zp, gs, fmt_j, n, k, specials) -> PackedExperts:
+    fmt = Format.from_dict(json.loads(fmt_j))
+    return PackedExperts(fmt, codes.shape[0], n, k, 4 if fmt.element.bits <= 4 else 8, codes, scales, zp, gs,
+                         specials)
+
+
+def _args(pe: PackedExperts) -> tuple:
+    return (pe.codes, pe.scales, pe.zero_points, pe.global_scale, fmt_json(pe.fmt), pe.n, pe.k, pe.specials)
+
+
+def route_tokens(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort the (token, slot) pairs by expert on the device, no host sync: ``perm`` (int64
+    ``[T*top_k]``, flat pair index of each grouped row) and ``offsets`` (int32 ``[E+1]``)."""
+    ids = top_k_index.reshape(-1).to(torch.int64)
+    perm = torch.argsort(ids, stable=True)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, ids, torch.ones_like(ids))
+    offsets = torch.zeros(num_experts + 1, dtype=torch.int32, device=ids.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    return perm, offsets
+
+
+def _packed(w: QTensor | PackedExperts) -> PackedExperts:
+    return w if isinstance(w, PackedExperts) else cached_prepare_experts(w)  # (the cache is not traced)
+
+
+def _grouped_cuda(x, pe, offsets, bias, rows=None):
+    from .grouped import grouped_run
+
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return grouped_run(x, pe, offsets, bias, rows=rows)
+
+
+@torch.library.custom_op("microscale::grouped_linear", mutates_args=())
+def _grouped_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
+                global_scale: torch.Tensor | None, offsets: torch.Tensor, bias: torch.Tensor | None, fmt_j: str,
+                n: int, k: int, specials: bool) -> torch.Tensor:
+    pe = _unpack(codes, scales, zero_points, global_scale, fmt_j, n, k, specials)
+    if x.device.type == "cuda":
+        return _grouped_cuda(x, pe, offsets, bias)
+    y = grouped_linear_reference(x.double(), pe.dense(), offsets, None if bias is None else bias.double())
+    return y.to(x.dtype)
+
+
+@_grouped_op.register_fake
+def _(x, codes, scales, zero_points, global_scale, offsets, bias, fmt_j, n, k, specials):
+    return x.new_empty((x.shape[0], n))
+
+
+def _check_x(x: torch.Tensor, k: int, name: str = "x", op: str = OP) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"{op}: {name} must be [T, {k}] (K of the weight), got shape {tuple(x.shape)}")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"{op}: {name} must be bfloat16, float16 or float32, got {x.dtype}")
+
+
+def _check_bias(b: torch.Tensor | None, e: int, n: int, device, name: str, op: str) -> None:
+    if b is not None and (not isinstance(b, torch.Tensor) or tuple(b.shape) != (e, n) or b.device != device):
+        raise ValueError(f"{op}: {name} must be a [{e}, {n}] tensor on {device}, got "
+                         f"{tuple(b.shape) if isinstance(b, torch.Tensor) else type(b).__name__}")
+
+
+def grouped_linear(x: torch.Tensor, w: QTensor | PackedExperts, offsets: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Grouped weight-only matmul: ``out[r] = x[r] @ dequant(w[e])^T + bias[e]`` for the rows
+    ``offsets[e] <= r < offsets[e+1]`` of expert ``e``.
+
+    Args:
+        x: ``[T, K]`` bfloat16/float16 (float32 on CPU), rows grouped by expert.
+        w: a QTensor ``[E, N, K]`` in any registry format (blocks along K per expert), or
+            :func:`microscale.moe.prepare_experts` of one (pass that inside ``torch.compile``).
+        offsets: int32 ``[E+1]``, nondecreasing, ``offsets[0] = 0``, ``offsets[E] = T`` (checked
+            on CPU; on CUDA rows past ``offsets[E]`` are left unwritten).
+        bias: optional ``[E, N]``.
+
+    Returns:
+        ``[T, N]`` in x's dtype. CUDA: the grouped Triton kernel; elsewhere the float64 reference.
+    """
+    pe = _packed(w)
+    _check_x(x, pe.k)
+    if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int32 or tuple(offsets.shape) != (pe.e + 1,):
+        raise ValueError(f"{OP}: offsets must be an int32 tensor of shape [{pe.e + 1}], got "
+                         f"{offsets.dtype if isinstance(offsets, torch.Tensor) else type(offsets).__name__} "
+                         f"{tuple(offsets.shape) if isinstance(offsets, torch.Tensor) else ''}")
+    if offsets.device.type == "cpu" and not torch.compiler.is_compiling():
+        o = offsets.tolist()
+        if o[0] != 0 or o[-1] != x.shape[0] or any(b < a for a, b in zip(o, o[1:])):
+            raise ValueError(f"{OP}: offsets={o} must rise from 0 to T={x.shape[0]}")
+    _check_bias(bias, pe.e, pe.n, x.device, "bias", OP)
+    return torch.ops.microscale.grouped_linear(x, *_args(pe)[:4], offsets, bias, *_args(pe)[4:])
+
+
+def _experts_forward(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_bias, dn_bias, activation, alpha,
+                     limit, layout):
+    """The composed forward on CUDA: sort, gathered grouped GEMM, activation, grouped GEMM,
+    weighted sum in the token order (deterministic, fp32)."""
+    t, top_k = idx.shape
+    perm, offsets = route_tokens(idx, gu.e)
+    rows = (perm // top_k).to(torch.int32)
+    h = _grouped_cuda(x, gu, offsets, gu_bias, rows=rows)
+    h = swiglu(h, activation, alpha, limit, layout)
+    y = _grouped_cuda(h, dn, offsets, dn_bias)
+    y = y.float() * weights.reshape(-1)[perm].float()[:, None]
+    out = torch.empty_like(y)
+    out[perm] = y
+    return out.view(t, top_k, -1).sum(1).to(x.dtype)
+
+
+@torch.library.custom_op("microscale::moe_experts", mutates_args=())
+def _moe_op(x: torch.Tensor, gu_codes: torch.Tensor, gu_scales: torch.Tensor, gu_zp: torch.Tensor | None,
+            gu_gs: torch.Tensor | None, dn_codes: torch.Tensor, dn_scales: torch.Tensor, dn_zp: torch.Tensor | None,
+            dn_gs: torch.Tensor | None, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+            gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, fmt_gu: str, fmt_dn: str,
+            dims: list[int], specials: list[bool], activation: str, alpha: float | None, limit: float | None,
+            layout: str) -> torch.Tensor:
+    h2, hid, inter = dims
+    gu = _unpack(gu_codes, gu_scales, gu_zp, gu_gs, fmt_gu, h2, hid, specials[0])
+    dn = _unpack(dn_codes, dn_scales, dn_zp, dn_gs, fmt_dn, hid, inter, specials[1])
+    if x.device.type == "cuda":
+        return _experts_forward(x, gu, dn, top_k_index, top_k_weights, gate_up_bias, down_bias, activation, alpha,
+                                limit, layout)
+    d = lambda b: None if b is None else b.double()  # noqa: E731
+    y = moe_experts_reference(x.double(), gu.dense(), dn.dense(), top_k_index, top_k_weights.double(),
+                              activation=activation, gate_up_bias=d(gate_up_bias), down_bias=d(down_bias),
+                              alpha=alpha, limit=limit, layout=layout)
+    return y.to(x.dtype)
+
+
+@_moe_op.register_fake
+def _(x, gu_codes, gu_scales, gu_zp, gu_gs, dn_codes, dn_scales, dn_zp, dn_gs, top_k_index, top_k_weights,
+      gate_up_bias, down_bias, fmt_gu, fmt_dn, dims, specials, activation, alpha, limit, layout):
+    return x.new_empty((x.shape[0], dims[1]))
+
+
+def moe_experts(x: torch.Tensor, w_gate_up: QTensor | PackedExperts, w_down: QTensor | PackedExperts,
+                top_k_index: torch.Tensor, top_k_weights: torch.Tensor, *, activation: str = "swiglu",
+                gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
+                alpha: float | None = None, limit: float | None = None, layout: str = "concat") -> torch.Tensor:
+    """The experts forward of a MoE layer: each token through its ``top_k`` experts, weighted and summed.
+
+    ``out[t] = sum_j top_k_weights[t, j] * (act(x[t] @ Wgu[e]^T + bgu[e]) @ Wd[e]^T + bd[e])``,
+    ``e = top_k_index[t, j]``. On CUDA: tokens sorted per expert on the device (no host sync),
+    the gate/up grouped GEMM reading the gathered rows of ``x`` directly, the activation, the down
+    grouped GEMM, and the weighted sum in fp32 in token order (deterministic).
+
+    Args:
+        x: ``[T, H]``.
+        w_gate_up: QTensor ``[E, 2I, H]`` (gate and up stacked along N as ``layout`` says).
+        w_down: QTensor ``[E, H, I]``.
+        top_k_index: int ``[T, top_k]`` expert ids in ``[0, E)``; top_k_weights: ``[T, top_k]``.
+        activation: ``"swiglu"`` (``silu(gate) * up``) or ``"swiglu_clamped"`` (gpt-oss:
+            ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, ``g = clamp(gate, max=limit)``;
+            ``alpha`` defaults to 1.702 and ``limit`` to 7.0).
+        gate_up_bias / down_bias: optional ``[E, 2I]`` / ``[E, H]``.
+        layout: ``"concat"`` (gate rows then up rows) or ``"interleaved"`` (gate, up alternating: gpt-oss).
+
+    Returns:
+        ``[T, H]`` in x's dtype.
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{_MOE}: activation={activation!r}; expected one of {', '.join(ACTIVATIONS)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"{_MOE}: layout={layout!r}; expected one of {', '.join(LAYOUTS)}")
+    if activation == "swiglu_clamped":
+        alpha = 1.702 if alpha is None else float(alpha)
+        limit = 7.0 if limit is None else float(limit)
+    elif alpha is not None or limit is not None:
+        raise ValueError(f"{_MOE}: alpha/limit apply to activation='swiglu_clamped', not {activation!r}")
+    gu = _packed(w_gate_up)
+    dn = _packed(w_down)
+    e, h2, hid = gu.e, gu.n, gu.k
+    if h2 % 2 or dn.e != e or dn.n != hid or dn.k != h2 // 2:
+        raise ValueError(f"{_MOE}: w_gate_up [{e}, {h2}, {hid}] and w_down [{dn.e}, {dn.n}, {dn.k}] do not fit: "
+                         f"expected w_down [{e}, {hid}, {h2 // 2}]")
+    _check_x(x, hid, op=_MOE)
+    if not isinstance(top_k_index, torch.Tensor) or top_k_index.dim() != 2 or top_k_index.shape[0] != x.shape[0] \
+            or top_k_index.dtype.is_floating_point:
+        raise ValueError(f"{_MOE}: top_k_index must be an integer [T={x.shape[0]}, top_k] tensor, got "
+                         f"{getattr(top_k_index, 'dtype', None)} {tuple(getattr(top_k_index, 'shape', ()))}")
+    if not isinstance(top_k_weights, torch.Tensor) or top_k_weights.shape != top_k_index.shape:
+        raise ValueError(f"{_MOE}: top_k_weights must match top_k_index's shape {tuple(top_k_index.shape)}, got "
+                         f"{tuple(getattr(top_k_weights, 'shape', ()))}")
+    if top_k_index.device.type == "cpu" and top_k_index.numel() and not torch.compiler.is_compiling():
+        lo, hi = int(top_k_index.min()), int(top_k_index.max())
+        if lo < 0 or hi >= e:
+            raise ValueError(f"{_MOE}: top_k_index holds {lo if lo < 0 else hi}, outside [0, {e})")
+    _check_bias(gate_up_bias, e, h2, x.device, "gate_up_bias", _MOE)
+    _check_bias(down_bias, e, hid, x.device, "down_bias", _MOE)
+    return torch.ops.microscale.moe_experts(
+        x, gu.codes, gu.scales, gu.zero_points, gu.global_scale, dn.codes, dn.scales, dn.zero_points,
+        dn.global_scale, top_k_index, top_k_weights, gate_up_bias, down_bias, fmt_json(gu.fmt), fmt_json(dn.fmt),
+        [h2, hid, h2 // 2], [gu.specials, dn.specials], activation, alpha, limit, layout)

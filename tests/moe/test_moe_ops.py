@@ -1,0 +1,181 @@
+"""The MoE ops: the references vs float64 math, the grouped Triton kernel (interpreter on CPU)
+vs the float64 reference, the composed experts forward, the custom ops and their errors."""
+import pytest
+import torch
+
+import microscale as ms
+from microscale.moe import moe_experts_reference, op, prepare_experts
+from microscale.moe.grouped import grouped_run, tile_map
+from microscale.moe.reference import grouped_linear_reference, swiglu
+from microscale.moe.tuning import GroupedConfig, choose_config
+
+FORMATS = ["nvfp4", "mxfp4", "mxfp8_e4m3", "mxfp6_e3m2", "int4_affine_g32", "fp8_e4m3_block128x128", "int8_fp16"]
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def offsets_of(counts):
+    o = torch.zeros(len(counts) + 1, dtype=torch.int32)
+    o[1:] = torch.cumsum(torch.tensor(counts), 0)
+    return o
+
+
+def test_experts_qtensor_is_per_expert_quantization(gen):
+    """A 3-D QTensor [E, N, K] holds each expert quantized along K exactly as its 2-D slice
+    (formats without a per-tensor scale; nvfp4's global scale is one for the whole tensor)."""
+    w = torch.randn(3, 32, 64, generator=gen)
+    for fmt in ("mxfp4", "mxfp8_e4m3", "int4_affine_g32"):
+        q = ms.quantize(w, fmt)
+        for e in range(3):
+            qe = ms.quantize(w[e], fmt)
+            assert torch.equal(q.data[e], qe.data) and torch.equal(q.scales[e].view(torch.uint8),
+                                                                   qe.scales.view(torch.uint8))
+            assert torch.equal(q.dequantize()[e], qe.dequantize())
+
+
+def test_references_match_per_token_math(gen):
+    e, h, i, t, k = 4, 8, 6, 5, 2
+    wgu = torch.randn(e, 2 * i, h, generator=gen, dtype=torch.float64)
+    wd = torch.randn(e, h, i, generator=gen, dtype=torch.float64)
+    b1 = torch.randn(e, 2 * i, generator=gen, dtype=torch.float64)
+    b2 = torch.randn(e, h, generator=gen, dtype=torch.float64)
+    x = torch.randn(t, h, generator=gen, dtype=torch.float64) * 3
+    idx = torch.randint(0, e, (t, k), generator=gen)
+    wt = torch.rand(t, k, generator=gen, dtype=torch.float64)
+    got = moe_experts_reference(x, wgu, wd, idx, wt, activation="swiglu_clamped", gate_up_bias=b1, down_bias=b2,
+                                alpha=1.702, limit=7.0, layout="interleaved")
+    want = torch.zeros(t, h, dtype=torch.float64)
+    for a in range(t):
+        for j in range(k):
+            ex = int(idx[a, j])
+            g = (wgu[ex] @ x[a] + b1[ex])
+            gate, up = g[0::2].clamp(max=7.0), g[1::2].clamp(-7.0, 7.0)  # transformers' GptOssExperts
+            want[a] += wt[a, j] * (wd[ex] @ ((up + 1) * gate * torch.sigmoid(gate * 1.702)) + b2[ex])
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    h2 = torch.randn(3, 2 * i, generator=gen, dtype=torch.float64)
+    assert torch.allclose(swiglu(h2), torch.nn.functional.silu(h2[:, :i]) * h2[:, i:])
+    offs = offsets_of([2, 0, 3, 0])
+    y = grouped_linear_reference(x, wgu, offs, b1)
+    assert torch.allclose(y[2:5], x[2:5] @ wgu[2].T + b1[2])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_grouped_kernel_formats(fmt, gen):
+    """Ragged groups with empty experts, bias, poisoned output: every row written, < 1e-2."""
+    e, n, k = 4, 128, 256
+    q = ms.quantize(torch.randn(e, n, k, generator=gen), fmt)
+    counts = [3, 0, 9, 1]
+    offs = offsets_of(counts)
+    x = torch.randn(sum(counts), k, generator=gen).bfloat16()
+    bias = torch.randn(e, n, generator=gen)
+    ref = grouped_linear_reference(x.double(), q.dequantize(torch.float64), offs, bias.double())
+    out = torch.full((x.shape[0], n), float("nan"), dtype=torch.bfloat16)
+    grouped_run(x, prepare_experts(q), offs, bias, out=out)
+    assert not out.isnan().any()
+    assert rel(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("case", ["one_expert", "t1", "split_k", "prefill_tiles", "gather"])
+def test_grouped_kernel_routes(case, gen):
+    e, n, k = 6, 64, 256
+    q = ms.quantize(torch.randn(e, n, k, generator=gen), "nvfp4")
+    pe = prepare_experts(q)
+    counts = {"one_expert": [0, 0, 0, 37, 0, 0], "t1": [0, 1, 0, 0, 0, 0], "split_k": [2, 0, 5, 0, 0, 1],
+              "prefill_tiles": [33, 0, 40, 1, 0, 0], "gather": [4, 0, 2, 0, 3, 0]}[case]
+    cfg = {"split_k": GroupedConfig(block_n=64, block_m=16, block_kw=8, split_k=3),
+           "prefill_tiles": GroupedConfig(block_n=64, block_m=32, block_kw=8, num_warps=8)}.get(case)
+    offs = offsets_of(counts)
+    r = sum(counts)
+    x = torch.randn(r if case != "gather" else 4, k, generator=gen).bfloat16()
+    rows = torch.randint(0, x.shape[0], (r,), generator=gen, dtype=torch.int32) if case == "gather" else None
+    xg = x[rows.long()] if rows is not None else x
+    ref = grouped_linear_reference(xg.double(), q.dequantize(torch.float64), offs)
+    out = torch.full((r, n), float("nan"), dtype=torch.bfloat16)
+    grouped_run(x, pe, offs, rows=rows, config=cfg, out=out)
+    assert not out.isnan().any()
+    assert rel(out, ref) < 1e-2
+
+
+def test_tile_map_covers_every_row_once():
+    offs = offsets_of([0, 5, 16, 0, 17, 1])
+    te, tb = tile_map(offs, 16, 4 + 6)
+    seen = []
+    for s in range(te.numel()):
+        ex = int(te[s])
+        if ex < 6:
+            a = int(offs[ex]) + 16 * int(tb[s])
+            assert a < int(offs[ex + 1])
+            seen += list(range(a, min(a + 16, int(offs[ex + 1]))))
+    assert sorted(seen) == list(range(39))
+
+
+def test_choose_config_buckets():
+    cpu = torch.device("cpu")
+    assert choose_config(8, 128, 2880, 384, 4, cpu).block_m == 16
+    assert choose_config(4096 * 4, 128, 2880, 384, 4, cpu).block_m == 128
+
+
+@pytest.mark.parametrize("layout,activation,bias", [("concat", "swiglu", False),
+                                                    ("interleaved", "swiglu_clamped", True)])
+def test_experts_forward_kernel_path(layout, activation, bias, gen):
+    """The composed CUDA forward (run by the interpreter on CPU) vs float64; E=128 top-8."""
+    e, h, i, t, top = (128, 64, 32, 6, 8) if bias else (16, 64, 32, 5, 4)
+    gu = ms.quantize(torch.randn(e, 2 * i, h, generator=gen), "mxfp4")
+    dn = ms.quantize(torch.randn(e, h, i, generator=gen), "nvfp4")
+    x = torch.randn(t, h, generator=gen).bfloat16()
+    idx = torch.stack([torch.randperm(e, generator=gen)[:top] for _ in range(t)])
+    w = torch.softmax(torch.randn(t, top, generator=gen), -1)
+    b1 = torch.randn(e, 2 * i, generator=gen) if bias else None
+    b2 = torch.randn(e, h, generator=gen) if bias else None
+    a, lim = (1.702, 7.0) if activation == "swiglu_clamped" else (None, None)
+    d = lambda v: None if v is None else v.double()  # noqa: E731
+    ref = moe_experts_reference(x.double(), gu.dequantize(torch.float64), dn.dequantize(torch.float64), idx,
+                                w.double(), activation=activation, gate_up_bias=d(b1), down_bias=d(b2), alpha=a,
+                                limit=lim, layout=layout)
+    y = op._experts_forward(x, prepare_experts(gu), prepare_experts(dn), idx, w, b1, b2, activation, a, lim, layout)
+    assert y.dtype == torch.bfloat16 and rel(y, ref) < 1e-2
+
+
+def test_public_ops_cpu_and_compile(gen):
+    e, h, i, t = 4, 64, 32, 5
+    gu = ms.quantize(torch.randn(e, 2 * i, h, generator=gen), "mxfp4")
+    dn = ms.quantize(torch.randn(e, h, i, generator=gen), "mxfp4")
+    x = torch.randn(t, h, generator=gen).bfloat16()
+    idx = torch.randint(0, e, (t, 2), generator=gen)
+    w = torch.rand(t, 2, generator=gen)
+    ref = moe_experts_reference(x.double(), gu.dequantize(torch.float64), dn.dequantize(torch.float64), idx,
+                                w.double())
+    y = ms.moe_experts(x, gu, dn, idx, w)
+    assert rel(y, ref) < 1e-2
+    pgu, pdn = prepare_experts(gu), prepare_experts(dn)
+    f = torch.compile(lambda a: ms.moe_experts(a, pgu, pdn, idx, w), fullgraph=True, backend="eager")
+    assert torch.equal(f(x), y)
+    offs = offsets_of([1, 0, 4, 0])
+    g = ms.grouped_linear(x, gu, offs)
+    assert rel(g, grouped_linear_reference(x.double(), gu.dequantize(torch.float64), offs)) < 1e-2
+
+
+def test_errors(gen):
+    gu = ms.quantize(torch.randn(4, 64, 64, generator=gen), "mxfp4")
+    dn = ms.quantize(torch.randn(4, 64, 32, generator=gen), "mxfp4")
+    x = torch.randn(3, 64).bfloat16()
+    idx = torch.zeros(3, 2, dtype=torch.int64)
+    w = torch.ones(3, 2)
+    with pytest.raises(ValueError, match="offsets"):
+        ms.grouped_linear(x, gu, torch.tensor([0, 1, 1, 1, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match="offsets"):
+        ms.grouped_linear(x, gu, torch.tensor([0, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"x must be \[T, 64\]"):
+        ms.grouped_linear(x[:, :32], gu, torch.tensor([0, 3, 3, 3, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="3-D"):
+        ms.grouped_linear(x, ms.quantize(torch.randn(64, 64), "mxfp4"), torch.tensor([0, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="activation='gelu'"):
+        ms.moe_experts(x, gu, dn, idx, w, activation="gelu")
+    with pytest.raises(ValueError, match="outside"):
+        ms.moe_experts(x, gu, dn, idx + 4, w)
+    with pytest.raises(ValueError, match="do not fit"):
+        ms.moe_experts(x, gu, gu, idx, w)
+    with pytest.raises(ValueError, match="swiglu_clamped"):
+        ms.moe_experts(x, gu, dn, idx, w, alpha=1.0)
