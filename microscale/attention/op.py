@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,10 @@ def choose_config(n_seqs: int, kv_heads: int, group: int, max_len: int, max_q: i
         m_tiles = -(-max_q // (rows // gp))
         want = -(-2 * target.num_sms(device) // max(1, n_seqs * kv_heads * m_tiles))
     return AttentionConfig(block_n=block_n, rows=rows, num_splits=max(1, min(want, n_blocks, 256)))
+
+
+# Triton's interpreter (its bf16 dot is wrong): read once, as triton.jit reads it when the kernels are imported
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @functools.cache
@@ -110,7 +115,7 @@ def _paged(q, cache: PagedKVCache, layer, q_lens, seqs, softmax_scale, sliding_w
               float(softcap or 1.0), int(sliding_window or 0),
               D=d, DB=cache.k_codes[layer].shape[-1], NB=cache.k_scales[layer].shape[-1],
               PAGE=cache.page_size, G=group, GP=gp, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-              HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None, N_ITER=n_iter, DOT_BF16=not target.interpreting(), **fc,
+              HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None, N_ITER=n_iter, DOT_BF16=not _INTERPRET, **fc,
               num_warps=cfg.num_warps)
     sp = 1 << max(0, (n_splits - 1).bit_length())
     rl.launch(kern._combine_kernel, (total * hq,), o_part, lse, sinks if sinks is not None else lse, out, hq,
