@@ -98,6 +98,7 @@ class PagedKVCache:
         self._lens = [[0] * max_seqs for _ in range(num_layers)]
         self._npages = [0] * max_seqs
         self._free = list(range(num_pages - 1, -1, -1))
+        self._meta: dict = {}  # the attention kernels' per-batch-layout index tensors, on the device
 
     # ---- bookkeeping -------------------------------------------------------------------
     def lengths(self, layer: int = 0) -> list[int]:

@@ -94,7 +94,10 @@ def _paged(q, cache: PagedKVCache, layer, q_lens, seqs, softmax_scale, sliding_w
     starts = [0]
     for n in q_lens[:-1]:
         starts.append(starts[-1] + n)
-    meta = torch.tensor([seqs, starts, q_lens], dtype=torch.int32).to(dev, non_blocking=True)
+    key = (tuple(seqs), tuple(q_lens))
+    meta = cache._meta.get(key)
+    if meta is None:  # kept per batch layout: no host-to-device copy per call (CUDA-graph capturable)
+        meta = cache._meta[key] = torch.tensor([seqs, starts, q_lens], dtype=torch.int32).to(dev)
     total = q.shape[0]
     o_part = torch.empty((total, hq, n_splits, d), dtype=torch.float32, device=dev)
     lse = torch.empty((total, hq, n_splits), dtype=torch.float32, device=dev)

@@ -284,3 +284,9 @@ BUILDERS: dict[str, Callable[[CaseSpec, Context], Case]] = {
     "dequantize": build_dequantize,
     "linear": build_linear,
 }
+
+# ---- kv_decode (microscale.attention): its builder lives in .cases_kv ----
+from .cases_kv import PEERS_KV, build_kv_decode  # noqa: E402
+
+PEERS.update(PEERS_KV)
+BUILDERS["kv_decode"] = build_kv_decode
