@@ -19,16 +19,10 @@ from .cases import Case, Context, Peer, _format, _lookup
 from .checks import Check, rel_fro
 from .suites import CaseSpec
 
-__all__ = ["build_kv_decode", "KV_TOL", "PEERS_KV"]
+__all__ = ["build_kv_decode", "KV_TOL"]
 
 #: relative Frobenius error allowed against the float32 reference (bf16 MMA operands)
 KV_TOL = 1e-2
-#: what each peer is, for the report
-PEERS_KV = {
-    "SDPA bf16 KV": "torch SDPA (enable_gqa) on dense bf16 K/V [B, Hkv, L, D] of the same shape; a window "
-                    "as the last W keys",
-    "FlashAttention bf16 KV": "flash_attn_with_kvcache on dense bf16 K/V [B, L, Hkv, D] (when installed)",
-}
 _FILL = 8192  # tokens per append while filling the cache
 
 

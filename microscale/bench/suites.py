@@ -227,3 +227,5 @@ SUITES["kv"] = Suite(
                                            tuple(s for s in _KV_LLAMA70 if s[1] == 32768)),))},
     cpu={"kv_decode": OpPlan(("nvfp4",), ((1, 256, 8, 2, 64, 0),))},
     budget_s=900.0, graph="always")
+# the default suite covers every op: decode at 32k, batch 1, Llama-3-70B-like heads
+SUITES["default"].cuda["kv_decode"] = OpPlan(("nvfp4", "mxfp4"), ((1, 32768, 64, 8, 128, 0),))
