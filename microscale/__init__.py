@@ -23,3 +23,7 @@ __version__ = "0.1.0"
 __all__ = ["formats", "Format", "get_format", "registry", "QTensor", "quantize", "dequantize", "encode", "decode",
            "linear", "__version__"]
 __all__ += ["grouped_linear", "moe_experts"]
+
+from . import attention  # noqa: E402  the KV-cache attention family (microscale.attention); no Triton at import
+
+__all__ += ["attention"]

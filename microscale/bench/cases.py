@@ -284,3 +284,18 @@ BUILDERS: dict[str, Callable[[CaseSpec, Context], Case]] = {
     "dequantize": build_dequantize,
     "linear": build_linear,
 }
+
+# ---- kv_decode (microscale.attention): the builder lives in .cases_kv, imported on first use (it builds on this module)
+PEERS["SDPA bf16 KV"] = ("torch SDPA (enable_gqa) on dense bf16 K/V [B, Hkv, L, D] of the same shape; a sliding "
+                         "window as the last W keys")
+PEERS["FlashAttention bf16 KV"] = "flash_attn_with_kvcache on dense bf16 K/V [B, L, Hkv, D] (when installed)"
+
+
+def build_kv_decode(spec: CaseSpec, ctx: Context) -> Case:
+    """``microscale.attention.decode_attention`` over a paged block-scaled KV cache (:mod:`.cases_kv`)."""
+    from .cases_kv import build_kv_decode as build
+
+    return build(spec, ctx)
+
+
+BUILDERS["kv_decode"] = build_kv_decode

@@ -209,3 +209,23 @@ def suite_graph(suite: str, override: Optional[str] = None) -> str:
     """The CUDA-graph mode a run of ``suite`` uses: ``override`` when given, else the
     suite's own (:attr:`Suite.graph`), else 'auto'."""
     return override or SUITES[suite].graph or "auto"
+
+
+# ---- kv: decode attention over a block-scaled paged KV cache (microscale.attention) ----
+OPS = OPS + ("kv_decode",)
+#: kv_decode shapes: batch x context x q heads x kv heads x head_dim x sliding window (0: none)
+SHAPE_RANK["kv_decode"] = 6
+_KV_BL = ((1, 32768), (8, 32768), (1, 4096), (8, 4096), (64, 4096), (1, 131072), (8, 131072), (64, 32768),
+          (64, 131072))  # the 32k rows first: they carry the targets
+_KV_LLAMA70 = tuple((b, n, 64, 8, 128, 0) for b, n in _KV_BL)
+_KV_GPT_OSS = tuple((b, n, 64, 8, 64, w) for b, n in _KV_BL for w in (0, 128))  # full and sliding layers
+SUITES["kv"] = Suite(
+    "kv", "decode attention over a paged KV cache (fp8 per token, NVFP4, MXFP4; MXFP8 and int at 32k), "
+          "batch 1/8/64, context 4k/32k/128k, 64 q / 8 kv heads at head_dim 128 and gpt-oss-120b's shape",
+    cuda={"kv_decode": OpPlan(("fp8_e4m3_block128", "nvfp4", "mxfp4"), _KV_LLAMA70 + _KV_GPT_OSS,
+                              more=(OpPlan(("mxfp8_e4m3", "int8_fp16", "int4_fp16"),
+                                           tuple(s for s in _KV_LLAMA70 if s[1] == 32768)),))},
+    cpu={"kv_decode": OpPlan(("nvfp4",), ((1, 256, 8, 2, 64, 0),))},
+    budget_s=900.0, graph="always")
+# the default suite covers every op: decode at 32k, batch 1, Llama-3-70B-like heads
+SUITES["default"].cuda["kv_decode"] = OpPlan(("nvfp4", "mxfp4"), ((1, 32768, 64, 8, 128, 0),))

@@ -1,0 +1,166 @@
+"""Attention over a block-scaled paged KV cache: :func:`decode_attention` (one query per
+sequence, flash decoding) and :func:`extend_attention` (causal prefill / extend, chunked),
+both reading the pages directly; K/V are decoded tile by tile in registers, never written
+back to memory in a wider type.
+
+CUDA tensors (or the Triton interpreter) run the Triton kernels in :mod:`._kernels`; CPU
+tensors run :func:`~.reference.attention_reference` in float32.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ..runtime import target
+from .cache import PagedKVCache
+from .reference import attention_reference, check_attention_args
+
+__all__ = ["decode_attention", "extend_attention", "AttentionConfig", "choose_config"]
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Tiling of one call: ``block_n`` keys per loop step, ``rows`` query rows (tokens x
+    heads of a GQA group, >= 16 for the MMA), ``num_splits`` key-range splits, ``num_warps``."""
+
+    block_n: int
+    rows: int
+    num_splits: int
+    num_warps: int = 4
+
+
+def choose_config(n_seqs: int, kv_heads: int, group: int, max_len: int, max_q: int, device: torch.device,
+                  block_n: int = 64) -> AttentionConfig:
+    """Decode: split the keys so programs >= 2 x SMs (all SMs stream KV at batch 1);
+    prefill: 64-row query tiles, one split per 4k keys at most."""
+    gp = 1 << max(0, (group - 1).bit_length())
+    n_blocks = max(1, -(-max_len // block_n))
+    if max_q == 1:
+        rows = max(16, gp)
+        want = -(-2 * target.num_sms(device) // max(1, n_seqs * kv_heads))
+    else:
+        rows = max(64, gp)
+        m_tiles = -(-max_q // (rows // gp))
+        want = -(-2 * target.num_sms(device) // max(1, n_seqs * kv_heads * m_tiles))
+    return AttentionConfig(block_n=block_n, rows=rows, num_splits=max(1, min(want, n_blocks, 256)))
+
+
+# Triton's interpreter (its bf16 dot is wrong): read once, as triton.jit reads it when the kernels are imported
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.cache
+def _device():
+    from ..runtime import launch
+    from . import _kernels
+
+    return launch, _kernels
+
+
+def _raw_scales(t: torch.Tensor) -> torch.Tensor:
+    """Scales viewed as integers of their width (the kernel decodes the bits)."""
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def _paged(q, cache: PagedKVCache, layer, q_lens, seqs, softmax_scale, sliding_window, sinks, softcap, config, op):
+    seqs, q_lens = check_attention_args(q, cache, layer, q_lens, seqs, sinks, sliding_window, softcap, op)
+    if q.device.type != "cuda" and not target.interpreting():
+        return attention_reference(q, cache, layer, q_lens=q_lens, seqs=seqs, softmax_scale=softmax_scale,
+                                   sliding_window=sliding_window, sinks=sinks, softcap=softcap).to(q.dtype)
+    from ..linear.packed import format_constexprs
+
+    rl, kern = _device()
+    dev = q.device
+    hq, d = q.shape[1], q.shape[2]
+    hkv = cache.num_kv_heads
+    group = hq // hkv
+    if d & (d - 1) or d < 16:
+        raise NotImplementedError(f"{op}: head_dim={d}; the kernel takes powers of two >= 16")
+    lens = cache.lengths(layer)
+    max_len = max(lens[s] for s in seqs)
+    cfg = config or choose_config(len(seqs), hkv, group, max_len, max(q_lens), dev)
+    gp = 1 << max(0, (group - 1).bit_length())
+    if cfg.rows % gp or cfg.rows < 16:
+        raise ValueError(f"{op}: config rows={cfg.rows} must be >= 16 and a multiple of the padded group {gp}")
+    block_m = cfg.rows // gp
+    n_splits = cfg.num_splits
+    n_iter = 1 << max(0, (-(-(-(-max_len // n_splits)) // cfg.block_n) - 1).bit_length())
+    split_len = n_iter * cfg.block_n
+    n_splits = max(1, -(-max_len // split_len))
+    starts = [0]
+    for n in q_lens[:-1]:
+        starts.append(starts[-1] + n)
+    key = (tuple(seqs), tuple(q_lens))
+    meta = cache._meta.get(key)
+    if meta is None:  # kept per batch layout: no host-to-device copy per call (CUDA-graph capturable)
+        meta = cache._meta[key] = torch.tensor([seqs, starts, q_lens], dtype=torch.int32).to(dev)
+    total = q.shape[0]
+    o_part = torch.empty((total, hq, n_splits, d), dtype=torch.float32, device=dev)
+    lse = torch.empty((total, hq, n_splits), dtype=torch.float32, device=dev)
+    out = torch.empty((total, hq, d), dtype=q.dtype, device=dev)
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    fc = format_constexprs(cache.fmt, specials=cache.fmt.element.kind == "float")
+    kz = cache.k_zero_points[layer] if cache.fmt.zero_point else cache.k_codes[layer]
+    vz = cache.v_zero_points[layer] if cache.fmt.zero_point else cache.v_codes[layer]
+    gs = cache.global_scale if cache.global_scale is not None else o_part
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    grid = (-(-max(q_lens) // block_m), len(seqs) * hkv, n_splits)
+    rl.launch(kern._paged_attn_kernel, grid,
+              q, cache.k_codes[layer], cache.v_codes[layer], _raw_scales(cache.k_scales[layer]),
+              _raw_scales(cache.v_scales[layer]), kz, vz, gs, cache.page_table, cache.seq_lens[layer],
+              meta[0], meta[1], meta[2], o_part, lse,
+              q.stride(0), q.stride(1), cache.page_table.stride(0), hkv, hq, n_splits, split_len, scale,
+              float(softcap or 1.0), int(sliding_window or 0),
+              D=d, DB=cache.k_codes[layer].shape[-1], NB=cache.k_scales[layer].shape[-1],
+              PAGE=cache.page_size, G=group, GP=gp, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+              HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None, N_ITER=n_iter, DOT_BF16=not _INTERPRET, **fc,
+              num_warps=cfg.num_warps)
+    sp = 1 << max(0, (n_splits - 1).bit_length())
+    rl.launch(kern._combine_kernel, (total * hq,), o_part, lse, sinks if sinks is not None else lse, out, hq,
+              n_splits, out.stride(0), out.stride(1), D=d, SP=sp, HAS_SINKS=sinks is not None, num_warps=4)
+    return out
+
+
+def decode_attention(q: torch.Tensor, cache: PagedKVCache, layer: int, *, seqs: list[int] | None = None,
+                     softmax_scale: float | None = None, sliding_window: int | None = None,
+                     sinks: torch.Tensor | None = None, softcap: float | None = None,
+                     config: AttentionConfig | None = None) -> torch.Tensor:
+    """One query token per sequence over the quantized pages (flash decoding).
+
+    Args:
+        q: ``[B, Hq, D]``, the newest token of each of ``seqs`` (its K/V already appended).
+        cache, layer: the KV cache and the layer read.
+        seqs: cache sequences of the batch rows (default ``0..B-1``).
+        softmax_scale: default ``1/sqrt(D)``; sliding_window, sinks ``[Hq]``, softcap: as
+            :func:`~.reference.attention_reference`.
+        config: tiling override (default :func:`choose_config`).
+
+    Returns:
+        ``[B, Hq, D]`` in q's dtype.
+    """
+    return _paged(q, cache, layer, None, seqs, softmax_scale, sliding_window, sinks, softcap, config,
+                  "decode_attention")
+
+
+def extend_attention(q: torch.Tensor, cache: PagedKVCache, layer: int, q_lens: list[int], *,
+                     seqs: list[int] | None = None, softmax_scale: float | None = None,
+                     sliding_window: int | None = None, sinks: torch.Tensor | None = None,
+                     softcap: float | None = None, config: AttentionConfig | None = None) -> torch.Tensor:
+    """Causal prefill / extend: ``q_lens[i]`` new query tokens per sequence (ragged), each
+    attending to the cached tokens before it and itself.
+
+    Args:
+        q: ``[sum(q_lens), Hq, D]``, the queries of ``seqs`` concatenated (their K/V already appended).
+        q_lens: query tokens per sequence.
+        Others: as :func:`decode_attention`.
+
+    Returns:
+        ``[sum(q_lens), Hq, D]`` in q's dtype.
+    """
+    return _paged(q, cache, layer, q_lens, seqs, softmax_scale, sliding_window, sinks, softcap, config,
+                  "extend_attention")

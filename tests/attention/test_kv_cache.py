@@ -1,0 +1,88 @@
+"""The paged KV cache: codes written by append are bit-identical to ms.quantize of the same
+K/V (ragged sequences, page boundaries, decode steps), bookkeeping and errors."""
+import pytest
+import torch
+
+import microscale as ms
+from microscale.attention import PagedKVCache
+
+#: (preset, per_token, global_scale): fp8 per token, MX formats, NVFP4 two-level, int with group scales
+KV_FORMATS = [("fp8_e4m3_fp32", True, None), ("mxfp8_e4m3", False, None), ("nvfp4", False, 0.02),
+              ("mxfp4", False, None), ("int8_fp16", False, None), ("int4_fp16", False, None),
+              ("int4_affine_g32", False, None)]
+
+
+def _cache(fmt, per_token, gs, **kw):
+    args = dict(num_layers=2, num_kv_heads=2, head_dim=64, num_pages=12, page_size=4, max_seqs=3)
+    args.update(kw)
+    return PagedKVCache(fmt, per_token=per_token, global_scale=gs, **args)
+
+
+@pytest.mark.parametrize("fmt,per_token,gs", KV_FORMATS)
+def test_append_codes_match_quantize(fmt, per_token, gs, gen):
+    c = _cache(fmt, per_token, gs)
+    ks = {s: [] for s in range(3)}
+    vs = {s: [] for s in range(3)}
+    for s, n in ((0, 5), (1, 1), (2, 9), (0, 3)):  # ragged prefill chunks crossing page boundaries
+        k, v = torch.randn(n, 2, 64, generator=gen) * 3, torch.randn(n, 2, 64, generator=gen)
+        c.append(1, k, v, seqs=[s])
+        ks[s].append(k)
+        vs[s].append(v)
+    for _ in range(2):  # decode steps: one token for every sequence
+        k, v = torch.randn(3, 1, 2, 64, generator=gen), torch.randn(3, 1, 2, 64, generator=gen)
+        c.append(1, k, v)
+        for s in range(3):
+            ks[s].append(k[s])
+            vs[s].append(v[s])
+    assert c.lengths(1) == [10, 3, 11] and c.lengths(0) == [0, 0, 0]
+    assert c.seq_lens[1].tolist() == [10, 3, 11]
+    for s in range(3):
+        for which, parts in (("k", ks[s]), ("v", vs[s])):
+            got = c.gather(1, s, which)
+            want = ms.quantize(torch.cat(parts), c.fmt, global_scale=gs)
+            assert torch.equal(got.data, want.data), (fmt, s, which)
+            assert torch.equal(got.scales.view(torch.uint8), want.scales.view(torch.uint8)), (fmt, s, which)
+            if want.zero_points is not None:
+                assert torch.equal(got.zero_points, want.zero_points)
+            if gs is not None:
+                assert float(got.global_scale) == float(want.global_scale)
+
+
+def test_pages_are_shared_and_returned(gen):
+    c = _cache("mxfp4", False, None, num_pages=4, page_size=4, max_seqs=2)
+    c.append(0, torch.randn(8, 2, 64, generator=gen), torch.randn(8, 2, 64, generator=gen), seqs=[0])
+    c.append(0, torch.randn(5, 2, 64, generator=gen), torch.randn(5, 2, 64, generator=gen), seqs=[1])
+    pages = c.page_table[:, :2].flatten().tolist()
+    assert sorted(pages) == [0, 1, 2, 3]  # every page used once
+    with pytest.raises(ValueError, match="out of pages"):
+        c.append(0, torch.randn(4, 2, 64), torch.randn(4, 2, 64), seqs=[1])
+    c.reset(0)
+    assert c.lengths(0) == [0, 5]
+    c.append(0, torch.randn(4, 2, 64), torch.randn(4, 2, 64), seqs=[1])  # the freed pages serve sequence 1
+    assert c.lengths(0) == [0, 9]
+
+
+def test_nbytes_per_token():
+    c = _cache("nvfp4", False, None)
+    assert c.nbytes_per_token == 2 * 2 * (32 + 4)  # K+V, 2 heads, 64 nibbles + 4 ue4m3 scales
+    c = _cache("fp8_e4m3_fp32", True, None)
+    assert c.nbytes_per_token == 2 * 2 * (64 + 4)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="not a multiple"):
+        PagedKVCache("mxfp4", num_layers=1, num_kv_heads=1, head_dim=48, num_pages=1)
+    with pytest.raises(ValueError, match="global_scale applies only"):
+        PagedKVCache("mxfp4", num_layers=1, num_kv_heads=1, head_dim=64, num_pages=1, global_scale=2.0)
+    with pytest.raises(NotImplementedError, match="6-bit"):
+        PagedKVCache("mxfp6_e2m3", num_layers=1, num_kv_heads=1, head_dim=64, num_pages=1)
+    c = _cache("mxfp4", False, None, max_pages_per_seq=2)
+    with pytest.raises(ValueError, match=r"k has shape"):
+        c.append(0, torch.randn(3, 4, 64), torch.randn(3, 4, 64), seqs=[0])
+    with pytest.raises(ValueError, match="max_pages_per_seq"):
+        c.append(0, torch.randn(9, 2, 64), torch.randn(9, 2, 64), seqs=[0])
+    with pytest.raises(ValueError, match="layer=2"):
+        c.append(2, torch.randn(1, 2, 64), torch.randn(1, 2, 64), seqs=[0])
+    with pytest.raises(ValueError, match="seqs=\\[one sequence\\]"):
+        c.append(0, torch.randn(1, 2, 64), torch.randn(1, 2, 64))
+    assert c.lengths(0) == [0, 0, 0]  # nothing half-written by the refused calls
