@@ -28,6 +28,7 @@ def quantize(
     convention: str | TwoLevel | None = None,
     pad: bool = False,
     generator: torch.Generator | None = None,
+    method: str = "rtn",
 ) -> QTensor:
     """Quantize ``x`` (float32/float16/bfloat16/float64, blocks along the last dim) to ``fmt``.
 
@@ -51,6 +52,11 @@ def quantize(
             ``compressed-tensors``.
         pad: zero-pad K (and rows of 2-D blocks) to a whole block instead of raising.
         generator: seeds stochastic rounding.
+        method: ``rtn`` (default: each block's scale from its amax by the format's rule),
+            ``mse`` (per-block search over nearby scale codes for the least squared error)
+            or ``4over6`` (E2M1 formats with non-power-of-two scales: each block's amax
+            mapped to 6 or 4, the lower error kept); see :mod:`microscale.accuracy.methods`.
+            Every method returns an ordinary QTensor in the canonical layout.
 
     Returns:
         A :class:`QTensor` in the canonical (checkpoint) layout.
@@ -58,6 +64,12 @@ def quantize(
     CUDA tensors run the Triton kernel (bit-identical to the reference; stochastic
     rounding and the few shapes it can't tile fall back to the reference).
     """
+    if method != "rtn":
+        from .accuracy import methods  # (a layer above: imported on use only)
+
+        return methods.quantize_with(
+            x, fmt, method, scale_rule=scale_rule, block_size=block_size, rounding=rounding, overflow=overflow,
+            nonfinite=nonfinite, global_scale=global_scale, convention=convention, pad=pad, generator=generator)
     if isinstance(x, torch.Tensor) and x.is_cuda:
         from . import quant as kq
 

@@ -1,0 +1,148 @@
+"""``quantize_model`` with the accuracy methods: MSE / 4-over-6 scales, GPTQ with
+calibration data, and block Hadamard rotation, composable.
+
+Rotation (``rotate="hadamard"``) replaces each quantized Linear by a
+:class:`~microscale.accuracy.hadamard.HadamardLinear` whose weight is ``W R`` (rotated
+offline, then quantized) and whose input is rotated online, ``x R``; with no quantization
+the outputs equal the original ones up to float rounding.
+
+GPTQ (``method="gptq"``) collects each Linear's input Hessian in one pass of the float
+model over ``calibration`` (forward hooks; rotated inputs when rotating), then quantizes
+every layer with :func:`~microscale.accuracy.gptq.gptq_quantize`. All layers see float
+inputs (no layer-by-layer propagation of the quantized model's activations).
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from .._names import skip_matches
+from ..formats import Format, get_format
+from ..nn import QuantLinear
+from .gptq import gptq_quantize
+from .hadamard import HadamardLinear, block_hadamard, check_block
+
+__all__ = ["quantize_model", "run_calibration"]
+
+_MODEL_METHODS = ("rtn", "mse", "4over6", "gptq")
+
+
+def run_calibration(model: nn.Module, calibration) -> None:
+    """Run ``model`` over ``calibration``: a callable ``f(model)``, or an iterable of batches,
+    each a dict (``model(**b)``), a tuple/list (``model(*b)``) or one tensor (``model(b)``)."""
+    with torch.no_grad():
+        if callable(calibration):
+            calibration(model)
+            return
+        if isinstance(calibration, torch.Tensor):
+            calibration = [calibration]
+        for b in calibration:
+            if isinstance(b, dict):
+                model(**b)
+            elif isinstance(b, (tuple, list)):
+                model(*b)
+            else:
+                model(b)
+
+
+def _hessians(model: nn.Module, names: list[str], calibration, rot: int | None) -> dict[str, torch.Tensor]:
+    """``2/n X^T X`` (float64) of each named Linear's input over the calibration run."""
+    acc: dict[str, list] = {n: [None, 0] for n in names}
+    hooks = []
+
+    def hook(name):
+        def f(_mod, args):
+            x = args[0].detach()
+            if rot:
+                x = block_hadamard(x, rot)
+            x2 = x.reshape(-1, x.shape[-1]).to(torch.float64)
+            a = acc[name]
+            a[0] = x2.T @ x2 if a[0] is None else a[0] + x2.T @ x2
+            a[1] += x2.shape[0]
+        return f
+
+    for n in names:
+        hooks.append(model.get_submodule(n).register_forward_pre_hook(hook(n)))
+    try:
+        run_calibration(model, calibration)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = {}
+    for n, (s, cnt) in acc.items():
+        if s is None:
+            raise ValueError(f"quantize_model: calibration never ran Linear {n!r}; pass inputs that reach it")
+        out[n] = s * (2.0 / cnt)
+    return out
+
+
+def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, method: str = "rtn", calibration=None,
+                   rotate: str | None = None, rotate_block: int | None = None, scale_method: str = "rtn",
+                   act_order: bool = False, damp: float = 0.01, skip: Iterable[str] = (), inplace: bool = True,
+                   **quantize_kwargs) -> nn.Module:
+    """Replace every ``nn.Linear`` of ``model`` by a :class:`~microscale.nn.QuantLinear` in ``fmt``.
+
+    Args:
+        method: ``rtn``, ``mse`` or ``4over6`` (per-tensor quantizers, see
+            :func:`microscale.quantize`), or ``gptq`` (needs ``calibration``).
+        calibration: inputs for GPTQ (see :func:`run_calibration`).
+        rotate: ``None`` or ``"hadamard"`` (block Hadamard rotation of each Linear's input
+            dimension; layers become :class:`HadamardLinear`).
+        rotate_block: rotation block size (default: the format's block size; a power of
+            two, a multiple of the block size, dividing the in-features).
+        scale_method: the block-scale rule inside GPTQ: ``rtn``, ``mse`` or ``4over6``.
+        act_order, damp: GPTQ options (:func:`~microscale.accuracy.gptq.gptq_quantize`).
+        skip, inplace: as :func:`microscale.nn.quantize_model`.
+        **quantize_kwargs: passed to :func:`microscale.quantize` (rtn/mse/4over6 only).
+
+    Returns:
+        The model; on error it is left unchanged (every layer is built before any is replaced).
+    """
+    fmt = get_format(fmt)
+    if method not in _MODEL_METHODS:
+        raise ValueError(f"quantize_model: method={method!r} is not known; expected one of "
+                         f"{', '.join(_MODEL_METHODS)}")
+    if rotate not in (None, "hadamard"):
+        raise ValueError(f"quantize_model: rotate={rotate!r}; expected None or 'hadamard'")
+    if method == "gptq" and calibration is None:
+        raise ValueError("quantize_model: method='gptq' needs calibration= (inputs to run the model on)")
+    if method == "gptq" and quantize_kwargs:
+        raise ValueError(f"quantize_model: method='gptq' takes no quantize options, got {sorted(quantize_kwargs)}")
+    rot = None
+    if rotate:
+        rot = rotate_block or fmt.block_size
+        check_block(rot, rot, "quantize_model")
+        if rot % fmt.block_size:
+            raise ValueError(f"quantize_model: rotate_block={rot} must be a multiple of the {fmt.name} block "
+                             f"size {fmt.block_size}")
+    skip = list(skip)
+    if not inplace:
+        model = copy.deepcopy(model)
+    targets = [(n, m) for n, m in model.named_modules()
+               if type(m) is nn.Linear and n and not skip_matches(n, skip)
+               and (rot is None or m.in_features % rot == 0)]
+    H = _hessians(model, [n for n, _ in targets], calibration, rot) if method == "gptq" else {}
+    new = []
+    for name, lin in targets:
+        w = lin.weight.detach()
+        if rot:
+            w = block_hadamard(w.double(), rot).to(w.dtype)
+        if method == "gptq":
+            q = gptq_quantize(w, H[name], fmt, damp=damp, act_order=act_order, scale_method=scale_method)
+        else:
+            from ..ops import quantize
+
+            q = quantize(w, fmt, method=method, pad=True, **quantize_kwargs)
+        m: nn.Module = QuantLinear.from_qtensor(q, None if lin.bias is None else lin.bias.detach())
+        if rot:
+            m = HadamardLinear(m, rot)
+        new.append((name, m))
+    for name, m in new:
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, m)
+    return model
+
+
