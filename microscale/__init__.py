@@ -21,3 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = ["formats", "Format", "get_format", "registry", "QTensor", "quantize", "dequantize", "encode", "decode",
            "linear", "__version__"]
+
+from .linear.scaled import scaled_mm  # noqa: E402  (both operands quantized)
+
+__all__ += ["scaled_mm"]

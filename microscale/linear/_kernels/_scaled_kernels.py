@@ -55,7 +55,7 @@ def _scaled_mm_kernel(
     B_BITS: tl.constexpr, B_IS_FLOAT: tl.constexpr, B_MBITS: tl.constexpr, B_SIGNED: tl.constexpr,
     B_ELEM_C: tl.constexpr, B_SPECIALS: tl.constexpr, B_INF_MAG: tl.constexpr, B_NAN_MAG: tl.constexpr,
     B_HAS_ZP: tl.constexpr, B_SCALE_KIND: tl.constexpr, B_GROUP: tl.constexpr, B_GROUP_ROWS: tl.constexpr,
-    HAS_G: tl.constexpr, HAS_BIAS: tl.constexpr, KB: tl.constexpr,
+    HAS_G: tl.constexpr, HAS_BIAS: tl.constexpr, KB: tl.constexpr, CHUNKS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -65,7 +65,8 @@ def _scaled_mm_kernel(
     m_ok = offs_m < M
     n_ok = offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, KB):
+    for c in range(0, CHUNKS):  # (a constexpr trip count, as the linear kernels use)
+        k0 = c * KB
         va, sa = _operand_chunk(ac_ptr, as_ptr, az_ptr, offs_m, m_ok, k0, K, stride_ac, stride_as, stride_az,
                                 KB, A_BITS, A_IS_FLOAT, A_MBITS, A_SIGNED, A_ELEM_C, A_SPECIALS, A_INF_MAG,
                                 A_NAN_MAG, A_HAS_ZP, A_SCALE_KIND, A_GROUP, A_GROUP_ROWS)

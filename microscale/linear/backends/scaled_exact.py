@@ -106,6 +106,6 @@ def scaled_exact_run(a: QTensor, b: QTensor, bias: torch.Tensor | None, out_dtyp
            oa.codes, oa.scales, za, ob.codes, ob.scales, zb, g if g is not None else dummy,
            bias if bias is not None else dummy, out, m, n, k, oa.codes.stride(0), oa.scales.stride(0),
            za.stride(0), ob.codes.stride(0), ob.scales.stride(0), zb.stride(0), out.stride(0),
-           **ce, HAS_G=g is not None, HAS_BIAS=bias is not None, KB=kb, BLOCK_M=c.block_m,
+           **ce, HAS_G=g is not None, HAS_BIAS=bias is not None, KB=kb, CHUNKS=cdiv(k, kb), BLOCK_M=c.block_m,
            BLOCK_N=c.block_n, INTERP=target.interpreting(), num_warps=c.num_warps, num_stages=c.num_stages)
     return out
