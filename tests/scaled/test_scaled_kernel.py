@@ -1,13 +1,14 @@
 """The scaled_mm Triton kernel vs the oracle (CPU, TRITON_INTERPRET=1), and the public op."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 import torch
 
 import microscale as ms
-from microscale.linear.backends.scaled_exact import ScaledConfig, scaled_exact_run
+from microscale.linear.backends.scaled_exact import ScaledConfig, fp8_kind, scaled_exact_run
 from microscale.linear.scaled import scaled_mm
 from microscale.reference_scaled import scaled_mm_reference
 
@@ -39,10 +40,23 @@ def test_kernel_equals_oracle(fa: str, fb: str) -> None:
     n = 256 if "128x128" in fb else 21
     a, b = _q(fa, m, k, gen), _q(fb, n, k, gen, 0.25)
     bias = torch.randn(n, generator=gen)
-    out = torch.full((m, n), float("nan"), dtype=torch.float32)  # poisoned: every element must be written
-    scaled_exact_run(a, b, bias, torch.float32, SMALL, out)
     ref = scaled_mm_reference(a, b, bias, torch.float32)
-    assert _rel(out, ref) <= 1e-5
+    fp8 = fp8_kind(a.fmt, b.fmt)
+    for cfg in {SMALL, dataclasses.replace(SMALL, fp8=fp8)}:  # bf16 operands, and fp8 ones where exact
+        out = torch.full((m, n), float("nan"), dtype=torch.float32)  # poisoned: every element must be written
+        scaled_exact_run(a, b, bias, torch.float32, cfg, out)
+        assert _rel(out, ref) <= 1e-5, cfg
+
+
+def test_fp8_operands_where_exact() -> None:
+    f = ms.get_format
+    assert fp8_kind(f("fp8_e4m3_block128"), f("fp8_e4m3_block128x128")) == 1
+    assert fp8_kind(f("mxfp8_e4m3"), f("mxfp4")) == 1
+    assert fp8_kind(f("mxfp8_e4m3"), f("mxfp6_e3m2")) == 1
+    assert fp8_kind(f("mxfp8_e5m2"), f("mxfp8_e5m2")) == 2
+    assert fp8_kind(f("nvfp4"), f("nvfp4")) == 0  # 16-element chunks
+    assert fp8_kind(f("mxint8"), f("mxint8")) == 0  # 7-bit integers are not exact in E4M3
+    assert fp8_kind(f("int8_affine_g32"), f("int4_affine_g64")) == 0
 
 
 @needs_interp

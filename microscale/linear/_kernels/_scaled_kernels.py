@@ -6,8 +6,9 @@ One kernel, parametric over both operands' formats through constexprs (the linea
 format. Operands arrive as one uint8 code per element ``[rows, KP]`` and raw scale bits widened to
 int32 ``[block rows, blocks]``. Per output tile ``BLOCK_M x BLOCK_N`` it walks K in chunks of
 ``KB`` = the smaller block size: both chunks are decoded to their unscaled element values with the
-linear decoders (exact in bf16: at most 8 significant bits), multiplied on tensor cores into a
-fresh float32 tile (every product exact, float32 sums), scaled by ``fp32(s_a * s_b)`` and added to
+linear decoders and converted exactly to the MMA's operand type (``FP8``: bf16 for any element of
+at most 8 significant bits; e4m3 when both elements are exact in E4M3 — E2M1, E2M3, E3M2, E4M3 —
+and e5m2 for E5M2 x E5M2, on fp8 tensor cores), multiplied into a fresh float32 tile (every product exact, float32 sums), scaled by ``fp32(s_a * s_b)`` and added to
 the float32 accumulator; then global scales, bias and one rounding to the output dtype.
 """
 from __future__ import annotations
@@ -42,7 +43,17 @@ def _operand_chunk(c_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_c, stride_s,
         v = _decode_elem(codes, 1.0, 0.0, BITS, IS_FLOAT, MBITS, SIGNED, ELEM_C, SPECIALS,
                          INF_MAG, NAN_MAG, HAS_ZP)
     v = tl.where(m2, v, 0.0)  # (a zero point would make padding nonzero)
-    return v.to(tl.bfloat16), scale
+    return v, scale
+
+
+@triton.jit
+def _mma_operand(v, FP8: tl.constexpr):
+    """Unscaled values -> the MMA's operand type, exactly: 0 bf16, 1 e4m3, 2 e5m2."""
+    if FP8 == 1:
+        return v.to(tl.float8e4nv)
+    elif FP8 == 2:
+        return v.to(tl.float8e5)
+    return v.to(tl.bfloat16)
 
 
 @triton.jit
@@ -56,7 +67,7 @@ def _scaled_mm_kernel(
     B_ELEM_C: tl.constexpr, B_SPECIALS: tl.constexpr, B_INF_MAG: tl.constexpr, B_NAN_MAG: tl.constexpr,
     B_HAS_ZP: tl.constexpr, B_SCALE_KIND: tl.constexpr, B_GROUP: tl.constexpr, B_GROUP_ROWS: tl.constexpr,
     HAS_G: tl.constexpr, HAS_BIAS: tl.constexpr, KB: tl.constexpr, CHUNKS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, INTERP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -73,7 +84,7 @@ def _scaled_mm_kernel(
         vb, sb = _operand_chunk(bc_ptr, bs_ptr, bz_ptr, offs_n, n_ok, k0, K, stride_bc, stride_bs, stride_bz,
                                 KB, B_BITS, B_IS_FLOAT, B_MBITS, B_SIGNED, B_ELEM_C, B_SPECIALS, B_INF_MAG,
                                 B_NAN_MAG, B_HAS_ZP, B_SCALE_KIND, B_GROUP, B_GROUP_ROWS)
-        part = _mma(va, tl.trans(vb), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), INTERP)
+        part = _mma(_mma_operand(va, FP8), tl.trans(_mma_operand(vb, FP8)), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), INTERP)
         acc += part * (sa[:, None] * sb[None, :])
     if HAS_G:
         acc = acc * tl.load(g_ptr)
