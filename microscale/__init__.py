@@ -13,7 +13,9 @@ Triton is needed only by the GPU paths, which load it on first use.
 """
 from . import formats
 from .formats import Format, get_format, registry
+from . import attention  # the KV-cache attention family; no Triton at import
 from .linear import linear  # the op; its package is microscale.linear (import it by name)
+from .linear.scaled import scaled_mm  # both operands quantized
 from .moe import grouped_linear, moe_experts  # the MoE ops; their package is microscale.moe
 from .ops import decode, dequantize, encode, quantize
 from .qtensor import QTensor
@@ -21,9 +23,4 @@ from .qtensor import QTensor
 __version__ = "0.1.0"
 
 __all__ = ["formats", "Format", "get_format", "registry", "QTensor", "quantize", "dequantize", "encode", "decode",
-           "linear", "__version__"]
-__all__ += ["grouped_linear", "moe_experts"]
-
-from . import attention  # noqa: E402  the KV-cache attention family (microscale.attention); no Triton at import
-
-__all__ += ["attention"]
+           "linear", "scaled_mm", "grouped_linear", "moe_experts", "attention", "__version__"]

@@ -1,0 +1,30 @@
+"""Every launch of the scaled_mm kernel that microscale ships, on CPU tensors: for a compile
+check that intercepts Triton launches and compiles each specialization for sm_90."""
+from __future__ import annotations
+
+import torch
+
+from ..reference import quantize
+from ..runtime import target
+from .backends.scaled_exact import choose_scaled_config, scaled_exact_run
+
+# (activation format, weight format): each element family and scale kind, fp8/FP4/FP6/int/affine
+PAIRS = (("fp8_e4m3_block128", "fp8_e4m3_block128x128"), ("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e4m3", "mxfp4"),
+         ("mxfp8_e4m3", "mxfp6_e2m3"), ("mxfp8_e5m2", "mxfp6_e3m2"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"),
+         ("mxint8", "mxint8"), ("int8_fp32", "int4_fp16"), ("int8_affine_g32", "int4_affine_g64"),
+         ("fp8_e4m3_block128", "mxfp4"), ("nvfp8", "nvfp4"), ("mxfp8_e4m3", "nvfp4"))
+TOKENS = (1, 32, 256)  # one per tile config of choose_scaled_config
+
+
+def launches() -> None:
+    """Call the kernel's entry point over every format pair, tile config, bias and output dtype."""
+    gen = torch.Generator().manual_seed(0)
+    n, k = 256, 256
+    with target.override(interpreting=True):
+        for fa, fb in PAIRS:
+            b = quantize(torch.randn(n, k, generator=gen), fb)
+            for m in TOKENS:
+                a = quantize(torch.randn(m, k, generator=gen), fa)
+                for bias, dt in ((None, torch.bfloat16), (torch.randn(n, generator=gen), torch.float32),
+                                 (None, torch.float16)):
+                    scaled_exact_run(a, b, bias, dt, choose_scaled_config(m, n))

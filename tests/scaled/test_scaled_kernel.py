@@ -1,0 +1,101 @@
+"""The scaled_mm Triton kernel vs the oracle (CPU, TRITON_INTERPRET=1), and the public op."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+import microscale as ms
+from microscale.linear.backends.scaled_exact import ScaledConfig, fp8_kind, scaled_exact_run
+from microscale.linear.scaled import scaled_mm
+from microscale.reference_scaled import scaled_mm_reference
+
+INTERP = os.environ.get("TRITON_INTERPRET", "0") == "1"
+needs_interp = pytest.mark.skipif(not INTERP, reason="kernels run on CPU only under TRITON_INTERPRET=1")
+
+PAIRS = [("fp8_e4m3_block128", "fp8_e4m3_block128x128"), ("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e4m3", "mxfp4"),
+         ("mxfp8_e5m2", "mxfp6_e2m3"), ("mxfp8_e4m3", "mxfp6_e3m2"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"),
+         ("mxint8", "mxint8"), ("int8_fp32", "int4_fp16"), ("int8_affine_g32", "int4_affine_g64"),
+         ("fp8_e4m3_block128", "mxfp4")]
+SMALL = ScaledConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
+
+
+def _q(name: str, rows: int, k: int, gen: torch.Generator, scale: float = 1.0) -> ms.QTensor:
+    return ms.quantize(torch.randn(rows, k, generator=gen) * scale, name, pad=True)
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm())
+
+
+@needs_interp
+@pytest.mark.parametrize("fa,fb", PAIRS)
+def test_kernel_equals_oracle(fa: str, fb: str) -> None:
+    """Ragged M and N (not multiples of the 16x16 tile), K not a multiple of the chunk."""
+    gen = torch.Generator().manual_seed(0)
+    m, k = 19, 200 if "128" not in fa + fb else 300
+    n = 256 if "128x128" in fb else 21
+    a, b = _q(fa, m, k, gen), _q(fb, n, k, gen, 0.25)
+    bias = torch.randn(n, generator=gen)
+    ref = scaled_mm_reference(a, b, bias, torch.float32)
+    fp8 = fp8_kind(a.fmt, b.fmt)
+    for cfg in {SMALL, dataclasses.replace(SMALL, fp8=fp8)}:  # bf16 operands, and fp8 ones where exact
+        out = torch.full((m, n), float("nan"), dtype=torch.float32)  # poisoned: every element must be written
+        scaled_exact_run(a, b, bias, torch.float32, cfg, out)
+        assert _rel(out, ref) <= 1e-5, cfg
+
+
+def test_fp8_operands_where_exact() -> None:
+    f = ms.get_format
+    assert fp8_kind(f("fp8_e4m3_block128"), f("fp8_e4m3_block128x128")) == 1
+    assert fp8_kind(f("mxfp8_e4m3"), f("mxfp4")) == 1
+    assert fp8_kind(f("mxfp8_e4m3"), f("mxfp6_e3m2")) == 1
+    assert fp8_kind(f("mxfp8_e5m2"), f("mxfp8_e5m2")) == 2
+    assert fp8_kind(f("nvfp4"), f("nvfp4")) == 0  # 16-element chunks
+    assert fp8_kind(f("mxint8"), f("mxint8")) == 0  # 7-bit integers are not exact in E4M3
+    assert fp8_kind(f("int8_affine_g32"), f("int4_affine_g64")) == 0
+
+
+@needs_interp
+def test_kernel_nonfinite_and_bf16_out() -> None:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(18, 64, generator=gen)
+    x[1, 3] = float("nan")
+    a = ms.quantize(x, "mxfp8_e5m2")
+    a.data[2, 40] = 0xFC  # an E5M2 -Inf code
+    b = _q("mxfp8_e4m3", 17, 64, gen)
+    b.scales[4, 1] = 255  # an E8M0 NaN scale
+    out = scaled_exact_run(a, b, None, torch.float32, SMALL)
+    ref = scaled_mm_reference(a, b, None, torch.float32)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and bool(torch.isnan(ref[:, 4]).all())
+    assert torch.equal(torch.isinf(out), torch.isinf(ref)) and bool(torch.isinf(ref).any())
+    fin = torch.isfinite(ref)
+    assert _rel(out[fin], ref[fin]) <= 1e-5
+    o16 = scaled_exact_run(a, b, None, torch.bfloat16, SMALL)
+    assert o16.dtype == torch.bfloat16
+    r16 = scaled_mm_reference(a, b, None, torch.bfloat16)
+    assert _rel(o16[fin], r16[fin]) <= 1e-2
+
+
+@needs_interp
+def test_kernel_default_config_global_scales() -> None:
+    gen = torch.Generator().manual_seed(2)
+    a, b = _q("nvfp4", 3, 64, gen, 100.0), _q("nvfp4", 70, 64, gen, 0.01)
+    out = scaled_exact_run(a, b, None, torch.float32)
+    ref = a.dequantize(torch.float64) @ b.dequantize(torch.float64).T
+    assert _rel(out, ref) <= 1e-5
+
+
+def test_public_op_cpu_is_the_oracle() -> None:
+    gen = torch.Generator().manual_seed(3)
+    a, b = _q("mxfp8_e4m3", 4, 64, gen), _q("mxfp4", 5, 64, gen)
+    bias = torch.randn(5, generator=gen)
+    assert torch.equal(scaled_mm(a, b, bias=bias), scaled_mm_reference(a, b, bias))
+    assert ms.scaled_mm(a, b, out_dtype=torch.float16).dtype == torch.float16
+    with pytest.raises(TypeError, match="out_dtype"):
+        scaled_mm(a, b, out_dtype=torch.float64)
+    with pytest.raises(ValueError, match="K=64"):
+        scaled_mm(a, _q("mxfp4", 5, 96, gen))
