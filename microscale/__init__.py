@@ -16,8 +16,10 @@ from .formats import Format, get_format, registry
 from .linear import linear  # the op; its package is microscale.linear (import it by name)
 from .ops import decode, dequantize, encode, quantize
 from .qtensor import QTensor
+from .embedding import embedding
 
 __version__ = "0.1.0"
 
 __all__ = ["formats", "Format", "get_format", "registry", "QTensor", "quantize", "dequantize", "encode", "decode",
            "linear", "__version__"]
+__all__ += ["embedding"]
