@@ -17,9 +17,11 @@ from .linear import linear  # the op; its package is microscale.linear (import i
 from .ops import decode, dequantize, encode, quantize
 from .qtensor import QTensor
 from .embedding import embedding
+from .linear.batched import linear_batched
+from .linear.norm_linear import rmsnorm_linear
 
 __version__ = "0.1.0"
 
 __all__ = ["formats", "Format", "get_format", "registry", "QTensor", "quantize", "dequantize", "encode", "decode",
            "linear", "__version__"]
-__all__ += ["embedding"]
+__all__ += ["embedding", "linear_batched", "rmsnorm_linear"]
