@@ -170,7 +170,7 @@ def _linear_splitk_kernel(
     HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
     PAIR: tl.constexpr, INTERP: tl.constexpr, ITERS: tl.constexpr, SB: tl.constexpr, EVEN_K: tl.constexpr,
-    nw_ptr=None, gate_ptr=None, stride_gm=0, NORM: tl.constexpr = 0, EPS: tl.constexpr = 1e-6,
+    nw_ptr=None, gate_ptr=None, stride_gm=None, NORM: tl.constexpr = 0, EPS: tl.constexpr = 1e-6,
     NORM_ITERS: tl.constexpr = 0,
 ):
     """out^T tile [BLOCK_N, BLOCK_M] over a K range; see the module docstring for the layout.

@@ -96,5 +96,5 @@ def splitk_run(x2: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | No
 def _norm_args(norm: tuple, k: int) -> dict:
     """The kernel's RMSNorm prologue arguments (absent on the plain path: its launch is unchanged)."""
     nw, gate, eps = norm
-    return dict(nw_ptr=nw, gate_ptr=gate, stride_gm=0 if gate is None else gate.stride(0),
+    return dict(nw_ptr=nw, gate_ptr=gate, stride_gm=None if gate is None else gate.stride(0),
                 NORM=1 if gate is None else 2, EPS=float(eps), NORM_ITERS=cdiv(k, 256))
