@@ -284,3 +284,5 @@ BUILDERS: dict[str, Callable[[CaseSpec, Context], Case]] = {
     "dequantize": build_dequantize,
     "linear": build_linear,
 }
+from .cases_ops import build_embedding, build_norm_qkv  # noqa: E402  (the fused op families)
+BUILDERS.update({"norm_qkv": build_norm_qkv, "embedding": build_embedding})
