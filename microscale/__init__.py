@@ -11,10 +11,13 @@ Quick use::
 
 Triton is needed only by the GPU paths, which load it on first use.
 """
-from . import formats
-from .formats import Format, get_format, registry
 from . import attention  # the KV-cache attention family; no Triton at import
+from . import formats
+from .embedding import embedding
+from .formats import Format, get_format, registry
 from .linear import linear  # the op; its package is microscale.linear (import it by name)
+from .linear.batched import linear_batched
+from .linear.norm_linear import rmsnorm_linear
 from .linear.scaled import scaled_mm  # both operands quantized
 from .moe import grouped_linear, moe_experts  # the MoE ops; their package is microscale.moe
 from .ops import decode, dequantize, encode, quantize
@@ -23,4 +26,5 @@ from .qtensor import QTensor
 __version__ = "0.1.0"
 
 __all__ = ["formats", "Format", "get_format", "registry", "QTensor", "quantize", "dequantize", "encode", "decode",
-           "linear", "scaled_mm", "grouped_linear", "moe_experts", "attention", "__version__"]
+           "linear", "scaled_mm", "linear_batched", "rmsnorm_linear", "grouped_linear", "moe_experts",
+           "embedding", "attention", "__version__"]

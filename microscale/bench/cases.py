@@ -299,3 +299,6 @@ def build_kv_decode(spec: CaseSpec, ctx: Context) -> Case:
 
 
 BUILDERS["kv_decode"] = build_kv_decode
+
+from .cases_ops import build_embedding, build_norm_qkv  # noqa: E402  (the fused op families)
+BUILDERS.update({"norm_qkv": build_norm_qkv, "embedding": build_embedding})

@@ -113,6 +113,19 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
 )}
 
 
+# the fused op families (builders in .cases_ops): RMSNorm + q/k/v at one token on Llama-3-8B
+# shapes [M, Nq, Nkv, K], and the embedding gather [T, V, D] of its 128256 x 4096 table
+OPS += ("norm_qkv", "embedding")
+SHAPE_RANK.update({"norm_qkv": 4, "embedding": 3})
+_OPS_FORMATS = ("nvfp4", "mxfp4", "mxfp8_e4m3", "int4_affine_g128")
+SUITES["ops"] = Suite("ops", "RMSNorm + q/k/v fused (rmsnorm_linear over three weights) vs separate calls, and "
+                             "the quantized embedding gather, on Llama-3-8B shapes",
+                      cuda={"norm_qkv": OpPlan(_OPS_FORMATS, ((1, 4096, 1024, 4096), (16, 4096, 1024, 4096))),
+                            "embedding": OpPlan(_OPS_FORMATS, ((1, 128256, 4096), (4096, 128256, 4096)))},
+                      cpu={"norm_qkv": OpPlan(("nvfp4",), ((1, 256, 128, 256),)),
+                           "embedding": OpPlan(("nvfp4",), ((16, 512, 256),))})
+
+
 def known_formats() -> tuple[str, ...]:
     """Names in ``microscale.formats.registry``, or :data:`DEFAULT_FORMATS` when the
     registry cannot be imported."""

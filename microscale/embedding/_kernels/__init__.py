@@ -1,0 +1,1 @@
+"""Device code of the embedding family (imports Triton; loaded on first GPU use)."""

@@ -1,0 +1,161 @@
+"""The public op ``embedding(ids, table, padding_idx=None)``: gather rows of a quantized
+``[V, D]`` table and dequantize them.
+
+On CUDA one Triton launch reads only the gathered rows' codes and scales and writes the
+dequantized rows (:mod:`._kernels.gather`); on the CPU the same rows go through the reference
+dequantize. Both equal ``dequantize(table)[ids]`` bit for bit.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..qtensor import QTensor
+from ..reference import dequantize as _ref_dequantize
+from ..runtime import target
+
+__all__ = ["embedding", "embedding_reference", "embedding_triton"]
+
+_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def _device():
+    """The launcher and the gather kernel: they import Triton, so on first use."""
+    from ..runtime import launch
+    from ._kernels import gather
+
+    return launch, gather
+
+
+def _check(ids: torch.Tensor, table: QTensor, padding_idx: int | None, dtype: torch.dtype | None,
+           op: str = "embedding") -> tuple[int, torch.dtype]:
+    if not isinstance(table, QTensor):
+        raise TypeError(f"{op}: table must be a QTensor [V, D], got {type(table).__name__}")
+    if len(table.shape) != 2:
+        raise ValueError(f"{op}: table must be 2-D [V, D], got shape {tuple(table.shape)}")
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
+        got = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise TypeError(f"{op}: ids must be an int32 or int64 tensor, got {got}")
+    if ids.device != table.device:
+        raise ValueError(f"{op}: ids are on {ids.device} but the table is on {table.device}")
+    V = int(table.shape[0])
+    if padding_idx is not None:
+        if not isinstance(padding_idx, int) or not -V <= padding_idx < V:
+            raise ValueError(f"{op}: padding_idx={padding_idx!r} must be an int in [-{V}, {V}) for a table of {V} rows")
+    dtype = table.dtype if dtype is None else dtype
+    if dtype not in _OUT_DTYPES:
+        raise TypeError(f"{op}: dtype must be one of float32, float16, bfloat16, got {dtype}")
+    return V, dtype
+
+
+def _range_error(ids: torch.Tensor, V: int, op: str = "embedding") -> ValueError:
+    bad = ids[(ids < 0) | (ids >= V)]
+    return ValueError(f"{op}: ids must lie in [0, {V}) (the table's rows); got {bad.numel()} outside, "
+                      f"e.g. {int(bad.reshape(-1)[0])}")
+
+
+def embedding_reference(ids: torch.Tensor, table: QTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``dequantize(table)[ids]`` on any device, decoding only the gathered rows (2-D block
+    formats: their whole row groups). An id outside ``[0, V)`` is a ValueError."""
+    V, dtype = _check(ids, table, None, dtype, "embedding_reference")
+    flat = ids.reshape(-1).long()
+    if flat.numel() and (bool((flat < 0).any()) or bool((flat >= V).any())):
+        raise _range_error(flat, V, "embedding_reference")
+    fmt = table.fmt
+    BR = fmt.block_rows
+    D = int(table.shape[1])
+    if flat.numel() == 0:
+        return torch.empty((*ids.shape, D), dtype=dtype, device=table.device)
+    # the distinct scale-row groups the ids touch, decoded once each
+    grp, inv = torch.unique(flat // BR, return_inverse=True)
+    rows = (grp[:, None] * BR + torch.arange(BR, device=flat.device)[None, :]).reshape(-1)
+    prow = table.data.shape[0]
+    rows = rows.clamp(max=prow - 1)  # the last group may be short of rows: its scale row is the same
+    sub = QTensor(table.data[rows], table.scales[grp] if BR > 1 else table.scales[rows], fmt,
+                  torch.Size((rows.numel(), D)), table.dtype, table.global_scale,
+                  None if table.zero_points is None else (table.zero_points[grp] if BR > 1 else table.zero_points[rows]),
+                  dict(table.meta))
+    dq = _ref_dequantize(sub, dtype)
+    return dq[inv * BR + flat % BR].reshape(*ids.shape, D)
+
+
+def embedding_triton(ids: torch.Tensor, table: QTensor, dtype: torch.dtype | None = None, *,
+                     check: bool = True) -> torch.Tensor:
+    """The GPU gather: one launch decodes only the gathered rows, bit-identical to
+    :func:`embedding_reference`. An out-of-range id reads nothing (its output row is NaN) and sets
+    a device flag; with ``check`` (default) the flag is read back (one host sync; skipped while a
+    CUDA graph is captured) and raises a ValueError naming the id."""
+    V, dtype = _check(ids, table, None, dtype, "embedding_triton")
+    if table.device.type != "cuda" and not target.interpreting():
+        raise ValueError(f"embedding_triton: the table is on {table.device}; this is the GPU kernel's entry point "
+                         "(ms.embedding takes CPU tensors through the reference; TRITON_INTERPRET=1 emulates the kernel)")
+    table.validate()  # the kernel addresses scales and zero points by the data's shape
+    from ..quant import params as _p  # (no Triton import)
+
+    why = _p.unsupported_reason(table.fmt)
+    if why:
+        raise NotImplementedError(f"embedding_triton: {why}")
+    rl, k = _device()
+    fmt = table.fmt
+    e = fmt.element
+    K = int(table.padded_shape[-1])
+    D = int(table.shape[1])
+    flat = ids.reshape(-1).contiguous()
+    T = flat.numel()
+    out = _p._empty((T, D), dtype, table.device)
+    flag = torch.zeros(1, dtype=torch.int32, device=table.device)
+    if T:
+        skind = _p._scale_kind(fmt)
+        scales = table.scales.contiguous()
+        scales = scales.view(torch.uint8) if skind < 2 else scales
+        data = table.data.contiguous()
+        g = table.global_scale
+        if g is not None:
+            g = g.to(device=table.device, dtype=torch.float32).reshape(1)
+        nan = sorted(e.nan_codes)
+        TK = max(fmt.block_size, 8)
+        while TK < 128 and TK < K:
+            TK *= 2
+        TR = 4
+        rl.launch(k._embedding_kernel, (rl.cdiv(T, TR), rl.cdiv(D, TK)),
+                  flat, data, scales, data if table.zero_points is None else table.zero_points.contiguous(),
+                  data if g is None else g, out, flag, T, V, K, D, K // fmt.block_size,
+                  TR=TR, TK=TK, B=fmt.block_size, BR=fmt.block_rows,
+                  BITS=e.bits, IS_INT=e.kind == "int", SIGNED=e.signed, STEP=float(2.0 ** -e.frac_bits),
+                  MBITS=e.mbits, POW=float(2.0 ** (127 - e.bias)), NAN_MIN=nan[0] if nan else -1,
+                  INF_CODE=e.inf_code if e.has_inf else -1, SCALE_KIND=skind, HAS_ZP=fmt.zero_point,
+                  HAS_GLOBAL=fmt.global_scale, MANUAL_BF16=_p._MANUAL_BF16,
+                  num_warps=4, enable_fp_fusion=False)
+        capturing = table.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if check and not capturing and int(flag.item()):
+            raise _range_error(flat.long(), V, "embedding")
+    return out.reshape(*ids.shape, D)
+
+
+def embedding(ids: torch.Tensor, table: QTensor, padding_idx: int | None = None, *,
+              dtype: torch.dtype | None = None, check: bool = True) -> torch.Tensor:
+    """Rows ``ids`` of the dequantized table: ``dequantize(table)[ids]``, bit for bit, without
+    dequantizing the rest of the table.
+
+    Args:
+        ids: int32/int64 token ids, any shape, on the table's device.
+        table: a QTensor ``[V, D]`` in any registry format.
+        padding_idx: as in ``torch.nn.functional.embedding``: checked to lie in ``[-V, V)``; the
+            forward output of that row is the table's row (the index matters to gradients only,
+            and a quantized table has none).
+        dtype: output dtype (default: the table's original dtype).
+        check: on CUDA, read back the kernel's out-of-range flag and raise (one host sync per
+            call; skipped while a CUDA graph is captured). On the CPU ids are always checked.
+
+    Returns:
+        ``[*ids.shape, D]`` in ``dtype``.
+
+    Raises:
+        ValueError: an id outside ``[0, V)`` (on CUDA with ``check=False`` its row is NaN instead).
+    """
+    _check(ids, table, padding_idx, dtype)
+    if table.device.type == "cuda":
+        return embedding_triton(ids, table, dtype, check=check)
+    return embedding_reference(ids, table, dtype)

@@ -1,0 +1,74 @@
+"""embedding: the gathered rows equal ``dequantize`` of the table's rows bit for bit (every
+registry format, reference and the Triton kernel under the interpreter); range errors."""
+import pytest
+import torch
+
+import microscale as ms
+from microscale.embedding import embedding_reference, embedding_triton
+from microscale.reference import dequantize as ref_dequantize
+
+FORMATS = sorted(ms.registry.keys())
+
+
+def _table(name: str, gen: torch.Generator, V: int = 7, D: int = 40) -> ms.QTensor:
+    fmt = ms.get_format(name)
+    w = torch.randn(V, D, generator=gen) * 3
+    return ms.quantize(w, fmt, pad=True)
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.int16 if a.element_size() == 2 else torch.int32),
+                                                                  b.view(torch.int16 if b.element_size() == 2 else torch.int32))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_reference_gather_is_dequantize_of_rows(name, gen):
+    q = _table(name, gen)
+    ids = torch.tensor([[3, 0, 6], [3, 1, 5]])
+    full = ref_dequantize(q, torch.float32)
+    got = ms.embedding(ids, q, dtype=torch.float32)
+    assert _bits_equal(got, full[ids])
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_kernel_gather_is_dequantize_of_rows(name, gen):
+    q = _table(name, gen)
+    ids = torch.tensor([6, 2, 2, 0, 5], dtype=torch.int32)
+    for dtype in (torch.float32, torch.bfloat16):
+        full = ref_dequantize(q, dtype)
+        got = embedding_triton(ids, q, dtype)
+        assert _bits_equal(got, full[ids.long()]), (name, dtype)
+
+
+def test_out_of_range_ids_are_errors(gen):
+    q = _table("nvfp4", gen)
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 7\).*e\.g\. 7"):
+        ms.embedding(torch.tensor([1, 7]), q)
+    with pytest.raises(ValueError, match=r"e\.g\. -1"):
+        ms.embedding(torch.tensor([-1]), q)
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 7\)"):
+        embedding_triton(torch.tensor([0, 9]), q)
+    out = embedding_triton(torch.tensor([0, 9]), q, torch.float32, check=False)  # no read: a NaN row
+    assert torch.isnan(out[1]).all() and torch.equal(out[0], ref_dequantize(q)[0])
+
+
+def test_argument_errors(gen):
+    q = _table("mxfp4", gen)
+    with pytest.raises(TypeError, match="ids must be an int32 or int64"):
+        ms.embedding(torch.tensor([0.0]), q)
+    with pytest.raises(ValueError, match="padding_idx=7"):
+        ms.embedding(torch.tensor([0]), q, padding_idx=7)
+    with pytest.raises(TypeError, match="table must be a QTensor"):
+        ms.embedding(torch.tensor([0]), torch.zeros(3, 4))
+    # padding_idx changes gradients only: the forward row is the table's
+    assert torch.equal(ms.embedding(torch.tensor([2]), q, padding_idx=2), ref_dequantize(q, q.dtype)[[2]])
+
+
+def test_2d_blocks_and_empty(gen):
+    fmt = ms.get_format("fp8_e4m3_block128x128")
+    q = ms.quantize(torch.randn(130, 128, generator=gen), fmt, pad=True)
+    ids = torch.tensor([129, 0, 127, 128])
+    full = ref_dequantize(q)
+    assert _bits_equal(ms.embedding(ids, q, dtype=torch.float32), full[ids])
+    assert _bits_equal(embedding_triton(ids, q, torch.float32), full[ids])
+    assert ms.embedding(torch.zeros(0, dtype=torch.long), q).shape == (0, 128)

@@ -1,0 +1,131 @@
+"""rmsnorm_linear and linear_batched vs their float64 reference compositions: every registry
+format, the RMSNorm prologue of the split-K kernel under the interpreter, ragged N and M,
+bias / no bias, gate / no gate; joined weights decode bit-identically."""
+import os
+
+import pytest
+import torch
+
+import microscale as ms
+from microscale.linear.batched import join_weights
+from microscale.linear.norm_linear import rmsnorm_linear_reference
+
+INTERP = os.environ.get("TRITON_INTERPRET", "0") == "1"
+needs_interp = pytest.mark.skipif(not INTERP, reason="kernels run on CPU only under TRITON_INTERPRET=1")
+FORMATS = sorted(ms.registry.keys())
+
+
+def _weights(name, ns, k, gen):
+    fmt = ms.get_format(name)
+    k = -(-k // fmt.block_size) * fmt.block_size
+    ns = [max(fmt.block_rows, n // fmt.block_rows * fmt.block_rows) if fmt.block_rows > 1 else n for n in ns]
+    return [ms.quantize(torch.randn(n, k, generator=gen) * 0.5, name) for n in ns], k
+
+
+def _ref64(x, nw, q, bias, eps, gate):
+    """float64: (x * rsqrt(mean(x^2) + eps) * nw [* silu(gate)]) @ dequant(q)^T + bias."""
+    xd = x.double()
+    h = xd / torch.sqrt((xd * xd).mean(-1, keepdim=True) + eps) * nw.double()
+    if gate is not None:
+        h = h * gate.double() * torch.sigmoid(gate.double())
+    y = h @ ms.dequantize(q, torch.float64).T
+    return y if bias is None else y + bias.double()
+
+
+def _rel(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@needs_interp
+@pytest.mark.parametrize("name", FORMATS)
+def test_rmsnorm_linear_kernel_every_format(name):
+    gen = torch.Generator().manual_seed(sum(map(ord, name)))
+    (q,), k = _weights(name, [40], 96, gen)
+    x = (torch.randn(3, k, generator=gen) * 2).to(torch.bfloat16)
+    nw = torch.rand(k, generator=gen) + 0.5
+    gate = torch.randn(3, k, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(q.shape[0], generator=gen)
+    for b, g in ((None, None), (bias, gate)):
+        out = ms.rmsnorm_linear(x, nw, q, b, eps=1e-5, gate=g, kernel=True)
+        assert out.shape == (3, q.shape[0]) and out.dtype == x.dtype
+        assert _rel(out, _ref64(x, nw, q, b, 1e-5, g)) < 1e-2, name
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_rmsnorm_linear_cpu_composition(name):
+    gen = torch.Generator().manual_seed(7)
+    (q,), k = _weights(name, [24], 64, gen)
+    x = torch.randn(2, 5, k, generator=gen).to(torch.bfloat16)
+    nw = torch.rand(k, generator=gen)
+    gate = torch.randn(2, 5, k, generator=gen).to(torch.bfloat16)
+    out = ms.rmsnorm_linear(x, nw, q, None, eps=1e-6, gate=gate)
+    assert out.shape == (2, 5, q.shape[0])
+    assert _rel(out, _ref64(x, nw, q, None, 1e-6, gate)) < 1e-2
+
+
+@needs_interp
+@pytest.mark.parametrize("names", [("nvfp4", "nvfp4", "nvfp4"), ("mxfp4", "mxfp8_e4m3", "mxfp4"),
+                                   ("int4_affine_g32", "int4_affine_g32", "int8_fp16")])
+def test_rmsnorm_linear_kernel_many_weights(names):
+    """Norm + q/k/v in one call (formats that cannot join run as separate groups), ragged N, bias on one."""
+    gen = torch.Generator().manual_seed(3)
+    k = 64
+    ws = [_weights(nm, [n], k, gen)[0][0] for nm, n in zip(names, (24, 8, 40))]
+    x = torch.randn(5, k, generator=gen).to(torch.float16)
+    nw = torch.rand(k, generator=gen) + 0.5
+    biases = [None, torch.randn(8, generator=gen), None]
+    outs = ms.rmsnorm_linear(x, nw, ws, biases, eps=1e-6, kernel=True)
+    assert [tuple(o.shape) for o in outs] == [(5, 24), (5, 8), (5, 40)]
+    for o, q, b in zip(outs, ws, biases):
+        assert _rel(o, _ref64(x, nw, q, b, 1e-6, None)) < 1e-2
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_join_weights_decodes_bit_identically(name):
+    gen = torch.Generator().manual_seed(11)
+    ws, _ = _weights(name, [16, 8, 24], 64, gen)
+    if ws[0].global_scale is not None:  # two-level formats join when they share the per-tensor scale
+        ws = [ms.QTensor(w.data, w.scales, w.fmt, w.shape, w.dtype, ws[0].global_scale, w.zero_points, w.meta)
+              for w in ws]
+    j = join_weights(ws)
+    assert torch.equal(ms.dequantize(j).view(torch.int32),
+                       torch.cat([ms.dequantize(w) for w in ws]).view(torch.int32))
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp6_e3m2", "int4_affine_g64", "fp8_e4m3_block128x128"])
+@pytest.mark.parametrize("concat", [False, True])
+def test_linear_batched_vs_reference(name, concat):
+    gen = torch.Generator().manual_seed(5)
+    ws, k = _weights(name, [24, 8, 40], 64, gen)
+    ws.append(_weights("mxfp8_e4m3", [16], k, gen)[0][0])  # another format: its own group
+    x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
+    biases = [torch.randn(w.shape[0], generator=gen) if i % 2 else None for i, w in enumerate(ws)]
+    outs = ms.linear_batched(x, ws, biases, concat=concat)
+    for o, w, b in zip(outs, ws, biases):
+        ref = x.double() @ ms.dequantize(w, torch.float64).T + (0 if b is None else b.double())
+        assert o.shape == (3, w.shape[0]) and _rel(o, ref) < 1e-2
+    if concat:
+        base = outs[0].untyped_storage().data_ptr()
+        assert all(o.untyped_storage().data_ptr() == base for o in outs)
+
+
+def test_errors():
+    gen = torch.Generator().manual_seed(1)
+    (q,), k = _weights("nvfp4", [16], 32, gen)
+    x = torch.randn(2, k).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"norm_weight has shape \(31,\); expected \(32,\)"):
+        ms.rmsnorm_linear(x, torch.ones(31), q, eps=1e-6)
+    with pytest.raises(ValueError, match="gate is"):
+        ms.rmsnorm_linear(x, torch.ones(k), q, eps=1e-6, gate=torch.ones(2, k))
+    with pytest.raises(ValueError, match="eps=-1"):
+        ms.rmsnorm_linear(x, torch.ones(k), q, eps=-1)
+    with pytest.raises(ValueError, match="K=32"):
+        ms.linear_batched(x, [q, ms.quantize(torch.randn(16, 64), "nvfp4")])
+    with pytest.raises(TypeError, match="non-empty list"):
+        ms.linear_batched(x, [])
+    with pytest.raises(ValueError, match=r"biases\[0\] has shape"):
+        ms.linear_batched(x, [q], [torch.ones(3)])
+    with pytest.raises(ValueError, match="global scales differ"):
+        join_weights([q, ms.quantize(torch.randn(16, 32) * 5, "nvfp4")])
+    assert torch.equal(rmsnorm_linear_reference(x, torch.ones(k), q, eps=1e-6),
+                       ms.rmsnorm_linear(x, torch.ones(k), q, eps=1e-6))
