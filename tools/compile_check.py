@@ -341,12 +341,12 @@ def smoke_launches() -> None:
 
 
 def family_modules() -> list[str]:
-    """The op families' launch lists: every ``microscale.<package>._compile_cases`` module."""
+    """The op families' launch lists: every ``microscale.<package>._compile_cases*`` module."""
     import microscale
 
     names = []
     for info in pkgutil.walk_packages(microscale.__path__, "microscale."):
-        if info.name.rsplit(".", 1)[-1] == "_compile_cases":
+        if info.name.rsplit(".", 1)[-1].startswith("_compile_cases"):
             names.append(info.name)
     return sorted(names)
 

@@ -11,6 +11,7 @@ import functools
 
 import torch
 
+from ..formats.kinds import ScaleKind
 from ..qtensor import QTensor
 from ..reference import dequantize as _ref_dequantize
 from ..runtime import target
@@ -109,7 +110,7 @@ def embedding_triton(ids: torch.Tensor, table: QTensor, dtype: torch.dtype | Non
     if T:
         skind = _p._scale_kind(fmt)
         scales = table.scales.contiguous()
-        scales = scales.view(torch.uint8) if skind < 2 else scales
+        scales = scales.view(torch.uint8) if skind < ScaleKind.FP16 else scales  # E8M0 / UE4M3 bytes
         data = table.data.contiguous()
         g = table.global_scale
         if g is not None:
