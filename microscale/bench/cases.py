@@ -285,20 +285,28 @@ BUILDERS: dict[str, Callable[[CaseSpec, Context], Case]] = {
     "linear": build_linear,
 }
 
-# ---- kv_decode (microscale.attention): the builder lives in .cases_kv, imported on first use (it builds on this module)
+# ---- the op families beyond quantize / dequantize / linear: builders in their own modules, imported on
+# first use (they build on this module)
 PEERS["SDPA bf16 KV"] = ("torch SDPA (enable_gqa) on dense bf16 K/V [B, Hkv, L, D] of the same shape; a sliding "
                          "window as the last W keys")
 PEERS["FlashAttention bf16 KV"] = "flash_attn_with_kvcache on dense bf16 K/V [B, L, Hkv, D] (when installed)"
+PEERS["rmsnorm + 3x ms.linear"] = "F.rms_norm then one ms.linear per q/k/v weight (the unfused calls)"
+PEERS["F.embedding bf16"] = "F.embedding on a dense bf16 table of the same shape"
+PEERS["bf16 experts (transformers loop)"] = ("dense bf16 experts, a Python loop over the touched experts (as "
+                                             "transformers runs dequantized experts)")
+PEERS["torch._grouped_mm bf16"] = "dense bf16 experts, both projections as torch._grouped_mm grouped GEMMs"
 
 
-def build_kv_decode(spec: CaseSpec, ctx: Context) -> Case:
-    """``microscale.attention.decode_attention`` over a paged block-scaled KV cache (:mod:`.cases_kv`)."""
-    from .cases_kv import build_kv_decode as build
+def _lazy(module: str, name: str) -> Callable[[CaseSpec, Context], Case]:
+    def build(spec: CaseSpec, ctx: Context) -> Case:
+        return getattr(importlib.import_module(module, __package__), name)(spec, ctx)
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = f"``{module[1:]}.{name}``, imported on first use."
+    return build
 
-    return build(spec, ctx)
 
-
-BUILDERS["kv_decode"] = build_kv_decode
-
-from .cases_ops import build_embedding, build_norm_qkv  # noqa: E402  (the fused op families)
-BUILDERS.update({"norm_qkv": build_norm_qkv, "embedding": build_embedding})
+BUILDERS.update({"kv_decode": _lazy(".cases_kv", "build_kv_decode"),
+                 "norm_qkv": _lazy(".cases_ops", "build_norm_qkv"),
+                 "embedding": _lazy(".cases_ops", "build_embedding"),
+                 "moe": _lazy(".cases_moe", "build_moe"),
+                 "scaled_mm": _lazy(".cases_moe", "build_scaled_mm")})

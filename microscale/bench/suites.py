@@ -113,10 +113,13 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
 )}
 
 
-# the fused op families (builders in .cases_ops): RMSNorm + q/k/v at one token on Llama-3-8B
-# shapes [M, Nq, Nkv, K], and the embedding gather [T, V, D] of its 128256 x 4096 table
-OPS += ("norm_qkv", "embedding")
-SHAPE_RANK.update({"norm_qkv": 4, "embedding": 3})
+# ---- the op families beyond quantize / dequantize / linear (builders: .cases_ops, .cases_kv, .cases_moe) ----
+OPS += ("norm_qkv", "embedding", "kv_decode", "moe", "scaled_mm")
+#: norm_qkv [M, Nq, Nkv, K]; embedding [T, V, D]; kv_decode batch x context x q heads x kv heads x head_dim x
+#: sliding window (0: none); moe [T, E, H, I, top_k]; scaled_mm [M, N, K]
+SHAPE_RANK.update({"norm_qkv": 4, "embedding": 3, "kv_decode": 6, "moe": 5, "scaled_mm": 3})
+
+# RMSNorm + q/k/v at one token on Llama-3-8B shapes, and the embedding gather of its 128256 x 4096 table
 _OPS_FORMATS = ("nvfp4", "mxfp4", "mxfp8_e4m3", "int4_affine_g128")
 SUITES["ops"] = Suite("ops", "RMSNorm + q/k/v fused (rmsnorm_linear over three weights) vs separate calls, and "
                              "the quantized embedding gather, on Llama-3-8B shapes",
@@ -124,6 +127,41 @@ SUITES["ops"] = Suite("ops", "RMSNorm + q/k/v fused (rmsnorm_linear over three w
                             "embedding": OpPlan(_OPS_FORMATS, ((1, 128256, 4096), (4096, 128256, 4096)))},
                       cpu={"norm_qkv": OpPlan(("nvfp4",), ((1, 256, 128, 256),)),
                            "embedding": OpPlan(("nvfp4",), ((16, 512, 256),))})
+
+_KV_BL = ((1, 32768), (8, 32768), (1, 4096), (8, 4096), (64, 4096), (1, 131072), (8, 131072), (64, 32768),
+          (64, 131072))  # the 32k rows first: they carry the targets
+_KV_LLAMA70 = tuple((b, n, 64, 8, 128, 0) for b, n in _KV_BL)
+_KV_GPT_OSS = tuple((b, n, 64, 8, 64, w) for b, n in _KV_BL for w in (0, 128))  # full and sliding layers
+SUITES["kv"] = Suite(
+    "kv", "decode attention over a paged KV cache (fp8 per token, NVFP4, MXFP4; MXFP8 and int at 32k), "
+          "batch 1/8/64, context 4k/32k/128k, 64 q / 8 kv heads at head_dim 128 and gpt-oss-120b's shape",
+    cuda={"kv_decode": OpPlan(("fp8_e4m3_block128", "nvfp4", "mxfp4"), _KV_LLAMA70 + _KV_GPT_OSS,
+                              more=(OpPlan(("mxfp8_e4m3", "int8_fp16", "int4_fp16"),
+                                           tuple(s for s in _KV_LLAMA70 if s[1] == 32768)),))},
+    cpu={"kv_decode": OpPlan(("nvfp4",), ((1, 256, 8, 2, 64, 0),))},
+    budget_s=900.0, graph="always")
+
+# gpt-oss-20b (32 experts) and gpt-oss-120b (128 experts): hidden 2880, expert width 2880, top-4
+_MOE_SHAPES = tuple((t, e, 2880, 2880, 4) for e in (32, 128) for t in (1, 4, 8, 64, 4096))
+SUITES["moe"] = Suite("moe", "the experts forward of one MoE layer (ms.moe_experts) on gpt-oss-20b/120b shapes, "
+                             "1-4096 tokens, vs bf16 experts (transformers' loop, torch._grouped_mm)",
+                      cuda={"moe": OpPlan(("mxfp4", "nvfp4", "mxfp8_e4m3"), _MOE_SHAPES)},
+                      cpu={"moe": OpPlan(("mxfp4",), ((2, 4, 64, 64, 2),))}, graph="always")
+
+# the targets' pairs (weights x activations: .cases_moe.ACT_FORMAT) at 1, 16 and 4096 tokens on a 70B MLP weight
+SUITES["scaled_mm"] = Suite("scaled_mm", "both operands quantized (ms.scaled_mm): fp8 block-128 W8A8, MXFP4 x MXFP8, "
+                                         "MXFP8 x MXFP8, NVFP4 W4A4 on 28672x8192 at 1, 16 and 4096 tokens",
+                            cuda={"scaled_mm": OpPlan(("fp8_e4m3_block128x128", "mxfp4", "mxfp8_e4m3", "nvfp4"),
+                                                      ((1, *_W), (16, *_W), (4096, *_W)))},
+                            cpu={"scaled_mm": OpPlan(("nvfp4",), ((4, 256, 256),))})
+
+# the default suite covers every op once, on its headline shape
+SUITES["default"].cuda.update({
+    "norm_qkv": OpPlan(("nvfp4",), ((1, 4096, 1024, 4096),)),
+    "embedding": OpPlan(("nvfp4",), ((1, 128256, 4096),)),
+    "kv_decode": OpPlan(("nvfp4", "mxfp4"), ((1, 32768, 64, 8, 128, 0),)),
+    "moe": OpPlan(("mxfp4",), ((1, 32, 2880, 2880, 4),)),
+    "scaled_mm": OpPlan(("mxfp4",), ((4096, *_W),))})
 
 
 def known_formats() -> tuple[str, ...]:
@@ -222,23 +260,3 @@ def suite_graph(suite: str, override: Optional[str] = None) -> str:
     """The CUDA-graph mode a run of ``suite`` uses: ``override`` when given, else the
     suite's own (:attr:`Suite.graph`), else 'auto'."""
     return override or SUITES[suite].graph or "auto"
-
-
-# ---- kv: decode attention over a block-scaled paged KV cache (microscale.attention) ----
-OPS = OPS + ("kv_decode",)
-#: kv_decode shapes: batch x context x q heads x kv heads x head_dim x sliding window (0: none)
-SHAPE_RANK["kv_decode"] = 6
-_KV_BL = ((1, 32768), (8, 32768), (1, 4096), (8, 4096), (64, 4096), (1, 131072), (8, 131072), (64, 32768),
-          (64, 131072))  # the 32k rows first: they carry the targets
-_KV_LLAMA70 = tuple((b, n, 64, 8, 128, 0) for b, n in _KV_BL)
-_KV_GPT_OSS = tuple((b, n, 64, 8, 64, w) for b, n in _KV_BL for w in (0, 128))  # full and sliding layers
-SUITES["kv"] = Suite(
-    "kv", "decode attention over a paged KV cache (fp8 per token, NVFP4, MXFP4; MXFP8 and int at 32k), "
-          "batch 1/8/64, context 4k/32k/128k, 64 q / 8 kv heads at head_dim 128 and gpt-oss-120b's shape",
-    cuda={"kv_decode": OpPlan(("fp8_e4m3_block128", "nvfp4", "mxfp4"), _KV_LLAMA70 + _KV_GPT_OSS,
-                              more=(OpPlan(("mxfp8_e4m3", "int8_fp16", "int4_fp16"),
-                                           tuple(s for s in _KV_LLAMA70 if s[1] == 32768)),))},
-    cpu={"kv_decode": OpPlan(("nvfp4",), ((1, 256, 8, 2, 64, 0),))},
-    budget_s=900.0, graph="always")
-# the default suite covers every op: decode at 32k, batch 1, Llama-3-70B-like heads
-SUITES["default"].cuda["kv_decode"] = OpPlan(("nvfp4", "mxfp4"), ((1, 32768, 64, 8, 128, 0),))

@@ -1,0 +1,161 @@
+"""Bench builders of the MoE and both-quantized families: ``moe`` (``ms.moe_experts``, the
+experts forward of one MoE layer) and ``scaled_mm`` (``ms.scaled_mm``, both operands quantized).
+
+Shapes: ``moe`` ``(T, E, H, I, top_k)`` (T tokens, E experts with gate/up ``[E, 2I, H]`` and down
+``[E, H, I]``); ``scaled_mm`` ``(M, N, K)``, the format naming the weight and :data:`ACT_FORMAT`
+its activation format."""
+from __future__ import annotations
+
+import torch
+
+from . import _peers, models
+from ._peers import Skip
+from .cases import Case, Context, Peer, _format, _lookup, _ref, random_input
+from .checks import Check, check_matmul, rel_fro
+from .suites import CaseSpec
+
+__all__ = ["build_moe", "build_scaled_mm", "ACT_FORMAT"]
+
+_TOL = 1e-2
+
+#: scaled_mm: the activation format paired with each weight format (the pairs checkpoints ship)
+ACT_FORMAT = {"fp8_e4m3_block128x128": "fp8_e4m3_block128", "mxfp4": "mxfp8_e4m3", "nvfp4": "nvfp4",
+              "mxfp8_e4m3": "mxfp8_e4m3"}
+
+
+def _routing(t: int, e: int, top_k: int, ctx: Context) -> torch.Tensor:
+    """Expert ids ``[T, top_k]``: distinct experts for as long as there are (a decode step touches
+    ``min(E, T*top_k)`` experts), then uniform."""
+    flat = torch.cat([torch.randperm(e, generator=ctx.generator, device=ctx.device)
+                      for _ in range((t * top_k + e - 1) // e)])[:t * top_k]
+    return flat.reshape(t, top_k)
+
+
+def _bf16_experts(x, wgu, wd, idx, wts):
+    """The dense bf16 experts forward as transformers runs it: a Python loop over the touched experts."""
+    out = torch.zeros(x.shape[0], wd.shape[1], dtype=torch.float32, device=x.device)
+    i = wd.shape[2]
+    for ex in torch.unique(idx).tolist():
+        tok, slot = torch.where(idx == ex)
+        h = x[tok] @ wgu[ex].T
+        a = torch.nn.functional.silu(h[:, :i]) * h[:, i:]
+        out.index_add_(0, tok, (a @ wd[ex].T).float() * wts[tok, slot, None].float())
+    return out.to(x.dtype)
+
+
+def _grouped_bf16(x, wgu, wd, idx, wts):
+    """The dense bf16 experts forward over ``torch._grouped_mm`` (one grouped GEMM per projection)."""
+    e, i = wgu.shape[0], wd.shape[2]
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    offs = torch.cumsum(torch.bincount(flat, minlength=e), 0).to(torch.int32)
+    tok = order // idx.shape[1]
+    h = torch._grouped_mm(x[tok], wgu.transpose(-2, -1), offs=offs)
+    a = torch.nn.functional.silu(h[:, :i]) * h[:, i:]
+    y = torch._grouped_mm(a, wd.transpose(-2, -1), offs=offs).float() * wts.reshape(-1)[order, None].float()
+    return torch.zeros(x.shape[0], wd.shape[1], dtype=torch.float32, device=x.device).index_add_(0, tok, y).to(x.dtype)
+
+
+def build_moe(spec: CaseSpec, ctx: Context) -> Case:
+    """``ms.moe_experts`` (plain SwiGLU, concatenated gate/up) with weights already packed, checked
+    against the float64 reference; bytes: the touched experts' weights + x + out; flops 6*T*top_k*H*I.
+    Peers: the same forward on dense bf16 weights as transformers' loop over touched experts, and over
+    ``torch._grouped_mm`` (the bf16 grouped GEMM)."""
+    moe_experts = _lookup("moe_experts")
+    quantize = _lookup("quantize")
+    _format(spec.format)
+    from ..moe import cached_prepare_experts, moe_experts_reference
+
+    t, e, h, i, top_k = spec.shape
+
+    def make() -> tuple:
+        x = random_input((t, h), ctx)
+        wgu = cached_prepare_experts(quantize(random_input((e, 2 * i, h), ctx) * 0.05, spec.format))
+        wd = cached_prepare_experts(quantize(random_input((e, h, i), ctx) * 0.05, spec.format))
+        idx = _routing(t, e, top_k, ctx)
+        wts = torch.softmax(random_input((t, top_k), ctx, torch.float32), -1).to(x.dtype)
+        return (x, wgu, wd, idx, wts)
+
+    def fn(x, wgu, wd, idx, wts):
+        return moe_experts(x, wgu, wd, idx, wts)
+
+    def check(inputs: tuple, y) -> Check:
+        x, wgu, wd, idx, wts = inputs
+        ref = moe_experts_reference(x.cpu().double(), wgu.dense().cpu(), wd.dense().cpu(), idx.cpu(),
+                                    wts.cpu().double())
+        err = rel_fro(y.cpu(), ref)
+        return Check(err < _TOL, "rel_fro", err, f"rel Frobenius error {err:.3g} (tolerance {_TOL:g})")
+
+    def dense_inputs() -> tuple:
+        return (random_input((t, h), ctx), random_input((e, 2 * i, h), ctx, torch.bfloat16) * 0.05,
+                random_input((e, h, i), ctx, torch.bfloat16) * 0.05, _routing(t, e, top_k, ctx),
+                torch.softmax(random_input((t, top_k), ctx, torch.float32), -1).to(torch.bfloat16))
+
+    def dense_check(inputs: tuple, y) -> Check:
+        x, wgu, wd, idx, wts = inputs
+        ref = moe_experts_reference(x.cpu().double(), wgu.cpu().double(), wd.cpu().double(), idx.cpu(),
+                                    wts.cpu().double())
+        err = rel_fro(y.cpu(), ref)
+        return Check(err < _TOL, "rel_fro", err, f"rel Frobenius error {err:.3g} (tolerance {_TOL:g})")
+
+    dense_bytes = e * 3 * h * i * 2
+
+    def loop_peer() -> Peer:
+        if ctx.cpu:
+            raise Skip("dense peers are timed on CUDA")
+        return Peer("bf16 experts (transformers loop)", _bf16_experts, dense_check, make_inputs=dense_inputs,
+                    set_bytes=dense_bytes)
+
+    def grouped_peer() -> Peer:
+        if ctx.cpu:
+            raise Skip("dense peers are timed on CUDA")
+        if not hasattr(torch, "_grouped_mm"):
+            raise Skip("torch._grouped_mm is not in this torch")
+        return Peer("torch._grouped_mm bf16", _grouped_bf16, dense_check, make_inputs=dense_inputs,
+                    set_bytes=dense_bytes)
+
+    _, wgu0, wd0, idx0, _ = make()
+    touched = int(torch.unique(idx0).numel())
+    per_expert = wgu0.nbytes_per_expert + wd0.nbytes_per_expert
+    nbytes = touched * per_expert + 2 * t * h * 2
+    return Case(spec, fn, make, check, nbytes=nbytes, flops=6 * t * top_k * h * i, compute_kind="bf16_mm",
+                set_bytes=e * per_expert + 2 * t * h * 2,
+                peers=[("bf16 experts (transformers loop)", loop_peer), ("torch._grouped_mm bf16", grouped_peer)])
+
+
+def build_scaled_mm(spec: CaseSpec, ctx: Context) -> Case:
+    """``ms.scaled_mm(a, b)`` with a quantized on the fly outside the timing (the activation format of
+    :data:`ACT_FORMAT`), checked against the float64 product of both dequantized operands; bytes:
+    both operands' codes and scales + out; flops 2*M*N*K. Peer: cuBLAS bf16 on dense operands."""
+    scaled_mm = _lookup("scaled_mm")
+    quantize = _lookup("quantize")
+    _format(spec.format)
+    afmt = ACT_FORMAT.get(spec.format, spec.format)
+    ref_dequantize = _ref("dequantize")
+    m, n, k = spec.shape
+
+    def make() -> tuple:
+        return (quantize(random_input((m, k), ctx), afmt), quantize(random_input((n, k), ctx), spec.format))
+
+    def fn(a, b):
+        return scaled_mm(a, b)
+
+    def check(inputs: tuple, y) -> Check:
+        a, b = inputs
+        return check_matmul(ref_dequantize(a, torch.float32), ref_dequantize(b, torch.float32), y)
+
+    def cublas_peer() -> Peer:
+        if ctx.cpu:
+            raise Skip("cuBLAS is CUDA only")
+
+        def make_dense() -> tuple:
+            return (random_input((m, k), ctx, torch.bfloat16), random_input((n, k), ctx, torch.bfloat16))
+        dense = models.linear_bytes(m, n, k, 2 * n * k)
+        return Peer("cuBLAS bf16", _peers.cublas_linear, lambda inputs, y: check_matmul(inputs[0], inputs[1], y),
+                    make_inputs=make_dense, set_bytes=dense, nbytes=dense)
+
+    a0, b0 = make()
+    nbytes = a0.nbytes + b0.nbytes + 2 * m * n
+    return Case(spec, fn, make, check, nbytes=nbytes, flops=models.linear_flops(m, n, k), compute_kind="bf16_mm",
+                set_bytes=nbytes, peers=[("cuBLAS bf16", cublas_peer)])
+
