@@ -41,13 +41,16 @@ def swiglu(h: torch.Tensor, activation: str = "swiglu", alpha: float | None = No
     ``layout="concat"``: gate = ``h[:, :I]``, up = ``h[:, I:]``; ``"interleaved"``: gate =
     ``h[:, 0::2]``, up = ``h[:, 1::2]`` (gpt-oss). ``activation="swiglu"``: ``silu(gate) * up``.
     ``"swiglu_clamped"`` (gpt-oss, transformers' ``GptOssExperts``): gate clamped above at
-    ``limit``, up to ``[-limit, limit]``, ``(up + 1) * gate * sigmoid(alpha * gate)``.
+    ``limit``, up to ``[-limit, limit]``, ``(up + 1) * gate * sigmoid(alpha * gate)``; ``alpha``
+    and ``limit`` default to gpt-oss's 1.702 and 7.0, as in :func:`microscale.moe_experts`.
     """
     if layout == "interleaved":
         gate, up = h[..., 0::2], h[..., 1::2]
     else:
         gate, up = h.chunk(2, dim=-1)
     if activation == "swiglu_clamped":
+        alpha = 1.702 if alpha is None else alpha
+        limit = 7.0 if limit is None else limit
         gate = gate.clamp(max=limit)
         up = up.clamp(min=-limit, max=limit)
         return (up + 1) * (gate * torch.sigmoid(gate * alpha))
