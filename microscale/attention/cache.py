@@ -80,6 +80,8 @@ class PagedKVCache:
         self.max_pages_per_seq = num_pages if max_pages_per_seq is None else check_int(max_pages_per_seq,
                                                                                           "max_pages_per_seq", OP)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # "cuda" means the current device, as torch does
+            self.device = torch.device("cuda", torch.cuda.current_device())
         dev = self.device
         db, nb = packed_len(head_dim, f.element.bits), head_dim // f.block_size
         shape = (num_pages, page_size, num_kv_heads)

@@ -2,11 +2,13 @@
 check that intercepts Triton launches and compiles each specialization for sm_90."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..reference import quantize
 from ..runtime import target
-from .backends.scaled_exact import choose_scaled_config, scaled_exact_run
+from .backends.scaled_exact import choose_scaled_config, fp8_kind, scaled_exact_run
 
 # (activation format, weight format): each element family and scale kind, fp8/FP4/FP6/int/affine
 PAIRS = (("fp8_e4m3_block128", "fp8_e4m3_block128x128"), ("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e4m3", "mxfp4"),
@@ -18,14 +20,17 @@ TOKENS = (1, 32, 256)  # one per tile config of choose_scaled_config
 
 def launches(mode: str = "full") -> None:
     """Call the kernel's entry point over every format pair, tile config, bias and output dtype
-    (``mode`` "smoke": the NVFP4 pair)."""
+    (``mode`` "smoke": MXFP4 weights x MXFP8 activations, on fp8 tensor cores)."""
     gen = torch.Generator().manual_seed(0)
     n, k = 256, 256
     with target.override(interpreting=True):
-        for fa, fb in [("nvfp4", "nvfp4")] if mode == "smoke" else PAIRS:
+        for fa, fb in [("mxfp8_e4m3", "mxfp4")] if mode == "smoke" else PAIRS:  # (an fp8 MMA pair)
             b = quantize(torch.randn(n, k, generator=gen), fb)
             for m in TOKENS:
                 a = quantize(torch.randn(m, k, generator=gen), fa)
                 for bias, dt in ((None, torch.bfloat16), (torch.randn(n, generator=gen), torch.float32),
                                  (None, torch.float16)):
-                    scaled_exact_run(a, b, bias, dt, choose_scaled_config(m, n))
+                    cfg = choose_scaled_config(m, n, a.fmt, b.fmt)
+                    scaled_exact_run(a, b, bias, dt, cfg)
+                    if fp8_kind(a.fmt, b.fmt):  # the opt-in fp8 path
+                        scaled_exact_run(a, b, bias, dt, dataclasses.replace(cfg, fp8=fp8_kind(a.fmt, b.fmt)))

@@ -49,11 +49,13 @@ def _operand_chunk(c_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_c, stride_s,
 @triton.jit
 def _mma_operand(v, FP8: tl.constexpr):
     """Unscaled values -> the MMA's operand type, exactly: 0 bf16, 1 e4m3, 2 e5m2."""
-    if FP8 == 1:
-        return v.to(tl.float8e4nv)
+    if FP8 == 1:  # one return below: Triton rejects returns of different types, even constexpr-dead ones
+        out = v.to(tl.float8e4nv)
     elif FP8 == 2:
-        return v.to(tl.float8e5)
-    return v.to(tl.bfloat16)
+        out = v.to(tl.float8e5)
+    else:
+        out = v.to(tl.bfloat16)
+    return out
 
 
 @triton.jit

@@ -85,9 +85,11 @@ def fp8_kind(fa: Format, fb: Format) -> int:
 
 
 def choose_scaled_config(m: int, n: int, fa: Format | None = None, fb: Format | None = None) -> ScaledConfig:
-    """Tiles by token count (16 tokens for decode, 64 and 128 beyond); fp8 tensor cores where
-    both operands' unscaled values are exact in one fp8 type (formats given)."""
-    fp8 = fp8_kind(fa, fb) if fa is not None and fb is not None else 0
+    """Tiles by token count (16 tokens for decode, 64 and 128 beyond), bf16 operands. fp8 operands
+    (``ScaledConfig(fp8=fp8_kind(fa, fb))``) are opt-in: on an H200 the fp8 MMA's in-instruction
+    sums measured 2e-5 to 1.3e-4 relative error against the oracle, past the 1e-5 bound."""
+    del fa, fb  # (the formats will choose the fp8 path once it meets the bound)
+    fp8 = 0
     if m <= 16:
         return ScaledConfig(block_m=16, block_n=64, fp8=fp8)
     if m <= 64:
