@@ -21,10 +21,11 @@ from .linear.norm_linear import rmsnorm_linear
 from .linear.scaled import scaled_mm  # both operands quantized
 from .moe import grouped_linear, moe_experts  # the MoE ops; their package is microscale.moe
 from .ops import decode, dequantize, encode, quantize
+from .options import QuantizeOptions
 from .qtensor import QTensor
 
 __version__ = "0.1.0"
 
-__all__ = ["formats", "Format", "get_format", "registry", "QTensor", "quantize", "dequantize", "encode", "decode",
+__all__ = ["formats", "Format", "get_format", "registry", "QTensor", "QuantizeOptions", "quantize", "dequantize", "encode", "decode",
            "linear", "scaled_mm", "linear_batched", "rmsnorm_linear", "grouped_linear", "moe_experts",
            "embedding", "attention", "__version__"]

@@ -9,7 +9,7 @@ import torch
 
 from . import reference
 from .formats import Format, NonFinite, Overflow, Rounding, ScaleRule, TwoLevel, get_element
-from .formats.elements import _enum
+from .options import QuantizeOptions
 from .qtensor import QTensor
 
 __all__ = ["quantize", "dequantize", "encode", "decode"]
@@ -17,7 +17,7 @@ __all__ = ["quantize", "dequantize", "encode", "decode"]
 
 def quantize(
     x: torch.Tensor,
-    fmt: str | Format,
+    fmt: str | Format | QuantizeOptions,
     *,
     scale_rule: str | ScaleRule | None = None,
     block_size: int | None = None,
@@ -34,7 +34,9 @@ def quantize(
 
     Args:
         x: input tensor, any leading dims.
-        fmt: preset name (``ms.formats.registry``) or a :class:`Format`.
+        fmt: preset name (``ms.formats.registry``), a :class:`Format`, or every option at once as
+            :class:`~microscale.options.QuantizeOptions` (``QuantizeOptions.resolve(fmt, **options)``;
+            then no other option is given).
         scale_rule: override the format's scale rule (``floor``/``ceil``/``even``/``rceil``
             for E8M0 scales).
         block_size: override the block size.
@@ -64,24 +66,22 @@ def quantize(
     CUDA tensors run the Triton kernel (bit-identical to the reference; stochastic
     rounding and the few shapes it can't tile fall back to the reference).
     """
+    o = QuantizeOptions.resolve(fmt, scale_rule=scale_rule, block_size=block_size, rounding=rounding,
+                                overflow=overflow, nonfinite=nonfinite, global_scale=global_scale,
+                                convention=convention, pad=pad, generator=generator)
     if method != "rtn":
         from .accuracy import methods  # (a layer above: imported on use only)
 
-        return methods.quantize_with(
-            x, fmt, method, scale_rule=scale_rule, block_size=block_size, rounding=rounding, overflow=overflow,
-            nonfinite=nonfinite, global_scale=global_scale, convention=convention, pad=pad, generator=generator)
+        return methods.quantize_with(x, o.fmt, method, rounding=o.rounding, overflow=o.overflow,
+                                     nonfinite=o.nonfinite, global_scale=o.global_scale, pad=o.pad,
+                                     generator=o.generator)
     if isinstance(x, torch.Tensor) and x.is_cuda:
         from . import quant as kq
 
-        f = reference.resolve_format(fmt, block_size, scale_rule, convention)
-        if kq.unsupported_reason(f, rounding) is None:
+        if kq.unsupported_reason(o.fmt, o.rounding) is None:
             # (the kernel reads float64 as float32: saturate or refuse what float32 can't hold first)
-            x = reference.fit_float32(x, _enum(Overflow, overflow, "overflow"))
-            return kq.quantize(x, f, rounding=rounding, overflow=overflow, nonfinite=nonfinite,
-                               global_scale=global_scale, pad=pad)
-    return reference.quantize(
-        x, fmt, scale_rule=scale_rule, block_size=block_size, rounding=rounding, overflow=overflow,
-        nonfinite=nonfinite, global_scale=global_scale, convention=convention, pad=pad, generator=generator)
+            return kq.quantize(reference.fit_float32(x, o.overflow), o)
+    return reference.quantize(x, o)
 
 
 def dequantize(q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

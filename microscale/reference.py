@@ -9,40 +9,17 @@ import math
 import torch
 
 from .formats import (
-    Format, NonFinite, Overflow, Rounding, ScaleRule, TwoLevel, e8m0_from_amax, get_format,
+    Format, NonFinite, Overflow, Rounding, ScaleRule, TwoLevel, e8m0_from_amax,
     pack_codes, packed_len, round_integer, unpack_codes,
 )
 from .formats.elements import _enum, beyond_float32
-from .formats.format import check_int
+from .options import QuantizeOptions, resolve_format
 from .qtensor import QTensor
 
 __all__ = ["quantize", "dequantize", "resolve_format", "nvfp4_global_scale"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 E4M3_MAX, E2M1_MAX = 448.0, 6.0
-
-
-def resolve_format(fmt: str | Format, block_size: int | None = None, scale_rule: str | ScaleRule | None = None,
-                   convention: str | TwoLevel | None = None) -> Format:
-    """Resolve a name and per-call overrides into one validated :class:`Format`."""
-    f = get_format(fmt)
-    changes = {}
-    if block_size is not None:
-        block_size = check_int(block_size, "block_size", "quantize")
-        if block_size != f.block_size:
-            changes["block_size"] = block_size
-    if scale_rule is not None:
-        rule = _enum(ScaleRule, scale_rule, "scale_rule")
-        if rule.power_of_two != f.scale.power_of_two or (rule is ScaleRule.MINMAX) != f.zero_point:
-            raise ValueError(f"scale_rule={rule.value!r} does not apply to format {f.name!r} "
-                             f"({f.scale.name} scales, default rule {f.scale_rule.value!r})")
-        changes["scale_rule"] = rule
-    if convention is not None:
-        conv = _enum(TwoLevel, convention, "convention")
-        if not f.global_scale:
-            raise ValueError(f"convention={conv.value!r} applies only to two-level formats, not {f.name!r}")
-        changes["two_level"] = conv
-    return f.replace(**changes) if changes else f
 
 
 def fit_float32(x: torch.Tensor, overflow: Overflow, op: str = "quantize") -> torch.Tensor:
@@ -172,7 +149,7 @@ def _two_level(xb, amax, fmt: Format, s_dec: torch.Tensor, gs_exact: torch.Tenso
 
 def quantize(
     x: torch.Tensor,
-    fmt: str | Format,
+    fmt: str | Format | QuantizeOptions,
     *,
     scale_rule: str | ScaleRule | None = None,
     block_size: int | None = None,
@@ -184,16 +161,15 @@ def quantize(
     pad: bool = False,
     generator: torch.Generator | None = None,
 ) -> QTensor:
-    """Quantize ``x`` to ``fmt`` with the reference (PyTorch) path; see :func:`microscale.quantize`."""
+    """Quantize ``x`` to ``fmt`` with the reference (PyTorch) path; see :func:`microscale.quantize`
+    (``fmt`` may be resolved :class:`~microscale.options.QuantizeOptions`)."""
     op = "quantize"
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
-    fmt = resolve_format(fmt, block_size, scale_rule, convention)
-    rounding = _enum(Rounding, rounding, "rounding")
-    overflow = _enum(Overflow, overflow, "overflow")
-    nonfinite = _enum(NonFinite, nonfinite, "nonfinite")
-    if global_scale is not None and not fmt.global_scale:
-        raise ValueError(f"{op}: global_scale applies only to two-level formats, not {fmt.name!r}")
+    o = QuantizeOptions.resolve(fmt, scale_rule=scale_rule, block_size=block_size, rounding=rounding,
+                                overflow=overflow, nonfinite=nonfinite, global_scale=global_scale,
+                                convention=convention, pad=pad, generator=generator, op=op)
+    fmt, rounding, overflow, nonfinite, pad, generator = o.fmt, o.rounding, o.overflow, o.nonfinite, o.pad, o.generator
     shape, dtype = x.shape, x.dtype
     x = _check_input(x, fmt, pad, op, overflow)
     if nonfinite is NonFinite.ERROR and not bool(torch.isfinite(x).all()):
@@ -201,23 +177,15 @@ def quantize(
     gscale = gs_exact = None
     meta = {"two_level": fmt.two_level.value} if fmt.global_scale else {}
     if fmt.global_scale:
-        if global_scale is None:
+        if o.global_scale is None:
             if fmt.two_level is TwoLevel.COMPRESSED_TENSORS:  # keep its stored gs exact
                 gs_exact = compressed_tensors_global_scale(_finite_amax(x))
                 gscale = 1.0 / gs_exact
                 meta["global_scale_inv"] = float(gs_exact)
             else:
                 gscale = nvfp4_global_scale(x, fmt.two_level)
-        else:
-            if isinstance(global_scale, bool) or not isinstance(global_scale, (int, float, torch.Tensor)) or (
-                    isinstance(global_scale, torch.Tensor) and (global_scale.numel() != 1
-                                                              or not global_scale.dtype.is_floating_point)):
-                raise TypeError(f"{op}: global_scale must be a float or a one-value float tensor, got "
-                                f"{global_scale!r}")
-            gscale = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(())
-            g = float(gscale)
-            if not (0 < g < float("inf")):
-                raise ValueError(f"{op}: global_scale={g} must be finite and > 0")
+        else:  # (checked by QuantizeOptions)
+            gscale = torch.as_tensor(o.global_scale, dtype=torch.float32, device=x.device).reshape(())
     k = x.shape[-1]
     rows = math.prod(x.shape[:-1])
     x2 = x.reshape(rows, k)

@@ -23,6 +23,7 @@ import torch
 from .. import reference
 from ..formats import Format, packed_len
 from ..formats.format import check_int
+from ..options import resolve_format
 from ..qtensor import QTensor
 
 __all__ = ["PagedKVCache", "kv_format"]
@@ -33,7 +34,7 @@ OP = "PagedKVCache"
 def kv_format(fmt: str | Format, head_dim: int, per_token: bool = False) -> Format:
     """Resolve a KV format: a preset name or :class:`Format`; ``per_token=True`` makes its
     block the whole head (one scale per token and head, e.g. fp8 e4m3 with an fp32 scale)."""
-    f = reference.resolve_format(fmt)
+    f = resolve_format(fmt)
     if per_token:
         f = f.replace(block_size=head_dim, name=f"{f.name}_per_token")
     if f.block_rows != 1:

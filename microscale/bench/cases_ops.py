@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from . import models
 from .cases import Case, Context, Peer, _format, _lookup, _ref, random_input
 from .checks import Check, check_bits, rel_fro
 from .suites import CaseSpec

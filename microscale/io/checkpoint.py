@@ -246,7 +246,7 @@ def _quant_format(fmt: str | Format, conv: Convention, qkw: dict) -> Format:
     """The format written: ``fmt`` with the ``block_size``/``scale_rule`` overrides of
     ``qkw`` (removed from it) applied and named in the format's name (``nvfp4_b64``,
     ``mxfp4_rceil``), as the convention stores it."""
-    from ..reference import resolve_format
+    from ..options import resolve_format
 
     base = get_format(fmt)
     bs, rule = qkw.pop("block_size", None), qkw.pop("scale_rule", None)

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from ..formats import Format, NonFinite, Overflow, Rounding, ScaleLayout, ScaleRule, TwoLevel, get_scale_layout
+from ..options import QuantizeOptions
 from .quantize import _launch, _prepare, _raise_flags
 from .tuning import QuantizeConfig
 
@@ -32,7 +33,7 @@ class GemmQuantized(NamedTuple):
 
 def quantize_for_gemm(
     x: torch.Tensor,
-    fmt: str | Format,
+    fmt: str | Format | QuantizeOptions,
     *,
     scale_layout: str | ScaleLayout = "swizzled_128x4",
     scale_rule: str | ScaleRule | None = None,

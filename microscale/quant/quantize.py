@@ -21,8 +21,8 @@ import torch
 from .. import reference
 from ..formats import Format, NonFinite, Overflow, Rounding, ScaleLayout, ScaleRule, TwoLevel, get_scale_layout, \
     packed_len
-from ..formats.elements import _enum
 from ..formats.kinds import ScaleKind
+from ..options import QuantizeOptions
 from ..qtensor import QTensor
 from ..runtime import target
 from . import params as _p
@@ -51,26 +51,21 @@ def _prepare(x, fmt, scale_rule, block_size, rounding, overflow, nonfinite, glob
         raise ValueError(f"{op}: x is on {x.device}; this is the GPU kernel's entry point: pass a CUDA tensor "
                          "(ms.quantize / ms.dequantize take CPU tensors through the reference; TRITON_INTERPRET=1 "
                          "emulates the kernel on the CPU)")
-    fmt = reference.resolve_format(fmt, block_size, scale_rule, convention)
-    rounding = _enum(Rounding, rounding, "rounding")
-    overflow = _enum(Overflow, overflow, "overflow")
-    nonfinite = _enum(NonFinite, nonfinite, "nonfinite")
+    o = QuantizeOptions.resolve(fmt, scale_rule=scale_rule, block_size=block_size, rounding=rounding,
+                                overflow=overflow, nonfinite=nonfinite, global_scale=global_scale,
+                                convention=convention, pad=pad, op=op)
+    fmt, rounding, overflow, nonfinite = o.fmt, o.rounding, o.overflow, o.nonfinite
     why = _p.unsupported_reason(fmt, rounding)
     if why:
         raise NotImplementedError(f"{op}: {why}")
-    if global_scale is not None and not fmt.global_scale:
-        raise ValueError(f"{op}: global_scale applies only to two-level formats, not {fmt.name!r}")
-    xp = reference._check_input(x, fmt, pad, op)
+    xp = reference._check_input(x, fmt, o.pad, op)
     gscale = None
-    if fmt.global_scale and global_scale is not None:
-        if not isinstance(global_scale, torch.Tensor) or not global_scale.is_cuda:
-            g = float(global_scale)
-            if not (0 < g < float("inf")):
-                raise ValueError(f"{op}: global_scale={g} must be finite and > 0")
-            # a fill kernel, not a host-to-device copy, so the call can be captured in a CUDA graph
-            gscale = torch.full((), g, dtype=torch.float32, device=x.device)
-        else:
-            gscale = global_scale.to(device=x.device, dtype=torch.float32).reshape(())
+    if fmt.global_scale and o.global_scale is not None:
+        g = o.global_scale
+        if isinstance(g, torch.Tensor) and g.is_cuda:
+            gscale = g.to(device=x.device, dtype=torch.float32).reshape(())
+        else:  # a fill kernel, not a host-to-device copy, so the call can be captured in a CUDA graph
+            gscale = torch.full((), float(g), dtype=torch.float32, device=x.device)
     return fmt, rounding, overflow, nonfinite, xp, gscale
 
 
@@ -172,7 +167,7 @@ def _raise_flags(flags, fmt: Format, op: str) -> None:
 
 def quantize(
     x: torch.Tensor,
-    fmt: str | Format,
+    fmt: str | Format | QuantizeOptions,
     *,
     scale_rule: str | ScaleRule | None = None,
     block_size: int | None = None,
