@@ -57,6 +57,25 @@ def _grouped_bf16(x, wgu, wd, idx, wts):
     return torch.zeros(x.shape[0], wd.shape[1], dtype=torch.float32, device=x.device).index_add_(0, tok, y).to(x.dtype)
 
 
+def _check_rows(inputs: tuple, y: torch.Tensor, experts) -> Check:
+    """The first :data:`_CHECK_ROWS` tokens of a ``moe`` case against float64 over only the experts
+    they use (``experts(w, used)``: those experts' weights in float64 on the CPU); all 128 experts of
+    a 4096-token case in float64 would be ~17 GB."""
+    from ..moe import moe_experts_reference
+
+    x, wgu, wd, idx, wts = inputs
+    r = min(x.shape[0], _CHECK_ROWS)
+    sub = idx[:r].cpu()
+    used = torch.unique(sub)
+    remap = torch.full((int(sub.max()) + 1 if sub.numel() else 1,), -1, dtype=torch.long)
+    remap[used] = torch.arange(used.numel())
+    ref = moe_experts_reference(x[:r].cpu().double(), experts(wgu, used), experts(wd, used), remap[sub],
+                                wts[:r].cpu().double())
+    err = rel_fro(y[:r].cpu(), ref)
+    return Check(err < _TOL, "rel_fro", err, f"rel Frobenius error {err:.3g} over the first {r} tokens "
+                                             f"(tolerance {_TOL:g})")
+
+
 def build_moe(spec: CaseSpec, ctx: Context) -> Case:
     """``ms.moe_experts`` (plain SwiGLU, concatenated gate/up) with weights already packed, checked
     against the float64 reference; bytes: the touched experts' weights + x + out; flops 6*T*top_k*H*I.
@@ -65,7 +84,7 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
     moe_experts = _lookup("moe_experts")
     quantize = _lookup("quantize")
     _format(spec.format)
-    from ..moe import cached_prepare_experts, moe_experts_reference
+    from ..moe import cached_prepare_experts
 
     t, e, h, i, top_k = spec.shape
 
@@ -81,20 +100,8 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
         return moe_experts(x, wgu, wd, idx, wts)
 
     def check(inputs: tuple, y) -> Check:
-        # the first _CHECK_ROWS tokens against float64 over only the experts they use (all 128 experts
-        # of a 4096-token case in float64 would be ~17 GB)
-        x, wgu, wd, idx, wts = inputs
-        r = min(t, _CHECK_ROWS)
-        sub = idx[:r].cpu()
-        used = torch.unique(sub)
-        remap = torch.full((e,), -1, dtype=torch.long)
-        remap[used] = torch.arange(used.numel())
-        gu = torch.stack([wgu.expert(int(j)).to_qtensor().dequantize(torch.float64).cpu() for j in used])
-        dn = torch.stack([wd.expert(int(j)).to_qtensor().dequantize(torch.float64).cpu() for j in used])
-        ref = moe_experts_reference(x[:r].cpu().double(), gu, dn, remap[sub], wts[:r].cpu().double())
-        err = rel_fro(y[:r].cpu(), ref)
-        return Check(err < _TOL, "rel_fro", err, f"rel Frobenius error {err:.3g} over the first {r} tokens "
-                                                 f"(tolerance {_TOL:g})")
+        return _check_rows(inputs, y, lambda w, used: torch.stack(
+            [w.expert(int(j)).to_qtensor().dequantize(torch.float64).cpu() for j in used]))
 
     def dense_inputs() -> tuple:
         return (random_input((t, h), ctx), random_input((e, 2 * i, h), ctx, torch.bfloat16) * 0.05,
@@ -102,17 +109,7 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
                 torch.softmax(random_input((t, top_k), ctx, torch.float32), -1).to(torch.bfloat16))
 
     def dense_check(inputs: tuple, y) -> Check:
-        x, wgu, wd, idx, wts = inputs
-        r = min(t, _CHECK_ROWS)
-        sub = idx[:r].cpu()
-        used = torch.unique(sub)
-        remap = torch.full((e,), -1, dtype=torch.long)
-        remap[used] = torch.arange(used.numel())
-        ref = moe_experts_reference(x[:r].cpu().double(), wgu[used.to(wgu.device)].cpu().double(),
-                                    wd[used.to(wd.device)].cpu().double(), remap[sub], wts[:r].cpu().double())
-        err = rel_fro(y[:r].cpu(), ref)
-        return Check(err < _TOL, "rel_fro", err, f"rel Frobenius error {err:.3g} over the first {r} tokens "
-                                                 f"(tolerance {_TOL:g})")
+        return _check_rows(inputs, y, lambda w, used: w[used.to(w.device)].cpu().double())
 
     dense_bytes = e * 3 * h * i * 2
 
