@@ -739,9 +739,9 @@ def render_markdown(doc: dict) -> str:
             c = r.get("checks") or [{}]
             status = r.get("skipped") and f"skipped: {r['skipped']}" or ("ok" if c[0].get("ok") else
                                                                         f"**FAIL** {r.get('error', '')}")
-            lines.append(f"| {r['format']} | {r.get('config', '')} | {c[0].get('err', float('nan')):.3g} | "
-                         f"{info.get('bf16_rel_vs_fp32', float('nan')):.3g} / "
-                         f"{info.get('single_bf16_rel_vs_fp32', float('nan')):.3g} | {status} |")
+            num = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
+            lines.append(f"| {r['format']} | {r.get('config', '')} | {num(c[0].get('err'))} | "
+                         f"{num(info.get('bf16_rel_vs_fp32'))} / {num(info.get('single_bf16_rel_vs_fp32'))} | {status} |")
         lines.append("")
     loads = [r for r in doc["results"] if r["section"] == "loading"]
     if loads:
