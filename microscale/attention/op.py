@@ -27,7 +27,8 @@ __all__ = ["decode_attention", "extend_attention", "AttentionConfig", "choose_co
 @dataclass(frozen=True)
 class AttentionConfig:
     """Tiling of one call: ``block_n`` keys per loop step, ``rows`` query rows (tokens x
-    heads of a GQA group, >= 16 for the MMA), ``num_splits`` key-range splits, ``num_warps``."""
+    heads of a GQA group, >= 8: the MMA's N side), ``num_splits`` splits of the visible keys,
+    ``num_warps``."""
 
     block_n: int
     rows: int
@@ -36,14 +37,16 @@ class AttentionConfig:
 
 
 def choose_config(n_seqs: int, kv_heads: int, group: int, max_len: int, max_q: int, device: torch.device,
-                  block_n: int = 64) -> AttentionConfig:
-    """Decode: split the keys so programs >= 2 x SMs (all SMs stream KV at batch 1);
-    prefill: 64-row query tiles, one split per 4k keys at most. ``max_len``: the most keys a
-    query tile can see (with a sliding window, about the window)."""
+                  block_n: int | None = None) -> AttentionConfig:
+    """Decode: 128 keys per step, the keys split so programs >= 2 x SMs (all SMs stream KV at
+    batch 1); prefill: 64-row query tiles, 64 keys per step. ``max_len``: the most keys a query
+    tile can see (with a sliding window, about the window)."""
+    if block_n is None:  # decode: 128 keys a step halve the per-step softmax work per key (SASS count)
+        block_n = 128 if max_q == 1 else 64
     gp = 1 << max(0, (group - 1).bit_length())
     n_blocks = max(1, -(-max_len // block_n))
     if max_q == 1:
-        rows = max(16, gp)
+        rows = max(16, gp)  # one token's heads, padded: 16 rows take the wgmma path (8 fall back to mma.sync)
         want = -(-2 * target.num_sms(device) // max(1, n_seqs * kv_heads))
     else:
         rows = max(64, gp)
@@ -110,8 +113,8 @@ def _paged(q, cache: PagedKVCache, layer, q_lens, seqs, softmax_scale, sliding_w
     reach = max_len if sliding_window is None else min(max_len, int(sliding_window) + max_q + 126)
     cfg = config or choose_config(len(seqs), hkv, group, reach, max_q, dev)
     gp = 1 << max(0, (group - 1).bit_length())
-    if cfg.rows % gp or cfg.rows < 16:
-        raise ValueError(f"{op}: config rows={cfg.rows} must be >= 16 and a multiple of the padded group {gp}")
+    if cfg.rows % gp or cfg.rows < 8:
+        raise ValueError(f"{op}: config rows={cfg.rows} must be >= 8 and a multiple of the padded group {gp}")
     if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
         raise ValueError(f"{op}: config block_n={cfg.block_n} must be a power of two >= 16")
     block_m = cfg.rows // gp
