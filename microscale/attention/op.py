@@ -28,12 +28,13 @@ __all__ = ["decode_attention", "extend_attention", "AttentionConfig", "choose_co
 class AttentionConfig:
     """Tiling of one call: ``block_n`` keys per loop step, ``rows`` query rows (tokens x
     heads of a GQA group, >= 8: the MMA's N side), ``num_splits`` splits of the visible keys,
-    ``num_warps``."""
+    ``num_warps``, ``num_stages`` (Triton's software pipelining of the code / scale loads)."""
 
     block_n: int
     rows: int
     num_splits: int
     num_warps: int = 4
+    num_stages: int = 3
 
 
 def choose_config(n_seqs: int, kv_heads: int, group: int, max_len: int, max_q: int, device: torch.device,
@@ -152,7 +153,7 @@ def _paged(q, cache: PagedKVCache, layer, q_lens, seqs, softmax_scale, sliding_w
               D=d, DW=kc.shape[-1] // 4, NB=cache.k_scales[layer].shape[-1],
               PAGE=cache.page_size, G=group, GP=gp, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
               HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None, INTERP=_INTERPRET,
-              MODE=mode, CPAIR=cpair, RES=res, **fc, num_warps=cfg.num_warps)
+              MODE=mode, CPAIR=cpair, RES=res, **fc, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     sp = 1 << max(0, (n_splits - 1).bit_length())
     rl.launch(kern._combine_kernel, (total * hq,), o_part, lse, sinks if sinks is not None else lse, out, hq,
               n_splits, out.stride(0), out.stride(1), D=d, SP=sp, HAS_SINKS=sinks is not None, num_warps=4)
