@@ -42,9 +42,6 @@ import triton.language as tl
 from ..linear._kernels._linear_kernels import _decode_elem, _decode_scale, _pair_bits, _split_pair
 
 LOG2E = 1.4426950408889634
-#: UE4M3 scale fold of MODE 2: 448 * 2^119 < 2^128 stays a bf16, and an E2M1 / E4M3 / E5M2 code
-#: placed in a bf16 times any UE4M3 scale times 2^119 is at least 2^-19: normal, the product exact
-UE4M3_FOLD = 6.64613997892457936e35  # 2^119
 
 
 @triton.jit
@@ -150,10 +147,12 @@ def _kv_tile(c_ptr, s_ptr, z_ptr, rowid, ok, BLOCK_N: tl.constexpr, DW: tl.const
     else:
         cpair = tl.full([BLOCK_N, DW], CPAIR, tl.int32)
         if MODE == 2:
-            sb = ((scale * 6.64613997892457936e35).to(tl.int32, bitcast=True) >> 16) & 0xFFFF  # exact bf16
+            # UE4M3 * 2^119 stays a bf16 (448 * 2^119 < 2^128), and an E2M1 / E4M3 / E5M2 code placed in a
+            # bf16 times it is at least 2^-19: normal, so the one bf16 product is exact
+            sb = ((scale * 6.64613997892457936e35).to(tl.int32, bitcast=True) >> 16) & 0xFFFF
             mult = _per_word(sb | (sb << 16), WPB)
         elif MODE == 3:
-            sb = (scale.to(tl.int32, bitcast=True) >> 16) & 0xFFFF  # E8M0 / bf16: exact
+            sb = (scale.to(tl.int32, bitcast=True) >> 16) & 0xFFFF  # E8M0: a power of two (or NaN), exact
             mult = _per_word(sb | (sb << 16), WPB)
         for j in tl.static_range(HS):
             p = _pair_bits(words, j, True, BITS, MBITS, SIGNED, CB)
