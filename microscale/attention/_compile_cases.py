@@ -16,7 +16,8 @@ FORMATS = [("fp8_e4m3_fp32", True, None), ("mxfp8_e4m3", False, None), ("nvfp4",
 
 def launches(mode: str = "full") -> None:
     """Decode and extend over every format, head_dim 64 and 128, GQA groups 1/8, window,
-    sinks and soft-cap on and off, q in bf16 and fp16 (``mode`` "smoke": NVFP4 only)."""
+    sinks and soft-cap on and off, q in bf16 and fp16, the default decode tiling and a 64-key /
+    8-row / 8-warp one (``mode`` "smoke": NVFP4 only)."""
     smoke = mode == "smoke"
     with target.override(interpreting=True):
         for fmt, per_token, gs in FORMATS[2:3] if smoke else FORMATS:
@@ -28,6 +29,8 @@ def launches(mode: str = "full") -> None:
                     q = torch.randn(2, hkv * group, d).to(dt)
                     decode_attention(q, c, 0)
                     decode_attention(q, c, 0, sliding_window=128, sinks=torch.randn(hkv * group), softcap=30.0)
+                    if not smoke:  # 64 keys a step, 8 rows (the mma.sync fallback), 8 warps
+                        decode_attention(q, c, 0, config=AttentionConfig(64, 8, 3, num_warps=8))
                     qe = torch.randn(40, hkv * group, d).to(dt)
                     extend_attention(qe, c, 0, [40], seqs=[1])
                     extend_attention(qe, c, 0, [40], seqs=[1], sliding_window=128,

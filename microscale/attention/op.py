@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..formats import Format
+from ..formats.kinds import ScaleKind, scale_kind
 from ..runtime import target
 from .cache import PagedKVCache
 from .reference import attention_reference, check_attention_args
@@ -25,28 +27,53 @@ __all__ = ["decode_attention", "extend_attention", "AttentionConfig", "choose_co
 @dataclass(frozen=True)
 class AttentionConfig:
     """Tiling of one call: ``block_n`` keys per loop step, ``rows`` query rows (tokens x
-    heads of a GQA group, >= 16 for the MMA), ``num_splits`` key-range splits, ``num_warps``."""
+    heads of a GQA group, >= 8: the MMA's N side), ``num_splits`` splits of the visible keys,
+    ``num_warps``, ``num_stages`` (Triton's software pipelining of the code / scale loads)."""
 
     block_n: int
     rows: int
     num_splits: int
     num_warps: int = 4
+    num_stages: int = 3
 
 
 def choose_config(n_seqs: int, kv_heads: int, group: int, max_len: int, max_q: int, device: torch.device,
-                  block_n: int = 64) -> AttentionConfig:
-    """Decode: split the keys so programs >= 2 x SMs (all SMs stream KV at batch 1);
-    prefill: 64-row query tiles, one split per 4k keys at most."""
+                  block_n: int | None = None) -> AttentionConfig:
+    """Decode: 128 keys per step, the keys split so programs >= 2 x SMs (all SMs stream KV at
+    batch 1); prefill: 64-row query tiles, 64 keys per step. ``max_len``: the most keys a query
+    tile can see (with a sliding window, about the window)."""
+    if block_n is None:  # decode: 128 keys a step halve the per-step softmax work per key (SASS count)
+        block_n = 128 if max_q == 1 else 64
     gp = 1 << max(0, (group - 1).bit_length())
     n_blocks = max(1, -(-max_len // block_n))
     if max_q == 1:
-        rows = max(16, gp)
+        rows = max(16, gp)  # one token's heads, padded: 16 rows take the wgmma path (8 fall back to mma.sync)
         want = -(-2 * target.num_sms(device) // max(1, n_seqs * kv_heads))
     else:
         rows = max(64, gp)
         m_tiles = -(-max_q // (rows // gp))
         want = -(-2 * target.num_sms(device) // max(1, n_seqs * kv_heads * m_tiles))
     return AttentionConfig(block_n=block_n, rows=rows, num_splits=max(1, min(want, n_blocks, 256)))
+
+
+def decode_mode(fmt: Format, head_dim: int) -> tuple[int, int, float]:
+    """How the kernel turns a format's codes into bf16 operands: (MODE, CPAIR, RES) (see
+    ``_kernels``). 1: one scale per token and head, minifloat codes (scale on the logits /
+    probabilities); 2: UE4M3 block scales (one exact bf16x2 multiply); 3: E8M0 block scales (two);
+    0: the rest (float32 decode per element). CPAIR: bf16x2 bits of ``2^(127 - bias)``; RES: the
+    power of two the logits and output are multiplied by."""
+    el = fmt.element
+    if el.kind != "float" or fmt.zero_point:
+        return 0, 0, 1.0
+    cpair = ((254 - el.bias) << 7) * 0x10001  # 2^(127 - bias): a normal bf16 for every 4/8-bit minifloat
+    kind = scale_kind(fmt)
+    if fmt.block_size == head_dim:
+        return 1, cpair, 1.0
+    if kind is ScaleKind.UE4M3:
+        return 2, 0, 2.0 ** (127 - el.bias - 119)
+    if kind is ScaleKind.E8M0:
+        return 3, cpair, 1.0
+    return 0, 0, 1.0
 
 
 # Triton's interpreter (its bf16 dot is wrong): read once, as triton.jit reads it when the kernels are imported
@@ -82,15 +109,20 @@ def _paged(q, cache: PagedKVCache, layer, q_lens, seqs, softmax_scale, sliding_w
         raise NotImplementedError(f"{op}: head_dim={d}; the kernel takes powers of two >= 16")
     lens = cache.lengths(layer)
     max_len = max(lens[s] for s in seqs)
-    cfg = config or choose_config(len(seqs), hkv, group, max_len, max(q_lens), dev)
+    max_q = max(q_lens)
+    # the most keys one query tile can see: with a window, about the window (the splits start at its first key)
+    reach = max_len if sliding_window is None else min(max_len, int(sliding_window) + max_q + 126)
+    cfg = config or choose_config(len(seqs), hkv, group, reach, max_q, dev)
     gp = 1 << max(0, (group - 1).bit_length())
-    if cfg.rows % gp or cfg.rows < 16:
-        raise ValueError(f"{op}: config rows={cfg.rows} must be >= 16 and a multiple of the padded group {gp}")
+    if cfg.rows % gp or cfg.rows < 8:
+        raise ValueError(f"{op}: config rows={cfg.rows} must be >= 8 and a multiple of the padded group {gp}")
+    if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
+        raise ValueError(f"{op}: config block_n={cfg.block_n} must be a power of two >= 16")
     block_m = cfg.rows // gp
-    n_splits = cfg.num_splits
-    n_iter = 1 << max(0, (-(-(-(-max_len // n_splits)) // cfg.block_n) - 1).bit_length())
-    split_len = n_iter * cfg.block_n
-    n_splits = max(1, -(-max_len // split_len))
+    if sliding_window is not None:  # a tile's first visible key is aligned down to block_n
+        reach = min(max_len, int(sliding_window) + min(block_m, max_q) - 1 + cfg.block_n - 1)
+    split_len = -(-(-(-reach // max(1, cfg.num_splits))) // cfg.block_n) * cfg.block_n
+    n_splits = max(1, -(-reach // split_len))
     starts = [0]
     for n in q_lens[:-1]:
         starts.append(starts[-1] + n)
@@ -105,21 +137,23 @@ def _paged(q, cache: PagedKVCache, layer, q_lens, seqs, softmax_scale, sliding_w
     if q.stride(2) != 1:
         q = q.contiguous()
     fc = format_constexprs(cache.fmt, specials=cache.fmt.element.kind == "float")
+    mode, cpair, res = decode_mode(cache.fmt, d)
     kz = cache.k_zero_points[layer] if cache.fmt.zero_point else cache.k_codes[layer]
     vz = cache.v_zero_points[layer] if cache.fmt.zero_point else cache.v_codes[layer]
     gs = cache.global_scale if cache.global_scale is not None else o_part
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-    grid = (-(-max(q_lens) // block_m), len(seqs) * hkv, n_splits)
+    grid = (-(-max_q // block_m), len(seqs) * hkv, n_splits)
+    kc, vc = cache.k_codes[layer], cache.v_codes[layer]
     rl.launch(kern._paged_attn_kernel, grid,
-              q, cache.k_codes[layer], cache.v_codes[layer], _raw_scales(cache.k_scales[layer]),
+              q, kc.view(torch.int32), vc.view(torch.int32), _raw_scales(cache.k_scales[layer]),
               _raw_scales(cache.v_scales[layer]), kz, vz, gs, cache.page_table, cache.seq_lens[layer],
               meta[0], meta[1], meta[2], o_part, lse,
               q.stride(0), q.stride(1), cache.page_table.stride(0), hkv, hq, n_splits, split_len, scale,
               float(softcap or 1.0), int(sliding_window or 0),
-              D=d, DB=cache.k_codes[layer].shape[-1], NB=cache.k_scales[layer].shape[-1],
+              D=d, DW=kc.shape[-1] // 4, NB=cache.k_scales[layer].shape[-1],
               PAGE=cache.page_size, G=group, GP=gp, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-              HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None, N_ITER=n_iter, DOT_BF16=not _INTERPRET, **fc,
-              num_warps=cfg.num_warps)
+              HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None, INTERP=_INTERPRET,
+              MODE=mode, CPAIR=cpair, RES=res, **fc, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     sp = 1 << max(0, (n_splits - 1).bit_length())
     rl.launch(kern._combine_kernel, (total * hq,), o_part, lse, sinks if sinks is not None else lse, out, hq,
               n_splits, out.stride(0), out.stride(1), D=d, SP=sp, HAS_SINKS=sinks is not None, num_warps=4)

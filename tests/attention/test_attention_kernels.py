@@ -73,3 +73,63 @@ def test_cpu_without_interpreter_runs_the_reference(gen):
     with target.override(interpreting=False):
         got = decode_attention(q, c, 0)
     assert torch.equal(got, attention_reference(q, c, 0))
+
+
+def _poison_before(c, seq, upto):
+    """NaN block scales for the K and V of tokens ``0 .. upto-1`` of ``seq`` (read, they would make the output NaN)."""
+    pos = torch.arange(upto)
+    slots = c.page_table[seq].long()[pos // c.page_size] * c.page_size + pos % c.page_size
+    nan = {torch.uint8: 0xFF, torch.float8_e4m3fn: 0x7F}  # E8M0 / UE4M3 NaN bytes
+    for sc in (c.k_scales[0], c.v_scales[0]):
+        if sc.dtype in nan:
+            sc.view(torch.uint8).view(-1, c.num_kv_heads, sc.shape[-1])[slots] = nan[sc.dtype]
+        else:
+            sc.view(-1, c.num_kv_heads, sc.shape[-1])[slots] = float("nan")
+
+
+@pytest.mark.parametrize("fmt,per_token,gs", [("nvfp4", False, 0.02), ("fp8_e4m3_fp32", True, None),
+                                              ("mxfp4", False, None)])
+@pytest.mark.parametrize("window,lens", [(7, [37, 3, 50]), (1, [18, 9]), (21, [64, 5])])
+def test_decode_window_skips_the_keys_before_it(fmt, per_token, gs, window, lens, gen):
+    """Window starts mid-page, short sequences whose later splits are empty, and the pages before each
+    window's first key block poisoned with NaN scales: the kernel never reads them."""
+    c = _filled(fmt, per_token, gs, 2, lens, gen)
+    q = torch.randn(len(lens), 8, 32, generator=gen)
+    want = attention_reference(q, c, 0, sliding_window=window, dtype=torch.float64)
+    block_n = 16
+    for s, n in enumerate(lens):
+        _poison_before(c, s, max(0, n - window) // block_n * block_n)
+    got = decode_attention(q, c, 0, sliding_window=window,
+                           config=AttentionConfig(block_n=block_n, rows=16, num_splits=3))
+    assert _rel(got, want) < 1e-2
+
+
+def test_extend_window_tiles_skip_earlier_keys(gen):
+    """Prefill of 24 tokens with a window of 6 in query tiles of 4: each tile's splits start at its own
+    window; the keys before the first tile's window are poisoned and never read."""
+    c = _filled("nvfp4", False, 0.02, 2, [24, 23], gen)
+    q_lens = [24, 5]
+    q = torch.randn(sum(q_lens), 8, 32, generator=gen)
+    want = attention_reference(q, c, 0, q_lens=q_lens, sliding_window=6, dtype=torch.float64)
+    _poison_before(c, 1, (23 - 5 - 6 + 1) // 16 * 16)  # (no key of sequence 1 before 13 is visible)
+    got = extend_attention(q, c, 0, q_lens, sliding_window=6, config=AttentionConfig(block_n=16, rows=16, num_splits=2))
+    assert _rel(got, want) < 1e-2
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the interpreter's numpy meets the NaN)
+@pytest.mark.parametrize("fmt,per_token,gs", KV_FORMATS[:4])
+def test_decode_nan_blocks_as_the_reference(fmt, per_token, gs, gen):
+    """A NaN in K or V: the cache's block scale is NaN, and the word-wide decode (which does not test
+    codes for NaN) gives NaN exactly where the reference does."""
+    c = PagedKVCache(fmt, num_layers=1, num_kv_heads=2, head_dim=32, num_pages=8, page_size=4, max_seqs=2,
+                     per_token=per_token, global_scale=gs)
+    k, v = torch.randn(2, 9, 2, 32, generator=gen), torch.randn(2, 9, 2, 32, generator=gen)
+    k[0, 3, 1, 5] = float("nan")  # sequence 0, kv head 1: every logit of its queries
+    v[1, 6, 0, 20] = float("nan")  # sequence 1, kv head 0: the output columns of that block
+    c.append(0, k, v)
+    q = torch.randn(2, 8, 32, generator=gen)
+    got = decode_attention(q, c, 0, config=AttentionConfig(block_n=16, rows=16, num_splits=2))
+    want = attention_reference(q, c, 0, dtype=torch.float64)
+    assert torch.isnan(want).any() and torch.equal(torch.isnan(got), torch.isnan(want))
+    ok = ~torch.isnan(want)
+    assert float((got.double()[ok] - want[ok]).norm() / want[ok].norm()) < 1e-2
