@@ -117,12 +117,14 @@ def _select(rows, fmts: list[Format], patterns) -> tuple[list, list]:
 
 def _ranked(rows: list[dict]) -> list[dict]:
     """Rows by SQNR (highest first; bits break ties), each marked ``pareto``: no other row
-    has as few bits or fewer and as high an SQNR or higher, one of them strictly."""
+    has as few bits or fewer and as high an SQNR or higher, one of them strictly. Bits are
+    compared to 0.001 (as printed), so a global scale's 32 bits per tensor do not count."""
+    def bits(r):
+        return round(r["bits_per_element"], 3)
+
     for r in rows:
-        r["pareto"] = not any(o is not r and o["bits_per_element"] <= r["bits_per_element"]
-                              and o["sqnr_db"] >= r["sqnr_db"]
-                              and (o["bits_per_element"] < r["bits_per_element"] or o["sqnr_db"] > r["sqnr_db"])
-                              for o in rows)
+        r["pareto"] = not any(o is not r and bits(o) <= bits(r) and o["sqnr_db"] >= r["sqnr_db"]
+                              and (bits(o) < bits(r) or o["sqnr_db"] > r["sqnr_db"]) for o in rows)
     return sorted(rows, key=lambda r: (-r["sqnr_db"], r["bits_per_element"], r["format"], r["method"]))
 
 

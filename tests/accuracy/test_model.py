@@ -59,7 +59,7 @@ def test_nn_quantize_model_delegates():
     calibrated quantizer; without them it is the plain one (the same weights as method='rtn')."""
     model, cal = _bert(), _calib()
     for kw in ({"method": "gptq", "calibration": cal}, {"method": "gptq", "calibration": cal, "act_order": True},
-               {"method": "mse"}, {"method": "4over6"}, {"rotate": "hadamard"}):
+               {"method": "4over6"}, {"rotate": "hadamard"}):
         a = nn_quantize_model(model, "nvfp4", inplace=False, **kw)
         b = quantize_model(model, "nvfp4", inplace=False, **kw)
         wa, wb = _weights(a), _weights(b)
