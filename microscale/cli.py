@@ -140,7 +140,7 @@ def _error(args: argparse.Namespace) -> int:
 
     outs = [(p, what) for p, what in ((args.json, "--json"), (args.plot, "--plot")) if p is not None]
     if len(outs) == 2 and os.path.abspath(args.json) == os.path.abspath(args.plot):
-        return _fail(f"error: --json and --plot name the same file {args.json}")
+        return _fail(f"--json and --plot name the same file {args.json}")
     for p, what in outs:  # before the run, so a refused output costs no time
         check_output(args.src, p, args.overwrite, f"error {what}", kind="file")
     fmts = rep.parse_formats(args.formats) if args.formats else None

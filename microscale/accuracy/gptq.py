@@ -57,7 +57,8 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, fmt: str | Format, *, d
                   act_order: bool = False, scale_method: str = "rtn", lazy_block: int = 128) -> QTensor:
     """GPTQ-quantize ``weight`` ``[N, K]`` given the input Hessian ``H`` ``[K, K]`` (see the
     module doc); 1-D block, non-affine formats. A ``K`` that is not a multiple of the block
-    size is padded with zero columns, as ``ms.quantize(..., pad=True)`` pads. ``lazy_block`` columns are updated together (rounded up to whole blocks)."""
+    size is padded with zero columns, as ``ms.quantize(..., pad=True)`` pads. ``lazy_block``
+    columns are updated together (rounded up to whole blocks)."""
     fmt = get_format(fmt)
     op = "gptq"
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.dtype.is_floating_point:

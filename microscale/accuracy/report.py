@@ -73,12 +73,12 @@ def _source(src) -> tuple[str, list[tuple[str, tuple, torch.dtype]], Callable[[s
             with open_regular(path) as fh:
                 magic = fh.read(4)
         if magic == b"GGUF":
-            raise ValueError(f"error: {path} is a GGUF file (quantized); give the float safetensors checkpoint "
+            raise ValueError(f"error_report: {path} is a GGUF file (quantized); give the float safetensors checkpoint "
                              "it was made from")
         ck = open_checkpoint(path)
         if ck.convention != "float":
-            raise ValueError(f"error: {path} is a quantized checkpoint (convention {ck.convention}); the error of "
-                             "a format is measured against the float source: give the float checkpoint")
+            raise ValueError(f"error_report: {path} is a quantized checkpoint (convention {ck.convention}); the "
+                             "error of a format is measured against the float source: give the float checkpoint")
         rows = [(n, tuple(ck.info(n).shape), ck.info(n).dtype) for n in ck.names]
         return path, rows, ck.get
     if isinstance(src, nn.Module):
@@ -87,10 +87,10 @@ def _source(src) -> tuple[str, list[tuple[str, tuple, torch.dtype]], Callable[[s
     if isinstance(src, dict):
         bad = [k for k, v in src.items() if not isinstance(v, torch.Tensor)]
         if bad:
-            raise TypeError(f"error: tensors {bad[:3]} are not torch.Tensors (QTensors are already quantized)")
+            raise TypeError(f"error_report: tensors {bad[:3]} are not torch.Tensors (QTensors are already quantized)")
         rows = [(n, tuple(t.shape), t.dtype) for n, t in src.items()]
         return "(tensors)", rows, src.__getitem__
-    raise TypeError(f"error: src must be a checkpoint path, a dict of tensors or an nn.Module, got "
+    raise TypeError(f"error_report: src must be a checkpoint path, a dict of tensors or an nn.Module, got "
                     f"{type(src).__name__}")
 
 
@@ -163,10 +163,10 @@ def error_report(src, formats: Iterable[str | Format] | None = None, methods: It
     fmts = [get_format(f) for f in (DEFAULT_FORMATS if formats is None else formats)]
     methods = list(dict.fromkeys(methods))
     if not fmts or not methods:
-        raise ValueError("error: give at least one format and one method")
+        raise ValueError("error_report: give at least one format and one method")
     for m in methods:
         if m not in METHODS:
-            raise ValueError(f"error: method {m!r} is not known; expected one of {', '.join(METHODS)} "
+            raise ValueError(f"error_report: method {m!r} is not known; expected one of {', '.join(METHODS)} "
                              "(GPTQ needs calibration data: quantize_model(..., method='gptq'))")
     fmts = list({f.name: f for f in fmts}.values())
     pairs, not_applicable = [], []
@@ -178,12 +178,12 @@ def error_report(src, formats: Iterable[str | Format] | None = None, methods: It
             else:
                 not_applicable.append({"format": f.name, "method": m, "reason": why})
     if not pairs:
-        raise ValueError(f"error: no method applies to the formats asked for: {not_applicable[0]['reason']}")
+        raise ValueError(f"error_report: no method applies to the formats asked for: {not_applicable[0]['reason']}")
     label, rows, get = _source(src)
     patterns = tuple(skip) + (DEFAULT_SKIP if default_skip else ())
     keep, left = _select(rows, fmts, patterns)
     if not keep:
-        raise ValueError(f"error: no tensor of {label} to measure ({len(left)} left out: "
+        raise ValueError(f"error_report: no tensor of {label} to measure ({len(left)} left out: "
                          f"{'; '.join(sorted({r for _, r in left})[:3])}); see --skip / --no-default-skip")
     total = {(f.name, m): [ErrorStats(), 0] for f, m in pairs}
     per_tensor = []
@@ -341,6 +341,6 @@ def parse_formats(names: Iterable[str]) -> list[str]:
             elif p in registry:
                 out.append(p)
             else:
-                raise ValueError(f"error: format {p!r} is not in the registry; see `microscale formats` "
+                raise ValueError(f"--formats: {p!r} is not in the registry; see `microscale formats` "
                                  "(or 'all')")
     return list(dict.fromkeys(out))
