@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 
@@ -129,6 +130,30 @@ def _demo(args: argparse.Namespace) -> int:
     except ImportError as e:
         print(str(e), file=sys.stderr)
         return 1
+    return 0
+
+
+def _error(args: argparse.Namespace) -> int:
+    """Rank formats by quantization error against storage bits for a float checkpoint."""
+    from ._paths import check_output
+    from .accuracy import report as rep
+
+    outs = [(p, what) for p, what in ((args.json, "--json"), (args.plot, "--plot")) if p is not None]
+    if len(outs) == 2 and os.path.abspath(args.json) == os.path.abspath(args.plot):
+        return _fail(f"--json and --plot name the same file {args.json}")
+    for p, what in outs:  # before the run, so a refused output costs no time
+        check_output(args.src, p, args.overwrite, f"error {what}", kind="file")
+    fmts = rep.parse_formats(args.formats) if args.formats else None
+    methods = [m.strip().lower() for v in args.method for m in v.split(",") if m.strip()]
+    r = rep.error_report(args.src, fmts, methods, skip=args.skip, default_skip=not args.no_default_skip,
+                         progress=not args.quiet)
+    print(rep.format_report(r, per_tensor=args.per_tensor), end="")
+    if args.json is not None:
+        rep.write_json(r, args.json, args.overwrite, src=args.src)
+        print(f"wrote {args.json}")
+    if args.plot is not None:
+        rep.write_plot(r, args.plot, args.overwrite, src=args.src)
+        print(f"wrote {args.plot}")
     return 0
 
 
@@ -280,11 +305,55 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compute dtype of the models (default fp32 on CPU, fp16 on CUDA)")
     m.set_defaults(func=_demo)
 
+    e = sub.add_parser("error", help="rank formats by quantization error against bits per element",
+                       formatter_class=raw,
+                       description=_desc(
+                           "Quantize every weight matrix of a float checkpoint to each format (and method) "
+                           "in memory and measure the error against the source: SQNR, relative Frobenius "
+                           "error, cosine, max abs error, per tensor and summed over the model. Prints the "
+                           "formats ranked by SQNR with their storage bits per element (block scales, zero "
+                           "points and padding included) and marks the front: the rows no other row beats "
+                           "on both. Writes nothing unless --json/--plot; SRC is only read."),
+                       epilog=_examples(
+                           "microscale error ./llama-bf16",
+                           "microscale error model.safetensors --formats nvfp4 mxfp4 mxfp6_e2m3",
+                           "microscale error ./llama-bf16 -F nvfp4,mxfp4 --method rtn mse 4over6",
+                           "microscale error ./llama-bf16 --formats all --json err.json --plot err.png",
+                           "microscale error ./llama-bf16 --per-tensor --skip '*mlp*' | less"))
+    e.add_argument("src", metavar="SRC", help="a float checkpoint: a directory of .safetensors shards (with or "
+                   "without model.safetensors.index.json) or one .safetensors file; only read")
+    e.add_argument("--formats", "-F", nargs="+", default=None, metavar="FORMAT",
+                   help="presets from `microscale formats` (space- or comma-separated, case-insensitive; "
+                        f"'all' for every one); default: {' '.join(_error_default_formats())}")
+    e.add_argument("--method", "-m", nargs="+", default=["rtn"], metavar="METHOD",
+                   help="how each block's scale is chosen: rtn (the format's rule, default), mse (least squared "
+                        "error among nearby scales), 4over6 (NVFP4-family: block max at 4 or 6); several give "
+                        "one row each. GPTQ needs calibration data: see docs/accuracy.md")
+    e.add_argument("--skip", action="append", default=[], metavar="PATTERN",
+                   help="tensor names to leave out, in the dialect of `microscale quantize --skip`; repeatable")
+    e.add_argument("--no-default-skip", action="store_true",
+                   help="also measure embeddings, norms and lm_head (left out by default, as quantize does)")
+    e.add_argument("--per-tensor", action="store_true", help="also print one line per tensor and format")
+    e.add_argument("--json", metavar="PATH", default=None,
+                   help="write the ranking and the per-tensor numbers as JSON (a new file; never inside SRC)")
+    e.add_argument("--plot", metavar="PATH", default=None,
+                   help="write a PNG of SQNR against bits per element (needs matplotlib; a new file)")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing --json/--plot file")
+    e.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    e.set_defaults(func=_error)
+
     b = sub.add_parser("bench", help="benchmark every op against the machine's ceilings and peers "
                        "(arguments as `python -m microscale.bench --help`)", add_help=False)
     b.add_argument("bench_args", nargs=argparse.REMAINDER)
     b.set_defaults(func=_bench)
     return p
+
+
+def _error_default_formats() -> tuple[str, ...]:
+    """The formats `microscale error` ranks when none are named."""
+    from .accuracy.report import DEFAULT_FORMATS
+
+    return DEFAULT_FORMATS
 
 
 def _bench(args: argparse.Namespace) -> int:

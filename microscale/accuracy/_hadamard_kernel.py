@@ -45,6 +45,9 @@ def block_hadamard_triton(x: torch.Tensor, block: int, rows_per_program: int | N
     if n == 0:
         return y
     rows = rows_per_program or max(1, min(64, 4096 // block))
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1 or rows & (rows - 1):
+        raise ValueError(f"block_hadamard: rows_per_program={rows_per_program!r} must be a power of two >= 1 "
+                         "(a tile dimension)")
     log2b = block.bit_length() - 1
     grid = (triton.cdiv(n, rows),)
     _fwht_kernel[grid](xc, y, n, LOG2B=log2b, BLOCK=block, ROWS=rows, SCALE=float(block) ** -0.5)

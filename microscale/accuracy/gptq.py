@@ -56,8 +56,9 @@ def _encode_col(w: torch.Tensor, mult: torch.Tensor, fmt: Format) -> tuple[torch
 def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, fmt: str | Format, *, damp: float = 0.01,
                   act_order: bool = False, scale_method: str = "rtn", lazy_block: int = 128) -> QTensor:
     """GPTQ-quantize ``weight`` ``[N, K]`` given the input Hessian ``H`` ``[K, K]`` (see the
-    module doc). ``K`` must be a multiple of the format's block size; 1-D block, non-affine
-    formats. ``lazy_block`` columns are updated together (rounded up to whole blocks)."""
+    module doc); 1-D block, non-affine formats. A ``K`` that is not a multiple of the block
+    size is padded with zero columns, as ``ms.quantize(..., pad=True)`` pads. ``lazy_block``
+    columns are updated together (rounded up to whole blocks)."""
     fmt = get_format(fmt)
     op = "gptq"
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.dtype.is_floating_point:
@@ -68,18 +69,21 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, fmt: str | Format, *, d
         raise ValueError(f"{op}: H must be [K, K] = [{k}, {k}], got {tuple(getattr(H, 'shape', ()))}")
     _check(fmt, "gptq")
     b = fmt.block_size
-    if k % b:
-        raise ValueError(f"{op}: K={k} is not a multiple of the {fmt.name} block size {b}")
     if not (isinstance(damp, (int, float)) and damp >= 0):
         raise ValueError(f"{op}: damp={damp!r} must be a float >= 0")
     dev = weight.device
     W = weight.detach().to(torch.float32).clone()
     H = H.detach().to(device=dev, dtype=torch.float64).clone()
+    if k % b:  # zero columns up to a whole block: dead inputs, stored as the canonical padding
+        kp = -(-k // b) * b
+        W = torch.nn.functional.pad(W, (0, kp - k))
+        H = torch.nn.functional.pad(H, (0, kp - k, 0, kp - k))
+        k = kp
     gscale = None
     if fmt.global_scale:
         from ..ops import quantize
 
-        gscale = quantize(weight.detach().float(), fmt).global_scale  # the tensor's own, from the original
+        gscale = quantize(weight.detach().float(), fmt, pad=True).global_scale  # the tensor's own, from the original
     dead = torch.diag(H) == 0
     H[dead, dead] = 1.0
     W[:, dead] = 0.0

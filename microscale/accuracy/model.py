@@ -48,12 +48,15 @@ def run_calibration(model: nn.Module, calibration) -> None:
                 model(b)
 
 
-def _hessians(model: nn.Module, names: list[str], calibration, rot: int | None) -> dict[str, torch.Tensor]:
-    """``2/n X^T X`` (float64) of each named Linear's input over the calibration run."""
-    acc: dict[str, list] = {n: [None, 0] for n in names}
+def _hessians(model: nn.Module, rots: dict[str, int | None], calibration) -> dict[str, torch.Tensor]:
+    """``2/n X^T X`` (float64) of each named Linear's input (rotated by ``rots[name]``
+    where not None) over the calibration run."""
+    acc: dict[str, list] = {n: [None, 0] for n in rots}
     hooks = []
 
     def hook(name):
+        rot = rots[name]
+
         def f(_mod, args):
             x = args[0].detach()
             if rot:
@@ -64,7 +67,7 @@ def _hessians(model: nn.Module, names: list[str], calibration, rot: int | None) 
             a[1] += x2.shape[0]
         return f
 
-    for n in names:
+    for n in rots:
         hooks.append(model.get_submodule(n).register_forward_pre_hook(hook(n)))
     try:
         run_calibration(model, calibration)
@@ -83,23 +86,29 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, method: str
                    rotate: str | None = None, rotate_block: int | None = None, scale_method: str = "rtn",
                    act_order: bool = False, damp: float = 0.01, skip: Iterable[str] = (), inplace: bool = True,
                    **quantize_kwargs) -> nn.Module:
-    """Replace every ``nn.Linear`` of ``model`` by a :class:`~microscale.nn.QuantLinear` in ``fmt``.
+    """Replace every ``nn.Linear`` of ``model`` by a :class:`~microscale.nn.QuantLinear` in ``fmt``,
+    with the accuracy methods. :func:`microscale.nn.quantize_model` calls this function
+    whenever it is given ``method`` other than ``"rtn"``, ``calibration``, ``rotate`` or one
+    of the GPTQ options, so either name serves.
 
     Args:
         method: ``rtn``, ``mse`` or ``4over6`` (per-tensor quantizers, see
             :func:`microscale.quantize`), or ``gptq`` (needs ``calibration``).
-        calibration: inputs for GPTQ (see :func:`run_calibration`).
+        calibration: inputs for GPTQ (see :func:`run_calibration`); only with ``method="gptq"``.
         rotate: ``None`` or ``"hadamard"`` (block Hadamard rotation of each Linear's input
-            dimension; layers become :class:`HadamardLinear`).
+            dimension; layers become :class:`HadamardLinear`). A Linear whose in-features
+            the rotation block does not divide is quantized without rotation.
         rotate_block: rotation block size (default: the format's block size; a power of
-            two, a multiple of the block size, dividing the in-features).
+            two, a multiple of the block size).
         scale_method: the block-scale rule inside GPTQ: ``rtn``, ``mse`` or ``4over6``.
         act_order, damp: GPTQ options (:func:`~microscale.accuracy.gptq.gptq_quantize`).
         skip, inplace: as :func:`microscale.nn.quantize_model`.
         **quantize_kwargs: passed to :func:`microscale.quantize` (rtn/mse/4over6 only).
 
     Returns:
-        The model; on error it is left unchanged (every layer is built before any is replaced).
+        The model (a :class:`QuantLinear` or :class:`HadamardLinear` when ``model`` is
+        itself an ``nn.Linear``); on error it is left unchanged (every layer is built before
+        any is replaced).
     """
     fmt = get_format(fmt)
     if method not in _MODEL_METHODS:
@@ -109,11 +118,19 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, method: str
         raise ValueError(f"quantize_model: rotate={rotate!r}; expected None or 'hadamard'")
     if method == "gptq" and calibration is None:
         raise ValueError("quantize_model: method='gptq' needs calibration= (inputs to run the model on)")
+    if method != "gptq" and calibration is not None:
+        raise ValueError(f"quantize_model: calibration= is used by method='gptq' only; method={method!r} "
+                         "quantizes each weight on its own")
+    if method != "gptq" and (act_order or scale_method != "rtn" or damp != 0.01):
+        raise ValueError(f"quantize_model: act_order, scale_method and damp are GPTQ options; method={method!r} "
+                         "(pass method='gptq', or method='mse'/'4over6' for better scales without GPTQ)")
     if method == "gptq" and quantize_kwargs:
         raise ValueError(f"quantize_model: method='gptq' takes no quantize options, got {sorted(quantize_kwargs)}")
+    if rotate_block is not None and not rotate:
+        raise ValueError("quantize_model: rotate_block= needs rotate='hadamard'")
     rot = None
     if rotate:
-        rot = rotate_block or fmt.block_size
+        rot = fmt.block_size if rotate_block is None else rotate_block
         check_block(rot, rot, "quantize_model")
         if rot % fmt.block_size:
             raise ValueError(f"quantize_model: rotate_block={rot} must be a multiple of the {fmt.name} block "
@@ -121,15 +138,19 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, method: str
     skip = list(skip)
     if not inplace:
         model = copy.deepcopy(model)
-    targets = [(n, m) for n, m in model.named_modules()
-               if type(m) is nn.Linear and n and not skip_matches(n, skip)
-               and (rot is None or m.in_features % rot == 0)]
-    H = _hessians(model, [n for n, _ in targets], calibration, rot) if method == "gptq" else {}
+    if type(model) is nn.Linear:
+        targets = [] if skip_matches("", skip) else [("", model)]
+    else:
+        targets = [(n, m) for n, m in model.named_modules()
+                   if type(m) is nn.Linear and n and not skip_matches(n, skip)]
+    rots = {n: rot if rot and m.in_features % rot == 0 else None for n, m in targets}
+    H = _hessians(model, rots, calibration) if method == "gptq" else {}
     new = []
     for name, lin in targets:
         w = lin.weight.detach()
-        if rot:
-            w = block_hadamard(w.double(), rot).to(w.dtype)
+        r = rots[name]
+        if r:
+            w = block_hadamard(w.double(), r).to(w.dtype)
         if method == "gptq":
             q = gptq_quantize(w, H[name], fmt, damp=damp, act_order=act_order, scale_method=scale_method)
         else:
@@ -137,12 +158,12 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, method: str
 
             q = quantize(w, fmt, method=method, pad=True, **quantize_kwargs)
         m: nn.Module = QuantLinear.from_qtensor(q, None if lin.bias is None else lin.bias.detach())
-        if rot:
-            m = HadamardLinear(m, rot)
+        if r:
+            m = HadamardLinear(m, r)
         new.append((name, m))
     for name, m in new:
+        if not name:
+            return m
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, m)
     return model
-
-

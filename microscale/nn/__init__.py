@@ -5,6 +5,7 @@ Use::
     import microscale as ms
     from microscale.nn import quantize_model
     model = quantize_model(model, "nvfp4", skip=["lm_head"])   # any nn.Module, HF included
+    model = quantize_model(model, "mxfp4", method="gptq", calibration=batches, rotate="hadamard")
     sd = model.state_dict()                                      # plain tensors + format extra state
     msio.save(quantized_state(model), "ckpt", convention="modelopt")   # any convention
     load_quantized_state(fresh_float_model, msio.load("ckpt"))         # Linear -> QuantLinear

@@ -155,8 +155,12 @@ class QuantLinear(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
+#: Options that only the calibrated quantizer (microscale.accuracy.quantize_model) takes.
+_ACCURACY_OPTIONS = frozenset({"calibration", "rotate", "rotate_block", "scale_method", "act_order", "damp"})
+
+
 def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Iterable[str] = (),
-                   inplace: bool = True, **quantize_kwargs) -> nn.Module:
+                   inplace: bool = True, method: str = "rtn", **quantize_kwargs) -> nn.Module:
     """Replace every ``nn.Linear`` in ``model`` by a :class:`QuantLinear` in ``fmt``.
 
     Args:
@@ -166,6 +170,11 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
             uses too (:mod:`microscale._names`): ``"lm_head"`` matches ``lm_head`` and
             ``model.lm_head``, ``"*attention*"`` any attention Linear.
         inplace: modify ``model`` (default) or a deep copy.
+        method: ``"rtn"`` (round-to-nearest, the default), ``"mse"``, ``"4over6"`` or
+            ``"gptq"``; with ``method`` other than ``"rtn"`` or any of ``calibration=``,
+            ``rotate="hadamard"``, ``rotate_block=``, ``scale_method=``, ``act_order=``,
+            ``damp=``, the call goes to :func:`microscale.accuracy.quantize_model` (GPTQ with
+            calibration data, block Hadamard rotation; docs/accuracy.md).
         **quantize_kwargs: passed to :func:`microscale.quantize` (``scale_rule``,
             ``block_size``, ``convention``, ...).
 
@@ -175,6 +184,10 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
     """
     import copy
 
+    if method != "rtn" or _ACCURACY_OPTIONS & set(quantize_kwargs):
+        from ..accuracy.model import quantize_model as calibrated  # (same layer; loaded on use)
+
+        return calibrated(model, fmt, method=method, skip=skip, inplace=inplace, **quantize_kwargs)
     fmt = get_format(fmt)
     skip = list(skip)
     if not inplace:
