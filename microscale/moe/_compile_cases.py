@@ -2,12 +2,14 @@
 a caller intercepts the launches; run plainly under the interpreter they compute real results)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ..formats import registry
 from ..ops import quantize
 from ..runtime import target
-from .grouped import grouped_run
+from .grouped import grouped_run, pair_eligible
 from .op import _experts_forward
 from .packed import prepare_experts
 from .tuning import GroupedConfig
@@ -29,9 +31,15 @@ def launches(mode: str = "full") -> None:
                 for c in configs:
                     grouped_run(x, pe, offsets, None, config=c)
                 grouped_run(x, pe, offsets, torch.randn(e, n), rows=torch.tensor([0, 1, 1, 4, 3], dtype=torch.int32))
+            if pair_eligible(pe, torch.bfloat16):  # the bf16x2 decode at decode and prefill tiles
+                x = torch.randn(5, k).to(torch.bfloat16)
+                for c in configs[:2]:
+                    grouped_run(x, pe, offsets, None, config=replace(c, pair=True))
         gu = prepare_experts(quantize(torch.randn(8, 128, 256), "mxfp4"))
         dn = prepare_experts(quantize(torch.randn(8, 256, 64), "mxfp4"))
         x = torch.randn(4, 256).to(torch.bfloat16)
         idx = torch.randint(0, 8, (4, 2))
-        _experts_forward(x, gu, dn, idx, torch.rand(4, 2), torch.randn(8, 128), torch.randn(8, 256),
-                         "swiglu_clamped", 1.702, 7.0, "interleaved")
+        for act, lay in (("swiglu_clamped", "interleaved"), ("swiglu", "concat")):
+            a, lim = (1.702, 7.0) if act == "swiglu_clamped" else (None, None)
+            _experts_forward(x, gu, dn, idx, torch.rand(4, 2), torch.randn(8, 128), torch.randn(8, 256), act, a, lim,
+                             lay)

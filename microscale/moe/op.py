@@ -14,7 +14,7 @@ import torch
 from ..formats import Format
 from ..qtensor import QTensor
 from .packed import OP, PackedExperts, cached_prepare_experts, fmt_json
-from .reference import ACTIVATIONS, LAYOUTS, grouped_linear_reference, moe_experts_reference, swiglu
+from .reference import ACTIVATIONS, LAYOUTS, grouped_linear_reference, moe_experts_reference
 
 __all__ = ["grouped_linear", "moe_experts", "route_tokens"]
 
@@ -118,18 +118,28 @@ def grouped_linear(x: torch.Tensor, w: QTensor | PackedExperts, offsets: torch.T
 
 def _experts_forward(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_bias, dn_bias, activation, alpha,
                      limit, layout):
-    """The composed forward on CUDA: sort, gathered grouped GEMM, activation, grouped GEMM,
-    weighted sum in the token order (deterministic, fp32)."""
+    """The composed forward on CUDA: the routing (one launch at decode), the gathered gate/up
+    grouped GEMM with the activation in its epilogue, the down grouped GEMM with the routing
+    weight and the un-sort in its epilogue (fp32), and each token's sum of its top_k slots in
+    slot order (deterministic)."""
+    from .grouped import grouped_run, pair_eligible, route
+    from .tuning import choose_config
+
     t, top_k = idx.shape
-    perm, offsets = route_tokens(idx, gu.e)
-    rows = (perm // top_k).to(torch.int32)
-    h = _grouped_cuda(x, gu, offsets, gu_bias, rows=rows)
-    h = swiglu(h, activation, alpha, limit, layout)
-    y = _grouped_cuda(h, dn, offsets, dn_bias)
-    y = y.float() * weights.reshape(-1)[perm].float()[:, None]
-    out = torch.empty_like(y)
-    out[perm] = y
-    return out.view(t, top_k, -1).sum(1).to(x.dtype)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    r = idx.numel()
+    c_gu = choose_config(r, gu.e, gu.n, gu.codes.shape[2], gu.container_bits, x.device, pair_eligible(gu, x.dtype))
+    c_dn = choose_config(r, dn.e, dn.n, dn.codes.shape[2], dn.container_bits, x.device, pair_eligible(dn, x.dtype))
+    perm, offsets, te, tb = route(idx, gu.e, c_gu.block_m)
+    h = grouped_run(x, gu, offsets, gu_bias, rows=perm, config=c_gu, gather_div=top_k, tiles=(te, tb),
+                    act=(activation, alpha, limit, layout))
+    wflat = weights.reshape(-1)
+    # (the same rows and experts: the same bucket and tile map, unless a config was overridden)
+    y = grouped_run(h, dn, offsets, dn_bias, rows=perm, config=c_dn, tiles=(te, tb) if c_dn.block_m == c_gu.block_m
+                    else None,
+                    scatter=wflat if wflat.is_contiguous() else wflat.contiguous())
+    return y.view(t, top_k, -1).sum(1).to(x.dtype)
 
 
 @torch.library.custom_op("microscale::moe_experts", mutates_args=())

@@ -13,7 +13,8 @@ from ..runtime.launch import cdiv
 @dataclass(frozen=True)
 class GroupedConfig:
     """``block_n`` weight rows x ``block_m`` rows of one expert per out^T tile (the MMA's N side),
-    ``block_kw`` int32 words of codes per row per step, K split ``split_k`` ways."""
+    ``block_kw`` int32 words of codes per row per step, K split ``split_k`` ways; ``pair``: the
+    two-per-word bf16x2 decode (only where :func:`pair_eligible`)."""
 
     block_n: int = 128
     block_m: int = 16
@@ -21,22 +22,40 @@ class GroupedConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    pair: bool = False
 
 
-def choose_config(rows: int, experts: int, n: int, kw: int, cb: int, device: torch.device) -> GroupedConfig:
-    """Decode (few rows per expert): 16 rows per tile, K split so about four programs per SM
-    stream the touched experts (at most ``rows`` of them). Prefill: 64 or 128 rows per tile,
-    each weight tile decoded once per K step for all of them."""
+#: programs per SM the decode split aims at (the linear split-K decode's choice)
+DECODE_PROGRAMS_PER_SM = 4
+#: grouped rows (tokens x top_k) up to which the routing runs as one single-program kernel (a
+#: counting sort and the tile map in one launch); above it, torch's sort and a few elementwise ops
+ROUTE_KERNEL_MAX_ROWS = 1024
+
+
+def expected_touched(rows: int, experts: int) -> float:
+    """Experts that ``rows`` (token, slot) pairs touch, expected under uniform routing (at most
+    ``min(rows, experts)``)."""
+    if rows >= 64 * experts:
+        return float(experts)
+    return min(float(rows), experts * (1.0 - (1.0 - 1.0 / experts) ** rows))
+
+
+def choose_config(rows: int, experts: int, n: int, kw: int, cb: int, device: torch.device,
+                  pair: bool = False) -> GroupedConfig:
+    """Decode (few rows per expert): 16 rows per tile, K split so about
+    :data:`DECODE_PROGRAMS_PER_SM` programs per SM stream the touched experts (N tiles x touched
+    experts x splits). Prefill: 64 or 128 rows per tile, each weight tile decoded once per K step
+    for all of them. ``pair``: the weight is :func:`pair_eligible` for x's dtype."""
     bn = 128 if n >= 128 else 64
     bkw = 32 if cb == 4 else 64
     while kw % bkw:
         bkw //= 2
-    per_expert = rows / max(1, min(experts, rows))
+    touched = expected_touched(rows, experts)
+    per_expert = rows / max(1.0, touched)
     if per_expert <= 16:
-        touched = min(experts, rows)
-        tiles = cdiv(n, bn) * touched
-        want = 4 * target.num_sms(device) if device.type == "cuda" else 4
+        tiles = cdiv(n, bn) * max(1, math.floor(touched))
+        want = DECODE_PROGRAMS_PER_SM * target.num_sms(device)
         split = max(1, min(math.ceil(want / tiles), kw // bkw, 16))
-        return GroupedConfig(block_n=bn, block_m=16, block_kw=bkw, split_k=split)
+        return GroupedConfig(block_n=bn, block_m=16, block_kw=bkw, split_k=split, pair=pair)
     bm = 64 if per_expert <= 96 else 128
-    return GroupedConfig(block_n=bn, block_m=bm, block_kw=max(8, bkw // 2), split_k=1, num_warps=8)
+    return GroupedConfig(block_n=bn, block_m=bm, block_kw=max(8, bkw // 2), split_k=1, num_warps=8, pair=pair)

@@ -5,7 +5,8 @@ import torch
 
 import microscale as ms
 from microscale.moe import moe_experts_reference, op, prepare_experts
-from microscale.moe.grouped import grouped_run, tile_map
+from microscale.moe import grouped, tuning
+from microscale.moe.grouped import grouped_run, max_tiles, route, tile_map
 from microscale.moe.reference import grouped_linear_reference, swiglu
 from microscale.moe.tuning import GroupedConfig, choose_config
 
@@ -109,6 +110,85 @@ def test_tile_map_covers_every_row_once():
             assert a < int(offs[ex + 1])
             seen += list(range(a, min(a + 16, int(offs[ex + 1]))))
     assert sorted(seen) == list(range(39))
+
+
+@pytest.mark.parametrize("t,top,e,bm", [(1, 4, 32, 16), (5, 4, 16, 16), (60, 8, 128, 16), (200, 4, 8, 64),
+                                        (3, 2, 3, 16)])
+@pytest.mark.parametrize("kernel", [True, False])
+def test_route_matches_stable_sort(t, top, e, bm, kernel, gen, monkeypatch):
+    """The routing (the one-program kernel, and the torch path above its size limit) vs a stable
+    argsort, the counts and :func:`tile_map`."""
+    if not kernel:
+        monkeypatch.setattr(grouped, "ROUTE_KERNEL_MAX_ROWS", 0)
+    idx = torch.randint(0, e, (t, top), generator=gen)
+    idx[0, 0] = e - 1  # the last expert in use
+    perm, offs, te, tb = route(idx, e, bm)
+    flat = idx.reshape(-1)
+    assert torch.equal(perm.long(), torch.argsort(flat, stable=True))
+    assert torch.equal(offs, offsets_of(torch.bincount(flat, minlength=e).tolist()))
+    rte, rtb = tile_map(offs, bm, max_tiles(flat.numel(), e, bm))
+    assert torch.equal(te, rte) and torch.equal(tb[te < e], rtb[te < e])
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_pair_decode_equals_element_decode(fmt, gen):
+    """The bf16x2 pair decode and the per-element decode give the same products (both exact):
+    bit-identical outputs."""
+    q = ms.quantize(torch.randn(3, 64, 512, generator=gen), fmt)
+    pe = prepare_experts(q)
+    assert grouped.pair_eligible(pe, torch.bfloat16) and not grouped.pair_eligible(pe, torch.float16)
+    offs = offsets_of([2, 0, 5])
+    x = torch.randn(7, 512, generator=gen).bfloat16()
+    outs = [grouped_run(x, pe, offs, config=GroupedConfig(block_n=64, block_m=16, block_kw=16, split_k=2, pair=p))
+            for p in (True, False)]
+    assert torch.equal(outs[0], outs[1])
+    assert rel(outs[0], grouped_linear_reference(x.double(), q.dequantize(torch.float64), offs)) < 1e-2
+
+
+@pytest.mark.parametrize("layout,activation,pair", [("concat", "swiglu", True), ("interleaved", "swiglu_clamped", True),
+                                                    ("concat", "swiglu_clamped", False)])
+def test_grouped_epilogues(layout, activation, pair, gen):
+    """The gate/up epilogue's activation and the down epilogue's weighted un-sort, with a K split,
+    vs float64; poisoned outputs fully written (every row the routing uses)."""
+    e, i, h, t, top = 4, 48, 512, 6, 2
+    gu = ms.quantize(torch.randn(e, 2 * i, h, generator=gen), "mxfp4" if pair else "mxfp8_e4m3")
+    pgu = prepare_experts(gu)
+    idx = torch.stack([torch.randperm(e, generator=gen)[:top] for _ in range(t)])
+    perm, offs, te, tb = route(idx, e, 16)
+    x = torch.randn(t, h, generator=gen).bfloat16() * 2
+    b1 = torch.randn(e, 2 * i, generator=gen)
+    a, lim = (1.702, 7.0) if activation == "swiglu_clamped" else (None, None)
+    cfg = GroupedConfig(block_n=64, block_m=16, block_kw=16, split_k=3, pair=pair)
+    hout = torch.full((t * top, i), float("nan"), dtype=torch.bfloat16)
+    grouped_run(x, pgu, offs, b1, rows=perm, config=cfg, out=hout, gather_div=top, tiles=(te, tb),
+                act=(activation, a, lim, layout))
+    xg = x.double()[perm.long() // top]
+    want = swiglu(grouped_linear_reference(xg, gu.dequantize(torch.float64), offs, b1.double()), activation, a, lim,
+                  layout)
+    assert not hout.isnan().any() and rel(hout, want) < 1e-2
+    dn = ms.quantize(torch.randn(e, 64, i, generator=gen), "nvfp4")
+    w = torch.rand(t * top, generator=gen)
+    y = torch.full((t * top, 64), float("nan"))
+    grouped_run(hout, prepare_experts(dn), offs, rows=perm, out=y, scatter=w,
+                config=GroupedConfig(block_n=64, block_m=16, block_kw=8, split_k=2))
+    yr = grouped_linear_reference(hout.double(), dn.dequantize(torch.float64), offs)
+    want = torch.empty_like(yr)
+    want[perm.long()] = yr * w.double()[perm.long()][:, None]
+    assert not y.isnan().any() and rel(y, want) < 1e-2
+
+
+def test_decode_split_fills_the_sms():
+    """At 1-8 tokens of a gpt-oss-20b-sized layer, N tiles x touched experts x K splits give at
+    least two programs per SM (132 SMs)."""
+    from microscale.runtime import target
+
+    with target.override(num_sms=132):
+        for t in (1, 2, 4, 8):
+            for n, kw in ((5760, 384), (2880, 384)):
+                c = choose_config(4 * t, 32, n, kw, 4, torch.device("cpu"), True)
+                touched = min(4 * t, int(tuning.expected_touched(4 * t, 32)))
+                assert c.block_m == 16 and c.pair
+                assert (n // c.block_n) * touched * c.split_k >= 2 * 132, (t, n, c)
 
 
 def test_choose_config_buckets():

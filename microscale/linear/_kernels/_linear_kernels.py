@@ -136,6 +136,57 @@ def _pair_bits(words, J: tl.constexpr, IS_FLOAT: tl.constexpr, BITS: tl.constexp
 
 
 @triton.jit
+def _decode_slot_pair(words, J: tl.constexpr, scale, zp, BITS: tl.constexpr, CB: tl.constexpr,
+                      IS_FLOAT: tl.constexpr, MBITS: tl.constexpr, SIGNED: tl.constexpr, ELEM_C: tl.constexpr,
+                      SPECIALS: tl.constexpr, INF_MAG: tl.constexpr, NAN_MAG: tl.constexpr, HAS_ZP: tl.constexpr,
+                      PAIR: tl.constexpr, INTERP: tl.constexpr):
+    """Slots ``J`` and ``J + S/2`` of the packed words (the K-adjacent pairs of chunk ``J`` of
+    each layout tile) -> (lo, hi) scaled values, ``scale`` / ``zp`` broadcast per word.
+    ``PAIR``: two elements per 32-bit operation into bf16x2 (4-bit containers, bf16
+    activations; bf16 results); else the per-element decode (float32 results)."""
+    HS: tl.constexpr = 16 // CB  # slot pairs per word
+    SOFF: tl.constexpr = (1 << (BITS - 1)) if SIGNED else 0  # signed ints: offset of the biased code
+    if PAIR:
+        p = _pair_bits(words, J, IS_FLOAT, BITS, MBITS, SIGNED)
+        if INTERP:  # the interpreter has no bf16 arithmetic: same values through fp32
+            lo = (p << 16).to(tl.float32, bitcast=True)
+            hi = (p & -65536).to(tl.float32, bitcast=True)
+            if IS_FLOAT:
+                lo = lo * ELEM_C * scale
+                hi = hi * ELEM_C * scale
+            else:
+                if HAS_ZP:
+                    off = zp + 128.0
+                else:
+                    off = zp * 0 + (128.0 + SOFF)
+                lo = (lo - off) * (scale * ELEM_C)
+                hi = (hi - off) * (scale * ELEM_C)
+        elif IS_FLOAT:
+            lo, hi = _split_pair(p)
+            cb = tl.full([1, 1], ELEM_C, tl.float32).to(tl.bfloat16)
+            sb = scale.to(tl.bfloat16)
+            lo = (lo * cb) * sb
+            hi = (hi * cb) * sb
+        else:
+            lo, hi = _split_pair(p)
+            if HAS_ZP:
+                off = (zp + 128.0).to(tl.bfloat16)
+            else:
+                off = tl.full([1, 1], 128.0 + SOFF, tl.float32).to(tl.bfloat16)
+            esb = (scale * ELEM_C).to(tl.bfloat16)
+            lo = (lo - off) * esb
+            hi = (hi - off) * esb
+    else:
+        c_lo = (words >> (J * CB)) & ((1 << BITS) - 1)
+        c_hi = (words >> ((J + HS) * CB)) & ((1 << BITS) - 1)
+        lo = _decode_elem(c_lo, scale, zp, BITS, IS_FLOAT, MBITS, SIGNED, ELEM_C, SPECIALS, INF_MAG,
+                          NAN_MAG, HAS_ZP)
+        hi = _decode_elem(c_hi, scale, zp, BITS, IS_FLOAT, MBITS, SIGNED, ELEM_C, SPECIALS, INF_MAG,
+                          NAN_MAG, HAS_ZP)
+    return lo, hi
+
+
+@triton.jit
 def _mma(a, b, acc, INTERP: tl.constexpr):
     """acc += a @ b. The Triton interpreter mishandles dots of converted bf16 operands, so
     under it both go through float32 (a test-only route; values are the same)."""
@@ -189,7 +240,6 @@ def _linear_splitk_kernel(
     HS: tl.constexpr = S // 2  # slot pairs per word
     TK: tl.constexpr = 8 * S  # elements per layout tile (8 words)
     NT: tl.constexpr = BLOCK_KW // 8  # layout tiles per step
-    SOFF: tl.constexpr = (1 << (BITS - 1)) if SIGNED else 0  # signed ints: offset of the biased code
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -228,43 +278,8 @@ def _linear_splitk_kernel(
                 zp = _bcast_words(zp.to(tl.float32), BLOCK_N, NT)
             else:
                 zp = scale
-            if PAIR:
-                p = _pair_bits(words, j, IS_FLOAT, BITS, MBITS, SIGNED)
-                if INTERP:  # the interpreter has no bf16 arithmetic: same values through fp32
-                    lo = (p << 16).to(tl.float32, bitcast=True)
-                    hi = (p & -65536).to(tl.float32, bitcast=True)
-                    if IS_FLOAT:
-                        lo = lo * ELEM_C * scale
-                        hi = hi * ELEM_C * scale
-                    else:
-                        if HAS_ZP:
-                            off = zp + 128.0
-                        else:
-                            off = zp * 0 + (128.0 + SOFF)
-                        lo = (lo - off) * (scale * ELEM_C)
-                        hi = (hi - off) * (scale * ELEM_C)
-                elif IS_FLOAT:
-                    lo, hi = _split_pair(p)
-                    cb = tl.full([1, 1], ELEM_C, tl.float32).to(tl.bfloat16)
-                    sb = scale.to(tl.bfloat16)
-                    lo = (lo * cb) * sb
-                    hi = (hi * cb) * sb
-                else:
-                    lo, hi = _split_pair(p)
-                    if HAS_ZP:
-                        off = (zp + 128.0).to(tl.bfloat16)
-                    else:
-                        off = tl.full([1, 1], 128.0 + SOFF, tl.float32).to(tl.bfloat16)
-                    esb = (scale * ELEM_C).to(tl.bfloat16)
-                    lo = (lo - off) * esb
-                    hi = (hi - off) * esb
-            else:
-                c_lo = (words >> (j * CB)) & ((1 << BITS) - 1)
-                c_hi = (words >> ((j + HS) * CB)) & ((1 << BITS) - 1)
-                lo = _decode_elem(c_lo, scale, zp, BITS, IS_FLOAT, MBITS, SIGNED, ELEM_C, SPECIALS, INF_MAG,
-                                  NAN_MAG, HAS_ZP)
-                hi = _decode_elem(c_hi, scale, zp, BITS, IS_FLOAT, MBITS, SIGNED, ELEM_C, SPECIALS, INF_MAG,
-                                  NAN_MAG, HAS_ZP)
+            lo, hi = _decode_slot_pair(words, j, scale, zp, BITS, CB, IS_FLOAT, MBITS, SIGNED, ELEM_C, SPECIALS,
+                                       INF_MAG, NAN_MAG, HAS_ZP, PAIR, INTERP)
             a = tl.reshape(tl.join(lo.to(x_ptr.dtype.element_ty), hi.to(x_ptr.dtype.element_ty)),
                            [BLOCK_N, 2 * BLOCK_KW])
             xk = k_base + j * 16 + xq  # [NT, 16]
