@@ -68,7 +68,12 @@ class Checkpoint:
             return self.get(k)
 
         tensors = {role: fetch(k) for role, k in g.members.items()}
-        return get_convention(self.convention).decode(g, tensors, self.metadata)
+        try:
+            return get_convention(self.convention).decode(g, tensors, self.metadata)
+        except (ValueError, TypeError) as e:  # name the file(s) the tensors came from
+            files = sorted({self.where[k] for k in g.members.values()})
+            where = self.path if os.path.isfile(self.path) else ", ".join(os.path.join(self.path, f) for f in files)
+            raise type(e)(f"{where}: {e}") from None
 
 
 def _read_json(path: str) -> dict:

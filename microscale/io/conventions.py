@@ -463,6 +463,14 @@ class GptOss(Convention):
         if b.dim() < 3 or b.shape[-1] != 16 or tuple(b.shape[:-1]) != tuple(s.shape):
             raise ValueError(f"gpt-oss: {g.members['blocks']!r} {tuple(b.shape)} and {g.members['scales']!r} "
                              f"{tuple(s.shape)} do not form [..., rows, K/32, 16] and [..., rows, K/32]")
+        if s.device.type != "meta" and bool((s == 255).any()):
+            # OCP E8M0 0xFF is NaN; transformers' gpt-oss decode (integrations/mxfp4.py) reads it as
+            # 2^128. Either way the weights are broken: say so instead of loading NaNs.
+            where = tuple((s == 255).nonzero()[0].tolist())
+            raise ValueError(f"gpt-oss: {g.members['scales']!r} holds the E8M0 NaN code 0xFF (first at index "
+                             f"{where}); a gpt-oss scale is 0..254 (2^(s-127))")
+        # the blocks are [..., rows, K/32, 16]: 16 bytes of two E2M1 codes each, the low nibble the even
+        # element, as transformers' convert_moe_packed_tensors decodes them (== microscale's packing)
         data = b.reshape(*b.shape[:-2], b.shape[-2] * 16)
         shape = torch.Size((*data.shape[:-1], data.shape[-1] * 2))
         q = QTensor(data, s, get_format("mxfp4"), shape, torch.bfloat16, None, None, {})

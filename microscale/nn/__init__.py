@@ -1,4 +1,4 @@
-"""Modules: :class:`QuantLinear` and :func:`quantize_model`.
+"""Modules: :class:`QuantLinear`, :class:`QuantExperts` (MoE experts as 3-D QTensors) and :func:`quantize_model`.
 
 Use::
 
@@ -10,6 +10,7 @@ Use::
     msio.save(quantized_state(model), "ckpt", convention="modelopt")   # any convention
     load_quantized_state(fresh_float_model, msio.load("ckpt"))         # Linear -> QuantLinear
 """
+from .experts import QuantExperts
 from .quant_linear import QuantLinear, load_quantized_state, quantize_model, quantized_state
 
-__all__ = ["QuantLinear", "quantize_model", "quantized_state", "load_quantized_state"]
+__all__ = ["QuantLinear", "QuantExperts", "quantize_model", "quantized_state", "load_quantized_state"]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -10,6 +12,7 @@ from torch import nn
 from .._names import skip_matches
 from ..formats import Format, get_format, packed_len
 from ..qtensor import QTensor
+from . import experts as _experts
 
 __all__ = ["QuantLinear", "quantize_model"]
 
@@ -160,33 +163,46 @@ _ACCURACY_OPTIONS = frozenset({"calibration", "rotate", "rotate_block", "scale_m
 
 
 def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Iterable[str] = (),
-                   inplace: bool = True, method: str = "rtn", **quantize_kwargs) -> nn.Module:
-    """Replace every ``nn.Linear`` in ``model`` by a :class:`QuantLinear` in ``fmt``.
+                   inplace: bool = True, method: str = "rtn", experts: bool = True,
+                   **quantize_kwargs) -> nn.Module:
+    """Replace every ``nn.Linear`` in ``model`` by a :class:`QuantLinear` in ``fmt``, and (``experts``)
+    every MoE experts module holding 3-D ``gate_up_proj``/``down_proj`` parameters (transformers'
+    ``GptOssExperts``, ``Qwen3MoeExperts``, ``MixtralExperts``, ...) by a
+    :class:`~microscale.nn.experts.QuantExperts` run by :func:`microscale.moe_experts`, with the
+    model's experts implementation set to ``"microscale"`` (transformers' ``ExpertsInterface``).
+    Experts it cannot run (another activation, no gate, K or N not whole blocks) stay float, named
+    in a warning.
 
     Args:
         model: any module (HF transformers models included).
         fmt: preset name or Format.
         skip: patterns on the module's qualified name, in the dialect checkpoint conversion
             uses too (:mod:`microscale._names`): ``"lm_head"`` matches ``lm_head`` and
-            ``model.lm_head``, ``"*attention*"`` any attention Linear.
+            ``model.lm_head``, ``"*attention*"`` any attention Linear, ``"*experts"`` every experts module.
         inplace: modify ``model`` (default) or a deep copy.
         method: ``"rtn"`` (round-to-nearest, the default), ``"mse"``, ``"4over6"`` or
             ``"gptq"``; with ``method`` other than ``"rtn"`` or any of ``calibration=``,
             ``rotate="hadamard"``, ``rotate_block=``, ``scale_method=``, ``act_order=``,
             ``damp=``, the call goes to :func:`microscale.accuracy.quantize_model` (GPTQ with
-            calibration data, block Hadamard rotation; docs/accuracy.md).
+            calibration data, block Hadamard rotation; docs/accuracy.md), which quantizes
+            ``nn.Linear`` layers only (experts stay float there).
+        experts: also quantize MoE experts (default; round-to-nearest path).
         **quantize_kwargs: passed to :func:`microscale.quantize` (``scale_rule``,
             ``block_size``, ``convention``, ...).
 
     Returns:
-        The model, its Linear layers replaced (on their original device). Every layer is
-        quantized before any is replaced, so on error the model is unchanged.
+        The model, its Linear layers (and experts) replaced (on their original device). Every
+        layer is quantized before any is replaced, so on error the model is unchanged.
     """
     import copy
 
     if method != "rtn" or _ACCURACY_OPTIONS & set(quantize_kwargs):
         from ..accuracy.model import quantize_model as calibrated  # (same layer; loaded on use)
 
+        moe = [n for n, m in model.named_modules() if n and _experts.is_experts_module(m) and not skip_matches(n, skip)]
+        if experts and moe:
+            warnings.warn(f"quantize_model(method={method!r}, ...): the calibrated quantizer covers nn.Linear only; "
+                          f"experts left in float: {', '.join(moe)} (quantize them with method='rtn')", stacklevel=2)
         return calibrated(model, fmt, method=method, skip=skip, inplace=inplace, **quantize_kwargs)
     fmt = get_format(fmt)
     skip = list(skip)
@@ -196,24 +212,31 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
     if type(model) is nn.Linear and not skip_matches("", skip):
         return QuantLinear.from_linear(model, fmt, **quantize_kwargs)
     new = [(name, QuantLinear.from_linear(lin, fmt, **quantize_kwargs)) for name, lin in targets]
+    moe = _experts.quantize_experts(model, fmt, lambda n: skip_matches(n, skip), quantize_kwargs) if experts else []
     for name, q in new:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, q)
+    for name, q in moe:
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, q)
+    _experts.use_microscale(q for _, q in moe)
     return model
 
 
 def quantized_state(model: nn.Module) -> dict:
     """The model's tensors for a checkpoint: ``<module>.weight`` is the QTensor of each
-    QuantLinear, everything else as in ``state_dict`` (pass to ``microscale.io.save``)."""
+    QuantLinear, ``<module>.gate_up_proj`` / ``<module>.down_proj`` those (``[E, out, in]``) of each
+    QuantExperts, everything else as in ``state_dict`` (pass to ``microscale.io.save``)."""
     out: dict = {}
-    qnames = {n for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    qnames = {n for n, m in model.named_modules() if isinstance(m, (QuantLinear, _experts.QuantExperts))}
     for n, m in model.named_modules():
         if isinstance(m, QuantLinear):
             out[(n + "." if n else "") + "weight"] = m.qweight
+    out.update(_experts.quantized_tensors(model))
     for k, v in model.state_dict().items():
         mod, _, leaf = k.rpartition(".")
-        if mod in qnames and leaf != "bias":
+        if mod in qnames and leaf not in ("bias", "gate_up_proj_bias", "down_proj_bias"):
             continue
         if isinstance(v, torch.Tensor):
             out[k] = v
@@ -254,7 +277,11 @@ def _mapped(key: str, how: tuple[str, str]) -> str | None:
 def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -> nn.Module:
     """Load ``tensors`` (e.g. ``microscale.io.load(path)``) into ``model``: every
     ``nn.Linear``/``QuantLinear`` whose ``<name>.weight`` is a QTensor becomes a
-    QuantLinear holding it; the remaining tensors go through ``load_state_dict``.
+    QuantLinear holding it, every MoE experts module (transformers' 3-D ``gate_up_proj`` /
+    ``down_proj``, or a QuantExperts) whose ``<name>.gate_up_proj`` and ``<name>.down_proj`` are
+    QTensors ``[E, out, in]`` a QuantExperts holding them (a gpt-oss MXFP4 checkpoint's
+    ``*_blocks``/``*_scales`` read by ``microscale.io.load`` are such QTensors: the experts are
+    never decoded); the remaining tensors go through ``load_state_dict``.
 
     Everything is checked before the model is touched (names, shapes, missing and
     unexpected tensors), so on error the model is unchanged. Names may differ from the
@@ -265,23 +292,27 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
     and does not save) are checked for shape and otherwise ignored.
 
     Raises:
-        ValueError: a quantized tensor with no Linear of its shape, a prefix that fits no
-            or several ways, a shape mismatch, or (``strict``) missing/unexpected tensors.
+        ValueError: a quantized tensor with no Linear (or experts module) of its shape, a
+            prefix that fits no or several ways, an experts module with one projection
+            quantized, a shape mismatch, or (``strict``) missing/unexpected tensors.
     """
     linears = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, QuantLinear))}
     wkeys = {(n + "." if n else "") + "weight": n for n in linears}
+    eslots = _experts.slots(model)
+    wkeys.update({k: None for k in eslots})
     qkeys = [k for k, v in tensors.items() if isinstance(v, QTensor)]
     how = ("add", "")
     if qkeys:
         found = _find_prefix(qkeys, set(wkeys))
         if found is None:
             example = sorted(wkeys)[:2]
-            raise ValueError(f"load_quantized_state: no Linear module for quantized tensors {qkeys[:3]}; the model's "
-                             f"Linear weights are named like {example} (no single prefix to add or strip maps every "
-                             "quantized tensor onto a Linear of the model)")
+            raise ValueError(f"load_quantized_state: no Linear module (nor experts module) for quantized tensors "
+                             f"{qkeys[:3]}; the model's weights are named like {example} (no single prefix to add "
+                             "or strip maps every quantized tensor onto a Linear or experts weight of the model)")
         how = found
     # ---- plan (no change to the model yet) ----------------------------------------------
     plan = []  # (module name, QTensor, bias or None)
+    efound: dict = {}  # experts module name -> proj -> (key, QTensor)
     rest: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
     for k, v in tensors.items():
@@ -292,6 +323,10 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
             rest[mk] = v
     for k in qkeys:
         mk = _mapped(k, how)
+        if mk in eslots:
+            ename, proj = eslots[mk]
+            efound.setdefault(ename, {})[proj] = (k, tensors[k])
+            continue
         name = wkeys[mk]
         m, q = linears[name], tensors[k]
         if tuple(q.shape) != (m.out_features, m.in_features):
@@ -308,7 +343,8 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
                                  "model is unchanged")
             bias = m.bias.detach()
         plan.append((name, q, bias))
-    replaced = {name for name, _, _ in plan}
+    eplan = _experts.plan_load(model, efound, rest, strict)
+    replaced = {name for name, _, _ in plan} | {name for name, _ in eplan}
     expected = {}
     for k, t in model.state_dict().items():
         mod = k.rpartition(".")[0]
@@ -345,7 +381,14 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
             parent = model.get_submodule(parent_name) if parent_name else model
             undo.append((parent, child, getattr(parent, child)))
             setattr(parent, child, new)
+        enew = [(name, make()) for name, make in eplan]
+        for name, new in enew:
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            undo.append((parent, child, getattr(parent, child)))
+            setattr(parent, child, new)
         model.load_state_dict(rest, strict=False)
+        _experts.use_microscale(new for _, new in enew)
     except BaseException:
         for parent, child, old in reversed(undo):
             setattr(parent, child, old)
