@@ -68,7 +68,12 @@ class Checkpoint:
             return self.get(k)
 
         tensors = {role: fetch(k) for role, k in g.members.items()}
-        return get_convention(self.convention).decode(g, tensors, self.metadata)
+        conv = get_convention(self.convention)
+        q = conv.decode(g, tensors, self.metadata)
+        act = conv.activation_format(q, self.files)
+        if act is not None:  # the layer runs W4A4 (nn.load_quantized_state reads it)
+            q.meta["act_format"] = act
+        return q
 
 
 def _read_json(path: str) -> dict:
