@@ -68,12 +68,17 @@ class Checkpoint:
             return self.get(k)
 
         tensors = {role: fetch(k) for role, k in g.members.items()}
+        conv = get_convention(self.convention)
         try:
-            return get_convention(self.convention).decode(g, tensors, self.metadata)
+            q = conv.decode(g, tensors, self.metadata)
         except (ValueError, TypeError) as e:  # name the file(s) the tensors came from
             files = sorted({self.where[k] for k in g.members.values()})
             where = self.path if os.path.isfile(self.path) else ", ".join(os.path.join(self.path, f) for f in files)
             raise type(e)(f"{where}: {e}") from None
+        act = conv.activation_format(q, self.files)
+        if act is not None:  # the layer runs W4A4 (nn.load_quantized_state reads it)
+            q.meta["act_format"] = act
+        return q
 
 
 def _read_json(path: str) -> dict:

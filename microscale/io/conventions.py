@@ -76,6 +76,12 @@ class Convention:
         """The format this convention stores for a requested ``fmt`` (raise if unsupported)."""
         return fmt
 
+    def activation_format(self, q: QTensor, files: dict[str, dict]) -> str | None:
+        """The format a checkpoint declares for the activations of the layer whose weight ``q``
+        decoded (a preset name: the layer runs both operands quantized), given its json side
+        files; None for weight-only (the default)."""
+        return None
+
     # ---- float tensors <-> the orientation the convention quantizes -------------------
     def quantizable(self, name: str, shape: tuple[int, ...], fmt: Format | None = None) -> bool:
         """Whether a float tensor of this name/shape is one this convention quantizes.
@@ -256,6 +262,16 @@ class ModelOpt(Convention):
             raise ValueError(f"convention 'modelopt' stores NVFP4 only, not {fmt.name!r}")
         return fmt
 
+    def activation_format(self, q, files):
+        # quant_algo NVFP4 is W4A4: activations NVFP4 with the static per-tensor input_scale
+        # (other algorithms with an input_scale, e.g. W4A8_NVFP4_FP8, stay weight-only here)
+        if "input_scale" not in q.meta:
+            return None
+        algo = ((files.get("hf_quant_config.json") or {}).get("quantization") or {}).get("quant_algo")
+        if algo is None:
+            algo = ((files.get("config.json") or {}).get("quantization_config") or {}).get("quant_algo")
+        return "nvfp4" if algo == "NVFP4" else None
+
     def decode(self, g, tensors, metadata):
         w = _need(tensors, "weight", torch.uint8, g, self.name)
         s = _need(tensors, "weight_scale", torch.float8_e4m3fn, g, self.name)
@@ -340,6 +356,18 @@ class CompressedTensors(Convention):
         if fmt.global_scale:
             return fmt.replace(two_level="compressed-tensors")
         return fmt.replace(scale_rule="even")  # compressed-tensors' MXFP4 scale rule
+
+    def activation_format(self, q, files):
+        # a config group with FP4 input activations (compressed-tensors' NVFP4 preset) and the
+        # weight's static input_global_scale: W4A4
+        if "input_global_scale" not in q.meta or not q.fmt.global_scale:
+            return None
+        qc = (files.get("config.json") or {}).get("quantization_config") or {}
+        for group in (qc.get("config_groups") or {}).values():
+            ia = (group or {}).get("input_activations") or {}
+            if ia.get("num_bits") == 4 and ia.get("type") == "float":
+                return "nvfp4"
+        return None
 
     def decode(self, g, tensors, metadata):
         w = _need(tensors, "weight_packed", torch.uint8, g, self.name)

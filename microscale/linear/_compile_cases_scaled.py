@@ -14,7 +14,8 @@ from .backends.scaled_exact import choose_scaled_config, fp8_kind, scaled_exact_
 PAIRS = (("fp8_e4m3_block128", "fp8_e4m3_block128x128"), ("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e4m3", "mxfp4"),
          ("mxfp8_e4m3", "mxfp6_e2m3"), ("mxfp8_e5m2", "mxfp6_e3m2"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"),
          ("mxint8", "mxint8"), ("int8_fp32", "int4_fp16"), ("int8_affine_g32", "int4_affine_g64"),
-         ("fp8_e4m3_block128", "mxfp4"), ("nvfp8", "nvfp4"), ("mxfp8_e4m3", "nvfp4"))
+         ("fp8_e4m3_block128", "mxfp4"), ("nvfp8", "nvfp4"), ("mxfp8_e4m3", "nvfp4"),
+         ("mxint5", "int3_fp16"))  # (3- and 5-bit codes span two bytes)
 TOKENS = (1, 32, 256)  # one per tile config of choose_scaled_config
 
 

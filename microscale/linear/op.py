@@ -22,6 +22,7 @@ from .eligibility import check
 from .packed import PackedLinearWeight, cached_prepare, fmt_json
 from .plans import REFUSED, SEEN, Plan, plan_key
 from .routing import route
+from .scaled import linear_act
 from .weight_state import state
 
 
@@ -52,8 +53,9 @@ def _(x, codes, scales, zero_points, global_scale, bias, fmt_json, n, k, special
     return x.new_empty((*x.shape[:-1], n))
 
 
-def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ dequant(qweight)^T + bias``.
+def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.Tensor | None = None, *,
+           act_format: str | Format | None = None) -> torch.Tensor:
+    """``x @ dequant(qweight)^T + bias`` (with ``act_format``: ``quantize(x)`` in place of ``x``).
 
     On CUDA a QTensor weight takes the first backend of :data:`microscale.linear.routing.TABLE` that
     serves the call (by token count, format, activation dtype and device; the thresholds are fields
@@ -83,10 +85,18 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
         qweight: a QTensor ``[N, K]`` (prepared once, kept in its state) or the result of
             :func:`prepare` (pass the latter inside ``torch.compile(fullgraph=True)``).
         bias: optional ``[N]`` (any float dtype; added in fp32).
+        act_format: quantize x on the fly to this format (a preset name or Format) and run both
+            quantized through :func:`microscale.scaled_mm` (:func:`.scaled.linear_act`): block scales
+            from x (dynamic); for a two-level format (NVFP4) the per-tensor scale is the static
+            activation scale the weight carries (ModelOpt ``input_scale``, compressed-tensors
+            ``input_global_scale``), else x's amax. x may then also be float32; qweight must be a
+            QTensor. None (default): weight-only, x stays in its dtype.
 
     Returns:
         ``[..., N]`` in x's dtype.
     """
+    if act_format is not None:
+        return linear_act(x, qweight, bias, act_format)
     checked = False
     if isinstance(qweight, QTensor):
         plans = key = plan = None

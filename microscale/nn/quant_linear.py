@@ -47,13 +47,20 @@ class QuantLinear(nn.Module):
     ``forward`` calls :func:`microscale.linear.linear` (the fused kernel on CUDA, its
     reference elsewhere) for bf16/fp16 inputs and weights it accepts; otherwise (float32
     input, padded K, or linear.py unavailable) ``F.linear(x, W.dequantize(x.dtype), b)``.
+
+    ``act_format`` (a preset name or Format): the input is quantized on the fly to it and both
+    operands run through :func:`microscale.scaled_mm` (``linear(x, W, b, act_format=...)``:
+    dynamic block scales; for NVFP4 the static ``input_scale`` the weight carries, as a ModelOpt
+    W4A4 checkpoint does). It travels in the extra state.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, fmt: str | Format = "nvfp4",
-                 device=None, dtype: torch.dtype = torch.float32, meta: dict | None = None):
+                 device=None, dtype: torch.dtype = torch.float32, meta: dict | None = None,
+                 act_format: str | Format | None = None):
         super().__init__()
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.fmt = get_format(fmt)
+        self.act_format = None if act_format is None else get_format(act_format)
         self.weight_dtype = dtype
         self.meta = dict(meta or {})
         f = self.fmt
@@ -72,19 +79,22 @@ class QuantLinear(nn.Module):
 
     # ---- construction ----------------------------------------------------------------
     @classmethod
-    def from_linear(cls, linear: nn.Linear, fmt: str | Format = "nvfp4", **quantize_kwargs) -> "QuantLinear":
+    def from_linear(cls, linear: nn.Linear, fmt: str | Format = "nvfp4", act_format: str | Format | None = None,
+                    **quantize_kwargs) -> "QuantLinear":
         """Quantize ``linear.weight`` (K padded to a whole block when needed)."""
         from ..ops import quantize
 
         w = linear.weight.detach()
         q = quantize(w, fmt, pad=True, **quantize_kwargs)
-        return cls.from_qtensor(q, None if linear.bias is None else linear.bias.detach())
+        return cls.from_qtensor(q, None if linear.bias is None else linear.bias.detach(), act_format)
 
     @classmethod
-    def from_qtensor(cls, q: QTensor, bias: torch.Tensor | None = None) -> "QuantLinear":
+    def from_qtensor(cls, q: QTensor, bias: torch.Tensor | None = None,
+                     act_format: str | Format | None = None) -> "QuantLinear":
         if len(q.shape) != 2:
             raise ValueError(f"QuantLinear: weight must be 2-D [out, in], got shape {tuple(q.shape)}")
-        m = cls(q.shape[1], q.shape[0], bias is not None, q.fmt, device="meta", dtype=q.dtype, meta=q.meta)
+        m = cls(q.shape[1], q.shape[0], bias is not None, q.fmt, device="meta", dtype=q.dtype, meta=q.meta,
+                act_format=act_format)
         m.weight_data = q.data
         m.weight_scales = q.scales
         m.weight_global_scale = q.global_scale
@@ -109,6 +119,10 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.qweight
+        if self.act_format is not None:  # both operands quantized
+            from ..linear import linear
+
+            return linear(x, q, self.bias, act_format=self.act_format)
         fn = _kernel_linear()
         if (fn is not None and x.dtype in (torch.bfloat16, torch.float16)
                 and tuple(q.padded_shape) == tuple(q.shape)):
@@ -118,12 +132,13 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"fmt={self.fmt.name}")
+                f"fmt={self.fmt.name}" + ("" if self.act_format is None else f", act_format={self.act_format.name}"))
 
     # ---- state dict --------------------------------------------------------------------
     def get_extra_state(self) -> dict:
         return {"format": self.fmt.to_dict(), "in_features": self.in_features, "out_features": self.out_features,
-                "dtype": str(self.weight_dtype).removeprefix("torch."), "meta": dict(self.meta)}
+                "dtype": str(self.weight_dtype).removeprefix("torch."), "meta": dict(self.meta),
+                "act_format": None if self.act_format is None else self.act_format.to_dict()}
 
     def set_extra_state(self, state: dict) -> None:
         fmt = Format.from_dict(state["format"])
@@ -133,6 +148,8 @@ class QuantLinear(nn.Module):
                              "module with the same format (quantize_model) before load_state_dict")
         self.weight_dtype = _DTYPES[state["dtype"]]
         self.meta = dict(state.get("meta", {}))
+        if "act_format" in state:
+            self.act_format = None if state["act_format"] is None else Format.from_dict(state["act_format"])
         self._q = None
 
     def _apply(self, fn, recurse=True):
@@ -164,6 +181,7 @@ _ACCURACY_OPTIONS = frozenset({"calibration", "rotate", "rotate_block", "scale_m
 
 def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Iterable[str] = (),
                    inplace: bool = True, method: str = "rtn", experts: bool = True,
+                   act_format: str | Format | None = None,
                    **quantize_kwargs) -> nn.Module:
     """Replace every ``nn.Linear`` in ``model`` by a :class:`QuantLinear` in ``fmt``, and (``experts``)
     every MoE experts module holding 3-D ``gate_up_proj``/``down_proj`` parameters (transformers'
@@ -187,6 +205,8 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
             calibration data, block Hadamard rotation; docs/accuracy.md), which quantizes
             ``nn.Linear`` layers only (experts stay float there).
         experts: also quantize MoE experts (default; round-to-nearest path).
+        act_format: quantize each layer's input on the fly to this format too (see
+            :class:`QuantLinear`); None (default): weight-only.
         **quantize_kwargs: passed to :func:`microscale.quantize` (``scale_rule``,
             ``block_size``, ``convention``, ...).
 
@@ -199,6 +219,9 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
     if method != "rtn" or _ACCURACY_OPTIONS & set(quantize_kwargs):
         from ..accuracy.model import quantize_model as calibrated  # (same layer; loaded on use)
 
+        if act_format is not None:
+            raise ValueError(f"quantize_model(method={method!r}, act_format={act_format!r}): the calibrated "
+                             "quantizer makes weight-only layers; quantize with method='rtn' for act_format")
         moe = [n for n, m in model.named_modules() if n and _experts.is_experts_module(m) and not skip_matches(n, skip)]
         if experts and moe:
             warnings.warn(f"quantize_model(method={method!r}, ...): the calibrated quantizer covers nn.Linear only; "
@@ -210,8 +233,8 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
         model = copy.deepcopy(model)
     targets = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and n and not skip_matches(n, skip)]
     if type(model) is nn.Linear and not skip_matches("", skip):
-        return QuantLinear.from_linear(model, fmt, **quantize_kwargs)
-    new = [(name, QuantLinear.from_linear(lin, fmt, **quantize_kwargs)) for name, lin in targets]
+        return QuantLinear.from_linear(model, fmt, act_format, **quantize_kwargs)
+    new = [(name, QuantLinear.from_linear(lin, fmt, act_format, **quantize_kwargs)) for name, lin in targets]
     moe = _experts.quantize_experts(model, fmt, lambda n: skip_matches(n, skip), quantize_kwargs) if experts else []
     for name, q in new:
         parent_name, _, child = name.rpartition(".")
@@ -281,7 +304,9 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
     ``down_proj``, or a QuantExperts) whose ``<name>.gate_up_proj`` and ``<name>.down_proj`` are
     QTensors ``[E, out, in]`` a QuantExperts holding them (a gpt-oss MXFP4 checkpoint's
     ``*_blocks``/``*_scales`` read by ``microscale.io.load`` are such QTensors: the experts are
-    never decoded); the remaining tensors go through ``load_state_dict``.
+    never decoded); the remaining tensors go through ``load_state_dict``. A weight whose meta
+    names an ``act_format`` (a W4A4 checkpoint, e.g. ModelOpt NVFP4 with ``input_scale``) makes
+    its QuantLinear quantize activations to it.
 
     Everything is checked before the model is touched (names, shapes, missing and
     unexpected tensors), so on error the model is unchanged. Names may differ from the
@@ -376,7 +401,7 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
         for name, q, bias in plan:
             m = linears[name]
             dev = m.weight_data.device if isinstance(m, QuantLinear) else m.weight.device
-            new = QuantLinear.from_qtensor(q.to(dev), bias)
+            new = QuantLinear.from_qtensor(q.to(dev), bias, q.meta.get("act_format"))  # (set by checkpoint import)
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             undo.append((parent, child, getattr(parent, child)))

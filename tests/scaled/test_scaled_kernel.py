@@ -18,7 +18,7 @@ needs_interp = pytest.mark.skipif(not INTERP, reason="kernels run on CPU only un
 PAIRS = [("fp8_e4m3_block128", "fp8_e4m3_block128x128"), ("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e4m3", "mxfp4"),
          ("mxfp8_e5m2", "mxfp6_e2m3"), ("mxfp8_e4m3", "mxfp6_e3m2"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"),
          ("mxint8", "mxint8"), ("int8_fp32", "int4_fp16"), ("int8_affine_g32", "int4_affine_g64"),
-         ("fp8_e4m3_block128", "mxfp4")]
+         ("fp8_e4m3_block128", "mxfp4"), ("mxint5", "int3_fp16"), ("int2_fp32", "mxint6")]  # (codes across bytes)
 SMALL = ScaledConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
 
 

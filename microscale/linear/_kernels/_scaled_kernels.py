@@ -3,13 +3,16 @@
 
 One kernel, parametric over both operands' formats through constexprs (the linear op's
 :func:`~microscale.linear.packed.format_constexprs`, one set per operand), never one copy per
-format. Operands arrive as one uint8 code per element ``[rows, KP]`` and raw scale bits widened to
-int32 ``[block rows, blocks]``. Per output tile ``BLOCK_M x BLOCK_N`` it walks K in chunks of
-``KB`` = the smaller block size: both chunks are decoded to their unscaled element values with the
-linear decoders and converted exactly to the MMA's operand type (``FP8``: bf16 for any element of
-at most 8 significant bits; e4m3 when both elements are exact in E4M3 — E2M1, E2M3, E3M2, E4M3 —
-and e5m2 for E5M2 x E5M2, on fp8 tensor cores), multiplied into a fresh float32 tile (every product exact, float32 sums), scaled by ``fp32(s_a * s_b)`` and added to
-the float32 accumulator; then global scales, bias and one rounding to the output dtype.
+format. Operands arrive as the QTensors' own tensors: packed codes ``[rows, bytes]`` (each row a
+little-endian stream of ``BITS``-bit codes, :func:`microscale.formats.pack_codes`) and raw scale
+bits in their storage width ``SB`` ``[block rows, blocks]``; nothing is unpacked or widened before
+the launch. Per output tile ``BLOCK_M x BLOCK_N`` it walks K in chunks of ``KB`` = the smaller
+block size: both chunks are decoded to their unscaled element values with the linear decoders and
+converted exactly to the MMA's operand type (``FP8``: bf16 for any element of at most 8
+significant bits; e4m3 when both elements are exact in E4M3 — E2M1, E2M3, E3M2, E4M3 — and e5m2
+for E5M2 x E5M2, on fp8 tensor cores), multiplied into a fresh float32 tile (every product exact,
+float32 sums), scaled by ``fp32(s_a * s_b)`` and added to the float32 accumulator; then
+``fp32(g_a * g_b)``, bias and one rounding to the output dtype.
 """
 from __future__ import annotations
 
@@ -20,20 +23,45 @@ from ._linear_kernels import _decode_elem, _decode_scale, _mma
 
 
 @triton.jit
+def _load_codes(c_ptr, rows, row_ok, k0, K, stride_c, R: tl.constexpr, KB: tl.constexpr, BITS: tl.constexpr):
+    """Codes (int32) ``[R, KB]`` of elements ``k0 .. k0+KB`` of ``rows`` of packed codes (0 at and
+    beyond K). Rows are little-endian bit streams of BITS-bit codes."""
+    base = c_ptr + rows[:, None] * stride_c
+    if BITS == 8:
+        offs_k = k0 + tl.arange(0, KB)
+        codes = tl.load(base + offs_k[None, :], mask=row_ok[:, None] & (offs_k < K)[None, :], other=0).to(tl.int32)
+    elif BITS == 4:  # two codes a byte, the first in the low nibble: one load per byte, then interleave
+        offs_b = k0 // 2 + tl.arange(0, KB // 2)
+        b = tl.load(base + offs_b[None, :], mask=row_ok[:, None] & (offs_b * 2 < K)[None, :], other=0).to(tl.int32)
+        codes = tl.reshape(tl.join(b & 15, b >> 4), [R, KB])
+    else:  # 2, 3, 5, 6 bits: a code spans at most two bytes
+        offs_k = k0 + tl.arange(0, KB)
+        bit = offs_k * BITS
+        p = base + (bit >> 3)[None, :]
+        sh = (bit & 7)[None, :]
+        m2 = row_ok[:, None] & (offs_k < K)[None, :]
+        lo = tl.load(p, mask=m2, other=0).to(tl.int32)
+        hi = tl.load(p + 1, mask=m2 & (sh + BITS > 8), other=0).to(tl.int32)  # (never past the row)
+        codes = ((lo | (hi << 8)) >> sh) & ((1 << BITS) - 1)
+    return codes
+
+
+@triton.jit
 def _operand_chunk(c_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_c, stride_s, stride_z,
-                   KB: tl.constexpr, BITS: tl.constexpr, IS_FLOAT: tl.constexpr, MBITS: tl.constexpr,
-                   SIGNED: tl.constexpr, ELEM_C: tl.constexpr, SPECIALS: tl.constexpr, INF_MAG: tl.constexpr,
-                   NAN_MAG: tl.constexpr, HAS_ZP: tl.constexpr, SCALE_KIND: tl.constexpr,
-                   GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr):
+                   R: tl.constexpr, KB: tl.constexpr, BITS: tl.constexpr, IS_FLOAT: tl.constexpr,
+                   MBITS: tl.constexpr, SIGNED: tl.constexpr, ELEM_C: tl.constexpr, SPECIALS: tl.constexpr,
+                   INF_MAG: tl.constexpr, NAN_MAG: tl.constexpr, HAS_ZP: tl.constexpr, SCALE_KIND: tl.constexpr,
+                   SB: tl.constexpr, GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr):
     """Unscaled bf16 values ``[R, KB]`` of the chunk at ``k0`` (zero at and beyond K) and the
     float32 block scales ``[R]`` of its rows."""
     offs_k = k0 + tl.arange(0, KB)
-    k_ok = offs_k < K
-    m2 = row_ok[:, None] & k_ok[None, :]
-    codes = tl.load(c_ptr + rows[:, None] * stride_c + offs_k[None, :], mask=m2, other=0).to(tl.int32)
+    m2 = row_ok[:, None] & (offs_k < K)[None, :]
+    codes = _load_codes(c_ptr, rows, row_ok, k0, K, stride_c, R, KB, BITS)
     blk = k0 // GROUP
     srow = rows // GROUP_ROWS
-    raw = tl.load(s_ptr + srow * stride_s + blk, mask=row_ok, other=0)
+    raw = tl.load(s_ptr + srow * stride_s + blk, mask=row_ok, other=0).to(tl.int32)
+    if SB < 4:  # (an int16 view sign-extends)
+        raw = raw & ((1 << (SB * 8)) - 1)
     scale = _decode_scale(raw, SCALE_KIND)
     if HAS_ZP:
         zp = tl.load(z_ptr + srow * stride_z + blk, mask=row_ok, other=0).to(tl.float32)
@@ -60,15 +88,17 @@ def _mma_operand(v, FP8: tl.constexpr):
 
 @triton.jit
 def _scaled_mm_kernel(
-    ac_ptr, as_ptr, az_ptr, bc_ptr, bs_ptr, bz_ptr, g_ptr, bias_ptr, out_ptr,
+    ac_ptr, as_ptr, az_ptr, ag_ptr, bc_ptr, bs_ptr, bz_ptr, bg_ptr, bias_ptr, out_ptr,
     M, N, K, stride_ac, stride_as, stride_az, stride_bc, stride_bs, stride_bz, stride_om,
     A_BITS: tl.constexpr, A_IS_FLOAT: tl.constexpr, A_MBITS: tl.constexpr, A_SIGNED: tl.constexpr,
     A_ELEM_C: tl.constexpr, A_SPECIALS: tl.constexpr, A_INF_MAG: tl.constexpr, A_NAN_MAG: tl.constexpr,
-    A_HAS_ZP: tl.constexpr, A_SCALE_KIND: tl.constexpr, A_GROUP: tl.constexpr, A_GROUP_ROWS: tl.constexpr,
+    A_HAS_ZP: tl.constexpr, A_SCALE_KIND: tl.constexpr, A_SB: tl.constexpr, A_GROUP: tl.constexpr,
+    A_GROUP_ROWS: tl.constexpr,
     B_BITS: tl.constexpr, B_IS_FLOAT: tl.constexpr, B_MBITS: tl.constexpr, B_SIGNED: tl.constexpr,
     B_ELEM_C: tl.constexpr, B_SPECIALS: tl.constexpr, B_INF_MAG: tl.constexpr, B_NAN_MAG: tl.constexpr,
-    B_HAS_ZP: tl.constexpr, B_SCALE_KIND: tl.constexpr, B_GROUP: tl.constexpr, B_GROUP_ROWS: tl.constexpr,
-    HAS_G: tl.constexpr, HAS_BIAS: tl.constexpr, KB: tl.constexpr, CHUNKS: tl.constexpr,
+    B_HAS_ZP: tl.constexpr, B_SCALE_KIND: tl.constexpr, B_SB: tl.constexpr, B_GROUP: tl.constexpr,
+    B_GROUP_ROWS: tl.constexpr,
+    HAS_GA: tl.constexpr, HAS_GB: tl.constexpr, HAS_BIAS: tl.constexpr, KB: tl.constexpr, CHUNKS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr, INTERP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -81,15 +111,20 @@ def _scaled_mm_kernel(
     for c in range(0, CHUNKS):  # (a constexpr trip count, as the linear kernels use)
         k0 = c * KB
         va, sa = _operand_chunk(ac_ptr, as_ptr, az_ptr, offs_m, m_ok, k0, K, stride_ac, stride_as, stride_az,
-                                KB, A_BITS, A_IS_FLOAT, A_MBITS, A_SIGNED, A_ELEM_C, A_SPECIALS, A_INF_MAG,
-                                A_NAN_MAG, A_HAS_ZP, A_SCALE_KIND, A_GROUP, A_GROUP_ROWS)
+                                BLOCK_M, KB, A_BITS, A_IS_FLOAT, A_MBITS, A_SIGNED, A_ELEM_C, A_SPECIALS,
+                                A_INF_MAG, A_NAN_MAG, A_HAS_ZP, A_SCALE_KIND, A_SB, A_GROUP, A_GROUP_ROWS)
         vb, sb = _operand_chunk(bc_ptr, bs_ptr, bz_ptr, offs_n, n_ok, k0, K, stride_bc, stride_bs, stride_bz,
-                                KB, B_BITS, B_IS_FLOAT, B_MBITS, B_SIGNED, B_ELEM_C, B_SPECIALS, B_INF_MAG,
-                                B_NAN_MAG, B_HAS_ZP, B_SCALE_KIND, B_GROUP, B_GROUP_ROWS)
+                                BLOCK_N, KB, B_BITS, B_IS_FLOAT, B_MBITS, B_SIGNED, B_ELEM_C, B_SPECIALS,
+                                B_INF_MAG, B_NAN_MAG, B_HAS_ZP, B_SCALE_KIND, B_SB, B_GROUP, B_GROUP_ROWS)
         part = _mma(_mma_operand(va, FP8), tl.trans(_mma_operand(vb, FP8)), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), INTERP)
         acc += part * (sa[:, None] * sb[None, :])
-    if HAS_G:
-        acc = acc * tl.load(g_ptr)
+    if HAS_GA:  # fp32(g_a * g_b), as the oracle rounds it
+        if HAS_GB:
+            acc = acc * (tl.load(ag_ptr) * tl.load(bg_ptr))
+        else:
+            acc = acc * tl.load(ag_ptr)
+    elif HAS_GB:
+        acc = acc * tl.load(bg_ptr)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     mask = m_ok[:, None] & n_ok[None, :]

@@ -1,7 +1,9 @@
 """The exact both-quantized matmul on tensor cores (device code: ``_scaled_kernels._scaled_mm_kernel``):
-any pair of registered formats whose block sizes nest; fp8 MMAs where both operands' unscaled
-values are exact in one fp8 type and the chunk is >= 32 (fp8 block-128, MXFP8, MXFP4/MXFP6 x
-MXFP8 E4M3), bf16 MMAs otherwise (NVFP4, integers, affine)."""
+any pair of registered formats whose block sizes nest; bf16 MMAs by default, fp8 MMAs on request
+where both operands' unscaled values are exact in one fp8 type and the chunk is >= 32 (fp8
+block-128, MXFP8, MXFP4/MXFP6 x MXFP8 E4M3). The kernel reads both operands as they are stored
+(:class:`~microscale.linear.scaled.ScaledOperand`: packed codes, raw scale bits): a launch
+prepares nothing on the device."""
 from __future__ import annotations
 
 import functools
@@ -9,45 +11,27 @@ from dataclasses import dataclass
 
 import torch
 
-from ...formats import Format, unpack_codes
+from ...formats import Format
 from ...formats.elements import ElementCodec
 from ...qtensor import QTensor
 from ...reference_scaled import OP, chunk_size
 from ...runtime import target
 from ...runtime.launch import cdiv, launch
 from ..packed import format_constexprs
+from ..scaled import ScaledOperand, parse_meta, prepare_operand
 
-_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
-_MASK = {1: 0xFF, 2: 0xFFFF, 4: -1}
 _KEYS = ("BITS", "IS_FLOAT", "MBITS", "SIGNED", "ELEM_C", "SPECIALS", "INF_MAG", "NAN_MAG", "HAS_ZP",
-         "SCALE_KIND", "GROUP", "GROUP_ROWS")
+         "SCALE_KIND", "SB", "GROUP", "GROUP_ROWS")
 
 
-@dataclass(frozen=True)
-class ScaledOperand:
-    """One operand as the kernel reads it: one uint8 code per element ``[rows, KP]``, raw scale bits
-    widened to int32 ``[block rows, blocks]``, zero points (uint8) or None, and its constexprs."""
-
-    codes: torch.Tensor
-    scales: torch.Tensor
-    zero_points: torch.Tensor | None
-    constexprs: dict
-
-
-def operand(q: QTensor) -> ScaledOperand:
-    """Unpack ``q`` for the kernel (NaN/Inf-aware decode whenever its element has such codes)."""
-    fmt = q.fmt
-    kp = q.padded_shape[-1]
-    codes = unpack_codes(q.data, fmt.element.bits, kp).contiguous()
-    sb = q.scales.element_size()
-    raw = q.scales.contiguous().view(_INT_VIEW[sb]).to(torch.int32)
-    if sb < 4:
-        raw = raw & _MASK[sb]
+@functools.lru_cache(maxsize=None)
+def operand_constexprs(fmt: Format) -> dict:
+    """The kernel's constexprs for one operand's format (NaN/Inf-aware decode whenever its element
+    has such codes)."""
     el = fmt.element
     specials = el.kind == "float" and bool(el.nan_codes or el.inf_code is not None)
     ce = format_constexprs(fmt, specials)
-    zp = q.zero_points.contiguous() if fmt.zero_point else None
-    return ScaledOperand(codes, raw.contiguous(), zp, {k: ce[k] for k in _KEYS})
+    return {k: ce[k] for k in _KEYS}
 
 
 @dataclass(frozen=True)
@@ -97,48 +81,47 @@ def choose_scaled_config(m: int, n: int, fa: Format | None = None, fb: Format | 
     return ScaledConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, fp8=fp8)
 
 
-def global_factor(a: QTensor, b: QTensor) -> torch.Tensor | None:
-    """``fp32(g_a * g_b)`` (0-d, on the operands' device) or None when neither has a global scale."""
-    g = None
-    for q in (a, b):
-        if q.global_scale is not None:
-            gq = q.global_scale.to(device=q.device, dtype=torch.float32).reshape(())
-            g = gq if g is None else g * gq
-    return g
-
-
 def scaled_exact_run(a: QTensor, b: QTensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
                      config: ScaledConfig | None = None, out: torch.Tensor | None = None,
                      b_operand: ScaledOperand | None = None) -> torch.Tensor:
     """Launch the kernel for checked operands (``microscale.reference_scaled.check_operands``).
-    ``out`` may be passed (tests poison it); ``b_operand`` is b already unpacked (kept per weight)."""
+    ``out`` may be passed (tests poison it); ``b_operand`` is b's kept operand
+    (:func:`microscale.linear.scaled.weight_operand`)."""
+    chunk_size(a, b)
+    ob = b_operand if b_operand is not None else prepare_operand(b)
+    return scaled_exact_launch(prepare_operand(a), ob, bias, out_dtype, config, out)
+
+
+def scaled_exact_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor | None, out_dtype: torch.dtype,
+                        config: ScaledConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch the kernel on prepared operands (whose formats nest: checked by the caller)."""
     from .._kernels import _scaled_kernels as kern
 
-    m, k = int(a.shape[0]), int(a.shape[1])
-    n = int(b.shape[0])
+    fa, (m, k), _, _ = parse_meta(oa.meta)
+    fb, (n, _), _, _ = parse_meta(ob.meta)
+    dev = oa.codes.device
     if out is None:
-        out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+        out = torch.empty((m, n), dtype=out_dtype, device=dev)
     if m == 0 or n == 0:
         return out
     if k == 0:
-        return out.copy_(torch.zeros((m, n), device=a.device) if bias is None else bias.float().expand(m, n))
-    kb = chunk_size(a, b)
-    c = config if config is not None else choose_scaled_config(m, n, a.fmt, b.fmt)
+        return out.copy_(torch.zeros((m, n), device=dev) if bias is None else bias.float().expand(m, n))
+    kb = min(fa.block_size, fb.block_size)
+    c = config if config is not None else choose_scaled_config(m, n, fa, fb)
     if kb < 16 or (c.fp8 and kb < 32):
         raise ValueError(f"{OP}: chunk of {kb} elements; the tensor-core kernel needs blocks of >= 16 "
                          "(>= 32 for fp8 operands)")
-    oa = operand(a)
-    ob = b_operand if b_operand is not None else operand(b)
-    g = global_factor(a, b)
-    dummy = oa.scales
+    dummy = oa.codes
     za = oa.zero_points if oa.zero_points is not None else dummy
     zb = ob.zero_points if ob.zero_points is not None else dummy
-    ce = {f"A_{key}": v for key, v in oa.constexprs.items()}
-    ce.update({f"B_{key}": v for key, v in ob.constexprs.items()})
+    ce = {f"A_{key}": v for key, v in operand_constexprs(fa).items()}
+    ce.update({f"B_{key}": v for key, v in operand_constexprs(fb).items()})
     launch(kern._scaled_mm_kernel, (cdiv(m, c.block_m), cdiv(n, c.block_n)),
-           oa.codes, oa.scales, za, ob.codes, ob.scales, zb, g if g is not None else dummy,
+           oa.codes, oa.scales, za, oa.global_scale if oa.global_scale is not None else dummy,
+           ob.codes, ob.scales, zb, ob.global_scale if ob.global_scale is not None else dummy,
            bias if bias is not None else dummy, out, m, n, k, oa.codes.stride(0), oa.scales.stride(0),
            za.stride(0), ob.codes.stride(0), ob.scales.stride(0), zb.stride(0), out.stride(0),
-           **ce, HAS_G=g is not None, HAS_BIAS=bias is not None, KB=kb, CHUNKS=cdiv(k, kb), BLOCK_M=c.block_m,
-           BLOCK_N=c.block_n, FP8=c.fp8, INTERP=target.interpreting(), num_warps=c.num_warps, num_stages=c.num_stages)
+           **ce, HAS_GA=oa.global_scale is not None, HAS_GB=ob.global_scale is not None, HAS_BIAS=bias is not None,
+           KB=kb, CHUNKS=cdiv(k, kb), BLOCK_M=c.block_m, BLOCK_N=c.block_n, FP8=c.fp8, INTERP=target.interpreting(),
+           num_warps=c.num_warps, num_stages=c.num_stages)
     return out
