@@ -10,5 +10,8 @@ Use::
     load_quantized_state(fresh_float_model, msio.load("ckpt"))         # Linear -> QuantLinear
 """
 from .quant_linear import QuantLinear, load_quantized_state, quantize_model, quantized_state
+from .quant_conv import QuantConv2d
+from .quant_embedding import QuantEmbedding
 
 __all__ = ["QuantLinear", "quantize_model", "quantized_state", "load_quantized_state"]
+__all__ += ["QuantConv2d", "QuantEmbedding"]

@@ -156,8 +156,10 @@ class QuantLinear(nn.Module):
 
 
 def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Iterable[str] = (),
-                   inplace: bool = True, **quantize_kwargs) -> nn.Module:
-    """Replace every ``nn.Linear`` in ``model`` by a :class:`QuantLinear` in ``fmt``.
+                   inplace: bool = True, conv2d=False, embedding=False, tied_embeddings: bool = False,
+                   **quantize_kwargs) -> nn.Module:
+    """Replace every ``nn.Linear`` in ``model`` by a :class:`QuantLinear` in ``fmt`` (and, when
+    asked, ``nn.Conv2d`` / ``nn.Embedding`` by ``QuantConv2d`` / ``QuantEmbedding``).
 
     Args:
         model: any module (HF transformers models included).
@@ -166,6 +168,10 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
             uses too (:mod:`microscale._names`): ``"lm_head"`` matches ``lm_head`` and
             ``model.lm_head``, ``"*attention*"`` any attention Linear.
         inplace: modify ``model`` (default) or a deep copy.
+        conv2d: also quantize ``nn.Conv2d`` layers (True, or a predicate ``(name, module) -> bool``);
+            off by default: a vision stem / patch embedding is often the most sensitive layer.
+        embedding: also quantize ``nn.Embedding`` tables (True or a predicate, as ``conv2d``); one
+            whose weight another module shares (tied to ``lm_head``) only with ``tied_embeddings``.
         **quantize_kwargs: passed to :func:`microscale.quantize` (``scale_rule``,
             ``block_size``, ``convention``, ...).
 
@@ -183,6 +189,11 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
     if type(model) is nn.Linear and not skip_matches("", skip):
         return QuantLinear.from_linear(model, fmt, **quantize_kwargs)
     new = [(name, QuantLinear.from_linear(lin, fmt, **quantize_kwargs)) for name, lin in targets]
+    from ._qweight import extra_targets  # the conv2d / embedding opt-ins
+
+    new += extra_targets(model, fmt, skip, conv2d, embedding, tied_embeddings, quantize_kwargs)
+    if new and new[-1][0] == "":  # the model itself is a Conv2d / Embedding
+        return new[-1][1]
     for name, q in new:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
