@@ -96,6 +96,7 @@ def test_kernel_other_formats(name, gen, poisoned):
         assert _rel(conv2d_triton(x, q, **kw), conv2d_reference(x.double(), q, **kw)) < 1e-5, (name, case)
 
 
+@pytest.mark.filterwarnings("ignore:Using padding=.same. with even kernel lengths")
 def test_kernel_bias_dtypes_layouts(gen, poisoned):
     """fp16 with bias, float32 with bias, a channels_last and an unbatched input, 'same' padding of
     an even kernel (asymmetric), and a 7x7 depthwise kernel (ConvNeXt) with bias."""
