@@ -14,6 +14,7 @@ Triton is needed only by the GPU paths, which load it on first use.
 from . import attention  # the KV-cache attention family; no Triton at import
 from . import formats
 from .embedding import embedding
+from .conv import conv2d  # the conv family; its package is microscale.conv
 from .formats import Format, get_format, registry
 from .linear import linear  # the op; its package is microscale.linear (import it by name)
 from .linear.batched import linear_batched
@@ -29,3 +30,4 @@ __version__ = "0.1.0"
 __all__ = ["formats", "Format", "get_format", "registry", "QTensor", "QuantizeOptions", "quantize", "dequantize", "encode", "decode",
            "linear", "scaled_mm", "linear_batched", "rmsnorm_linear", "grouped_linear", "moe_experts",
            "embedding", "attention", "__version__"]
+__all__ += ["conv2d"]

@@ -13,7 +13,7 @@ MAX_LINES = 1000
 PENDING_SPLIT: set[str] = set()
 #: layer of each top-level module or package (DESIGN.md); a module imports only from its layer or below
 LAYERS = {"_paths": 0, "_names": 0, "_safetensors": 0, "formats": 1, "qtensor": 2, "options": 2, "reference": 2, "reference_fused": 2, "reference_scaled": 2, "runtime": 3,
-          "quant": 4, "linear": 4, "moe": 4, "attention": 4, "ops": 4, "embedding": 4,
+          "quant": 4, "linear": 4, "moe": 4, "attention": 4, "ops": 4, "embedding": 4, "conv": 4,
           "nn": 5, "io": 5, "distributed": 5, "accuracy": 5, "bench": 5, "cli": 5, "demo": 5, "__main__": 5}
 
 

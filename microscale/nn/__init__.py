@@ -12,5 +12,8 @@ Use::
 """
 from .experts import QuantExperts
 from .quant_linear import QuantLinear, load_quantized_state, quantize_model, quantized_state
+from .quant_conv import QuantConv2d
+from .quant_embedding import QuantEmbedding
 
-__all__ = ["QuantLinear", "QuantExperts", "quantize_model", "quantized_state", "load_quantized_state"]
+__all__ = ["QuantLinear", "QuantExperts", "QuantConv2d", "QuantEmbedding", "quantize_model", "quantized_state",
+           "load_quantized_state"]

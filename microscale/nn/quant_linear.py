@@ -181,7 +181,8 @@ _ACCURACY_OPTIONS = frozenset({"calibration", "rotate", "rotate_block", "scale_m
 
 def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Iterable[str] = (),
                    inplace: bool = True, method: str = "rtn", experts: bool = True,
-                   act_format: str | Format | None = None,
+                   act_format: str | Format | None = None, conv2d=False, embedding=False,
+                   tied_embeddings: bool = False,
                    **quantize_kwargs) -> nn.Module:
     """Replace every ``nn.Linear`` in ``model`` by a :class:`QuantLinear` in ``fmt``, and (``experts``)
     every MoE experts module holding 3-D ``gate_up_proj``/``down_proj`` parameters (transformers'
@@ -189,7 +190,8 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
     :class:`~microscale.nn.experts.QuantExperts` run by :func:`microscale.moe_experts`, with the
     model's experts implementation set to ``"microscale"`` (transformers' ``ExpertsInterface``).
     Experts it cannot run (another activation, no gate, K or N not whole blocks) stay float, named
-    in a warning.
+    in a warning. When asked, ``nn.Conv2d`` / ``nn.Embedding`` become ``QuantConv2d`` /
+    ``QuantEmbedding``.
 
     Args:
         model: any module (HF transformers models included).
@@ -207,6 +209,10 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
         experts: also quantize MoE experts (default; round-to-nearest path).
         act_format: quantize each layer's input on the fly to this format too (see
             :class:`QuantLinear`); None (default): weight-only.
+        conv2d: also quantize ``nn.Conv2d`` layers (True, or a predicate ``(name, module) -> bool``);
+            off by default: a vision stem / patch embedding is often the most sensitive layer.
+        embedding: also quantize ``nn.Embedding`` tables (True or a predicate, as ``conv2d``); one
+            whose weight another module shares (tied to ``lm_head``) only with ``tied_embeddings``.
         **quantize_kwargs: passed to :func:`microscale.quantize` (``scale_rule``,
             ``block_size``, ``convention``, ...).
 
@@ -219,9 +225,10 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
     if method != "rtn" or _ACCURACY_OPTIONS & set(quantize_kwargs):
         from ..accuracy.model import quantize_model as calibrated  # (same layer; loaded on use)
 
-        if act_format is not None:
-            raise ValueError(f"quantize_model(method={method!r}, act_format={act_format!r}): the calibrated "
-                             "quantizer makes weight-only layers; quantize with method='rtn' for act_format")
+        asked = {k: v for k, v in (("act_format", act_format), ("conv2d", conv2d), ("embedding", embedding)) if v}
+        if asked:
+            raise ValueError(f"quantize_model(method={method!r}, {', '.join(f'{k}={v!r}' for k, v in asked.items())}): "
+                             "the calibrated quantizer makes weight-only Linear layers; use method='rtn' for these")
         moe = [n for n, m in model.named_modules() if n and _experts.is_experts_module(m) and not skip_matches(n, skip)]
         if experts and moe:
             warnings.warn(f"quantize_model(method={method!r}, ...): the calibrated quantizer covers nn.Linear only; "
@@ -235,6 +242,11 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
     if type(model) is nn.Linear and not skip_matches("", skip):
         return QuantLinear.from_linear(model, fmt, act_format, **quantize_kwargs)
     new = [(name, QuantLinear.from_linear(lin, fmt, act_format, **quantize_kwargs)) for name, lin in targets]
+    from ._qweight import extra_targets  # the conv2d / embedding opt-ins
+
+    new += extra_targets(model, fmt, skip, conv2d, embedding, tied_embeddings, quantize_kwargs)
+    if new and new[-1][0] == "":  # the model itself is a Conv2d / Embedding
+        return new[-1][1]
     moe = _experts.quantize_experts(model, fmt, lambda n: skip_matches(n, skip), quantize_kwargs) if experts else []
     for name, q in new:
         parent_name, _, child = name.rpartition(".")
