@@ -5,7 +5,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import microscale as ms
 from microscale.conv import conv_layout, dequantize_conv_weight
 from microscale.nn import QuantConv2d, QuantEmbedding, QuantLinear, quantize_model
 
