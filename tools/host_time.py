@@ -103,6 +103,10 @@ class _Compiled:
     def __init__(self, name: str, options: list):
         self.name, self.options = name, options
 
+    def run(self, *a) -> None:
+        """The compiled kernel's own launcher (a call plan's replay): logged, run not."""
+        _log(self.name, a[:3], a[9:], self.options)
+
 
 def _log(name: str, grid, vals, options: list) -> None:
     _LAUNCHED.append(name)
@@ -178,6 +182,18 @@ def _record(configure, cases: list, weights: dict, path: str, compare: str | Non
     global _RECORD
     g = torch.Generator().manual_seed(1)
     out: list = []
+    routed = [0]
+    try:
+        from microscale.linear import op
+
+        table_route = op.route
+
+        def counted(*args, **kwargs):
+            routed[0] += 1
+            return table_route(*args, **kwargs)
+        op.route = counted
+    except ImportError:  # (the former qlinear)
+        pass
     for fmt, n, k, seq, settings, dt, has_bias in cases:
         q = weights[fmt, n, k]
         q.__dict__.pop("_ms_linear_state", None)  # every case starts from a weight not used yet
@@ -199,7 +215,9 @@ def _record(configure, cases: list, weights: dict, path: str, compare: str | Non
     with open(path, "w") as fh:
         json.dump(out, fh)
     launches = sum(len(c[3]) for case in out for c in case[7])
-    print(f"recorded {len(out)} cases, {sum(len(case[7]) for case in out)} calls, {launches} launches -> {path}")
+    ncalls = sum(len(case[7]) for case in out)
+    print(f"recorded {len(out)} cases, {ncalls} calls ({ncalls - routed[0]} by a cached route), {launches} launches "
+          f"-> {path}")
     if compare:
         with open(compare) as fh:
             other = json.load(fh)
@@ -218,12 +236,33 @@ def _record(configure, cases: list, weights: dict, path: str, compare: str | Non
             sys.exit(1)
 
 
+def stand_in(uncached: bool = False):
+    """Stand in the Hopper and Triton below the cached launcher for the rest of the process (CPU
+    tensors report ``is_cuda``: make weights first). Returns ``(configure(settings), which)``;
+    ``uncached``: ``tuning.route_cache`` off (every call routed through the table)."""
+    torch.Tensor.is_cuda = property(lambda self: True)  # CPU tensors stand in for CUDA ones
+    torch.cuda.is_current_stream_capturing = lambda: False
+    _launch.current_stream = lambda: 0
+    try:
+        import microscale.linear.routing  # noqa: F401
+        configure, which = _setup_new()
+    except ImportError:
+        return _setup_old()
+    if not uncached:
+        return configure, which
+
+    def configure_uncached(settings: dict):
+        configure(dict(settings, route_cache=False))
+    return configure_uncached, which + " (route_cache off)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--record", help="write every launch of the cases to this JSON file, time nothing")
     ap.add_argument("--compare", help="with --record: a former record to compare with")
+    ap.add_argument("--uncached", action="store_true", help="tuning.route_cache off (each call takes the table)")
     a = ap.parse_args()
     g = torch.Generator().manual_seed(0)
     if a.record:
@@ -231,13 +270,7 @@ def main() -> None:
     else:
         data = [(ms.quantize(torch.randn(n, k, generator=g), fmt), torch.randn(m, k, generator=g).to(torch.bfloat16))
                 for _, fmt, n, k, m, _ in CASES]
-    torch.Tensor.is_cuda = property(lambda self: True)  # CPU tensors stand in for CUDA ones
-    torch.cuda.is_current_stream_capturing = lambda: False
-    try:
-        import microscale.linear.routing  # noqa: F401
-        configure, which = _setup_new()
-    except ImportError:
-        configure, which = _setup_old()
+    configure, which = stand_in(uncached=a.uncached)
     if a.record:
         return _record(configure, rec_cases, weights, a.record, a.compare)
     print(f"{which}: µs per call (median of {a.repeats} x {a.calls} calls), launches intercepted")

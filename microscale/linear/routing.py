@@ -46,13 +46,15 @@ class Backend:
     """A row of the table: ``supports(call)`` says why it cannot serve the call (None: it can);
     ``run(call)`` launches it on ``call.x2``; ``plannable``: its output is made by ``torch.empty``
     and filled by its launches alone, x and bias taken as given (what a call plan and a cached route
-    replay), for the calls where ``pure(call)`` holds (None: all)."""
+    replay), for the calls where ``pure(call)`` holds (None: all); ``cached``: repeat calls replay it
+    (:func:`cached`; None: where plannable; the prefill kernel is cached, not planned)."""
 
     name: str
     supports: Callable[[Call], "str | None"]
     run: Callable[[Call], torch.Tensor]
     plannable: bool
     pure: "Callable[[Call], bool] | None" = None
+    cached: "bool | None" = None
 
 
 def ws_min_m(q: QTensor) -> int:
@@ -162,7 +164,7 @@ TABLE: tuple[Backend, ...] = (
     Backend("gemv_mma", _gemv_mma, lambda c: gemv_mma_run(c.x2, c.q, c.bias, c.config), True),
     Backend("gemv", _gemv, lambda c: gemv(c.x2, c.q, c.bias), True, _gemv_pure),
     Backend("prefill_ws", _prefill_ws, lambda c: prefill_ws_run(c.x2, c.q, c.bias), False),
-    Backend("prefill", _prefill, lambda c: prefill(c.x2, c.q, c.bias), False),
+    Backend("prefill", _prefill, lambda c: prefill(c.x2, c.q, c.bias), False, cached=True),
     Backend("gemv_fallback", _gemv_fallback, lambda c: gemv(c.x2, c.q, c.bias), True, _gemv_pure),
 )
 
@@ -181,8 +183,9 @@ def route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None, cache: bool = 
     c = Call(x, q, bias)
     for b in TABLE:
         if b.supports(c) is None:
-            plannable = b.plannable and (b.pure is None or b.pure(c))
-            if st is None or not plannable:
+            pure = b.pure is None or b.pure(c)
+            plannable = b.plannable and pure
+            if st is None or not (pure and (b.plannable if b.cached is None else b.cached)):
                 return b.run(c).reshape(*x.shape[:-1], q.shape[0]), plannable
             rec: list = []
             _kl.record(rec)
