@@ -66,11 +66,16 @@ RECORD_CASES = [
 _LAUNCHED: list = []
 _RECORD: list | None = None  # while a list: each launch's spec (--record)
 _ROLES: dict = {}  # data_ptr -> name of the call's own tensors (--record)
+_WORKSPACES: dict = {}  # data_ptr -> every split-K workspace handed out (kept: no other tensor gets its address)
 _HOPPER = None
 
 
 def _arg_spec(v):
-    """What ``--record`` keeps of a launch argument (JSON-able)."""
+    """What ``--record`` keeps of a launch argument (JSON-able). A split-K workspace (partials,
+    counters) by its dtype and alignment: a cached route keeps the one of its recording, big enough
+    for its call, where the stream's shared one may since have been replaced by a larger one."""
+    if isinstance(v, torch.Tensor) and v.data_ptr() in _WORKSPACES:
+        return ["WS", str(v.dtype), v.data_ptr() % 16]
     if isinstance(v, torch.Tensor):
         return ["T", str(v.dtype), list(v.shape), list(v.stride()), v.data_ptr() % 16,
                 _ROLES.get(v.data_ptr(), "other")]
@@ -111,7 +116,8 @@ class _Compiled:
 def _log(name: str, grid, vals, options: list) -> None:
     _LAUNCHED.append(name)
     if _RECORD is not None:
-        _RECORD.append([name, [int(g) for g in grid], [_arg_spec(v) for v in vals], options])
+        grid = [int(g) for g in grid]
+        _RECORD.append([name, grid + [1] * (3 - len(grid)), [_arg_spec(v) for v in vals], options])
 
 
 def _jit_run(self, *args, grid, warmup, **kwargs):
@@ -139,13 +145,22 @@ def _setup_new():
     # recorded values); below it, Triton's compile-and-launch and the compiled kernel's launcher log
     JITFunction.run = _jit_run
     _launch.run_recorded = _run_recorded
+    from microscale.linear.backends import decode_tma, gemv_mma, prefill, prefill_ws, splitk
+    from microscale.runtime.workspace import workspace
+
+    def kept_workspace(*args):
+        ws = workspace(*args)
+        _WORKSPACES.update((t.data_ptr(), t) for t in ws)
+        return ws
+    for md in (decode_tma, gemv_mma, prefill, prefill_ws, splitk):
+        md.workspace = kept_workspace
     global _HOPPER
     _HOPPER = target.override(capability=(9, 0), num_sms=132, pdl=True, interpreting=False)
     _HOPPER.__enter__()  # (kept referenced: for the whole process)
 
     def configure(settings: dict):
         tuning.reset()
-        tuning.set_tuning(plans=False, **settings)
+        tuning.set_tuning(**dict({"plans": False}, **settings))
     return configure, "microscale.linear"
 
 
