@@ -66,7 +66,8 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     Per-weight facts (views, scans, tables, packed weight, call plans) are computed once and kept in
     the weight's state (:mod:`microscale.linear.weight_state`), which follows in-place changes through
     torch's version counters. Eager calls on the decode routes replay a call plan from the third call
-    with the same shapes, dtypes, alignment and stream (:mod:`microscale.linear.plans`).
+    with the same shapes, dtypes, alignment and stream (:mod:`microscale.linear.plans`); other repeat
+    calls launch the route recorded for their key (:mod:`microscale.linear.route_cache`).
 
     On Hopper the f16x2 GEMV runs as a programmatic dependent launch chain: once a weight has been
     used and its tensors are unchanged, the GEMV may start reading it while earlier kernels that let

@@ -94,8 +94,9 @@ class Replay:
             return None
         return Replay(tuple(launches), y.shape, y.dtype, y.device)
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """The recorded launches on ``x`` (``[..., K]``, of the key's shape) and ``bias``: the output."""
+    def __call__(self, x: torch.Tensor, q, bias: torch.Tensor | None) -> torch.Tensor:
+        """The recorded launches on ``x`` (``[..., K]``, of the key's shape) and ``bias`` (``q``: the
+        weight whose state holds this replay): the output."""
         lead = x.dim() != 2
         x2 = x.reshape(self.shape[0], -1) if lead else x
         out = torch.empty(self.shape, dtype=self.dtype, device=self.device)

@@ -169,12 +169,35 @@ TABLE: tuple[Backend, ...] = (
 )
 
 
+class Chosen:
+    """A cached route that is not replayed (its launches take tensors made per call, or Triton's own
+    path): the backend the table chose for the key and what its ``supports`` left for its ``run``."""
+
+    __slots__ = ("backend", "config")
+
+    def __init__(self, backend: Backend, config):
+        self.backend, self.config = backend, config
+
+    def __call__(self, x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> torch.Tensor:
+        c = Call(x, q, bias)
+        c.config = self.config
+        return self.backend.run(c).reshape(*x.shape[:-1], q.shape[0])
+
+
+def _keep(st, ck: tuple, r) -> None:
+    if len(st.routes) >= ROUTES_PER_WEIGHT:
+        st.routes.clear()
+    st.routes[ck] = r
+
+
 def route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None, cache: bool = True) -> \
         tuple[torch.Tensor | None, bool]:
     """Run the first backend that serves ``x @ dequant(q)^T (+ bias)`` (x and bias already checked):
     ``(out, plannable)``, or ``(None, False)`` when none does (the split-K kernel / the reference).
-    With ``cache``, a steady call of a plannable route (one that made no new weight fact) is recorded
-    into the weight's cached routes, which :func:`cached` replays (:mod:`.route_cache`)."""
+    With ``cache``, the call's route is kept in the weight's state for its key (:mod:`.route_cache`),
+    which :func:`cached` serves: a steady call (one that made no new weight fact) of a route whose
+    launches replay is recorded (:class:`~microscale.linear.route_cache.Replay`); other routes keep
+    the backend chosen (:class:`Chosen`)."""
     if not x.is_cuda:
         return None, False
     ck = call_key(x, bias) if cache else None
@@ -185,7 +208,11 @@ def route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None, cache: bool = 
         if b.supports(c) is None:
             pure = b.pure is None or b.pure(c)
             plannable = b.plannable and pure
-            if st is None or not (pure and (b.plannable if b.cached is None else b.cached)):
+            if st is None:
+                return b.run(c).reshape(*x.shape[:-1], q.shape[0]), plannable
+            if not (pure and (b.plannable if b.cached is None else b.cached)):
+                if st is kept(q):
+                    _keep(st, ck, Chosen(b, c.config))
                 return b.run(c).reshape(*x.shape[:-1], q.shape[0]), plannable
             rec: list = []
             _kl.record(rec)
@@ -195,22 +222,20 @@ def route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None, cache: bool = 
                 _kl.record(None)
             if len(st.facts) == facts and st is kept(q):  # a steady call, its state kept
                 r = Replay.build(rec, c.x2, bias, y)
-                if r is not None:
-                    if len(st.routes) >= ROUTES_PER_WEIGHT:
-                        st.routes.clear()
-                    st.routes[ck] = r
+                _keep(st, ck, r if r is not None else Chosen(b, c.config))
             return y.reshape(*x.shape[:-1], q.shape[0]), plannable
     return None, False
 
 
 def cached(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """``linear(x, q, bias)`` by the weight's cached route for the call's key (see :func:`route`),
-    or None when none is kept: the same launches as the route's, x, bias and the output put in."""
+    or None when none is kept: the route's launches with x, bias and a new output put in, or the
+    backend chosen for the key run without asking the table."""
     ck = call_key(x, bias)
     if ck is None:
         return None
     r = state(q).routes.get(ck)
-    return r(x, bias) if r is not None else None
+    return r(x, q, bias) if r is not None else None
 
 
 def explain(x: torch.Tensor, q: QTensor) -> list[tuple[str, str | None]]:

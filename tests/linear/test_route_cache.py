@@ -68,13 +68,14 @@ def test_in_place_weight_change_is_seen(scenarios):
     assert all(c == cached["changed"][0] for c in cached["changed"][1:])
 
 
-def test_output_not_written_by_a_launch_is_neither_cached_nor_planned(scenarios):
-    """The split-K GEMV returns its fp32 sums converted: no cached route, no call plan (a replay
-    would return an output no launch wrote); a one-split GEMV is planned and its replays launch
-    what the recorded call launched."""
+def test_output_not_written_by_a_launch_is_neither_replayed_nor_planned(scenarios):
+    """The split-K GEMV returns its fp32 sums converted: its launches are not replayed (the key keeps
+    the backend chosen, run anew each call) and no call plan is made (a replay would return an output
+    no launch wrote); a one-split GEMV is planned and its replays launch what the recorded call
+    launched."""
     s = scenarios["split_gemv"]
-    assert s["kernels"] == "_prep_x_kernel+_gemv_kernel" and s["split"] == 2
-    assert s["routes"] == 0 and s["plans"] == ["REFUSED"]
+    assert s["kernels"] == "_prep_x_kernel+_gemv_kernel" and s["split"] == 2 and s["same"]
+    assert s["routes"] == ["Chosen"] and s["plans"] == ["REFUSED"]
     assert scenarios["plans"]["kinds"] == ["Plan"] and scenarios["plans"]["same"]
 
 
