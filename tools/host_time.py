@@ -288,7 +288,7 @@ def main() -> None:
     configure, which = stand_in(uncached=a.uncached)
     if a.record:
         return _record(configure, rec_cases, weights, a.record, a.compare)
-    print(f"{which}: µs per call (median of {a.repeats} x {a.calls} calls), launches intercepted")
+    print(f"{which}: µs per call (median of {a.repeats} x {a.calls} calls), Triton stood in below the cached launcher")
     for (route, fmt, n, k, m, settings), (q, x) in zip(CASES, data):
         configure(settings)
         for _ in range(20):  # the weight's facts made, configs cached
