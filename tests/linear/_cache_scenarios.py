@@ -20,8 +20,8 @@ from microscale.runtime import launch as _launch  # noqa: E402
 
 g = torch.Generator().manual_seed(0)
 W = {name: ms.quantize(torch.randn(n, k, generator=g), name.split("/")[0])
-     for name, n, k in (("nvfp4", 512, 1024), ("mxfp4", 256, 1024), ("nvfp4/small", 64, 1024), ("nvfp4/split", 64, 16384),
-                        ("int4_affine_g128", 256, 1024), ("mxfp8_e4m3", 256, 1024))}
+     for name, n, k in (("nvfp4", 512, 1024), ("mxfp4", 256, 1024), ("nvfp4/small", 64, 1024),
+                        ("nvfp4/split", 64, 16384), ("int4_affine_g128", 256, 1024), ("mxfp8_e4m3", 256, 1024))}
 X = {(m, dt): torch.randn(m, 1024, generator=g).to(dt) for m in (1, 2, 3, 6, 8, 16, 40, 128)
      for dt in (torch.bfloat16, torch.float16)}
 configure, _ = H.stand_in()
@@ -81,6 +81,20 @@ for name in ("nvfp4", "mxfp4", "int4_affine_g128", "mxfp8_e4m3", "nvfp4/small"):
             res.setdefault("sequences", []).append({"case": [name, sname, mode], "same": on[0] == off[0],
                                                     "routed": [on[1], off[1]], "calls": len(on[0]),
                                                     "kernels": [kernels(r) for r in on[0]]})
+
+# lead dimensions and bias: x [2, 4, K] and [2, 8, K], a bias in x's dtype
+for cache in (True, False):
+    configure({"decode_tma": "never", "route_cache": cache})
+    q = fresh("nvfp4")
+    b = torch.randn(512, generator=torch.Generator().manual_seed(2)).to(bf)
+    out = []
+    for x in (X[8, bf].view(2, 4, 1024), X[16, bf].view(2, 8, 1024), X[1, bf].view(1024)):
+        for _ in range(3):
+            H._RECORD = []
+            y = ms.linear(x, q, b)
+            out.append([list(y.shape), H._RECORD])
+            H._RECORD = None
+    res.setdefault("lead", []).append(out)
 
 # a tuning override, set_tuning and explain on a cached key
 configure({"decode_tma": "never"})

@@ -48,6 +48,14 @@ def test_repeat_calls_launch_what_the_table_launches(scenarios):
         assert want in kernels
 
 
+def test_lead_dimensions_and_bias(scenarios):
+    """x of shapes [2, 4, K], [2, 8, K] and [K] with a bias: outputs [..., N] and the launches of the
+    routes without the cache."""
+    cached, uncached = scenarios["lead"]
+    assert cached == uncached
+    assert [c[0] for c in cached[::3]] == [[2, 4, 512], [2, 8, 512], [512]]
+
+
 def test_tuning_override_and_explain_follow_the_route(scenarios):
     """A cached 16-token gemv_mma key: ``tuning.override(decode_tma="always")`` sends the same call to
     decode_tma, and back on exit; ``set_tuning`` likewise; ``explain`` names the route taken."""
