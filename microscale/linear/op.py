@@ -21,7 +21,7 @@ from .backends.splitk import splitk_run
 from .eligibility import check
 from .packed import PackedLinearWeight, cached_prepare, fmt_json
 from .plans import REFUSED, SEEN, Plan, plan_key
-from .routing import route
+from .routing import cached, route
 from .scaled import linear_act
 from .weight_state import state
 
@@ -66,7 +66,8 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
     Per-weight facts (views, scans, tables, packed weight, call plans) are computed once and kept in
     the weight's state (:mod:`microscale.linear.weight_state`), which follows in-place changes through
     torch's version counters. Eager calls on the decode routes replay a call plan from the third call
-    with the same shapes, dtypes, alignment and stream (:mod:`microscale.linear.plans`).
+    with the same shapes, dtypes, alignment and stream (:mod:`microscale.linear.plans`); other repeat
+    calls launch the route recorded for their key (:mod:`microscale.linear.route_cache`).
 
     On Hopper the f16x2 GEMV runs as a programmatic dependent launch chain: once a weight has been
     used and its tensors are unchanged, the GEMV may start reading it while earlier kernels that let
@@ -106,20 +107,25 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
             plan = plans.get(key)
             if type(plan) is Plan:
                 return plan(x, bias)
-        if len(qweight.shape) == 2:  # (prepare() below explains other shapes)
-            check(x, qweight.shape[0], qweight.shape[1], qweight.device, bias)
-            checked = True
-        if plan is not SEEN:  # no plans, refused, or a key's first call (a weight's first use is
-            y, _ = route(x, qweight, bias)  # not its steady state: its views are made then)
+        y = None
+        if plan is not SEEN:  # a repeat call: the route's launches as cached (x and bias as in its key)
+            y = cached(x, qweight, bias)
+        if y is None:
+            if len(qweight.shape) == 2:  # (prepare() below explains other shapes)
+                check(x, qweight.shape[0], qweight.shape[1], qweight.device, bias)
+                checked = True
+            if plan is not SEEN:  # no plans, refused, or a key's first call (a weight's first use is
+                y, _ = route(x, qweight, bias)  # not its steady state: its views are made then)
+        if plan is not SEEN:
             if plans is not None and plan is None:
                 if len(plans) >= tuning.get().plans_per_weight:
                     plans.clear()
                 plans[key] = SEEN
-        else:  # the second call: recorded
+        else:  # the second call: recorded (its route as the table gives it, not a cached one)
             rec: list = []
             _kl.record(rec)
             try:
-                y, plannable = route(x, qweight, bias)
+                y, plannable = route(x, qweight, bias, cache=False)
             finally:
                 _kl.record(None)
             plans[key] = (Plan.build(rec, x, bias, y) if plannable else None) or REFUSED

@@ -18,8 +18,8 @@ def plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple | 
     its state), or None when no plan may serve it (CPU, non-contiguous x or bias, graph capture,
     launch hooks, tracing, plans off): x's and bias's shape, dtype, device and 16-byte alignment,
     the current stream and the tuning record in force."""
-    if (not x.is_cuda or not x.is_contiguous() or torch.cuda.is_current_stream_capturing() or _kl.hooked()
-            or torch.compiler.is_compiling() or not tuning.get().plans):
+    if (not tuning.get().plans or not x.is_cuda or not x.is_contiguous() or torch.cuda.is_current_stream_capturing()
+            or _kl.hooked() or torch.compiler.is_compiling()):
         return None
     if bias is None:
         bk = None
@@ -44,7 +44,8 @@ class Plan:
         """The plan of a recorded call, or None: every launch took the cached path; a tensor
         argument at x's, bias's or the output's address is that tensor (or a same-sized view
         of it), every other one is the call's own (the weight's views, workspaces, scratch);
-        x and bias are each read by some launch (not a converted copy); no TMA descriptor
+        x and bias are each read and the output written by some launch (not a converted copy,
+        as the split-K GEMV's fp32 sums); no TMA descriptor
         covers x, bias or the output."""
         if not rec or any(r is None for r in rec) or not y.is_contiguous():
             return None
@@ -70,7 +71,7 @@ class Plan:
             fn, args, pos, ptrs = _kl.bind(compiled, tuple(grid), kept)  # (descriptors encoded once)
             slots = tuple((pos[i], j, None if ptrs else dt) for i, j, dt in slots)  # (an address needs no view)
             launches.append((fn, args, slots, ptrs, kept))  # (kept: what args address stays alive)
-        if 0 not in seen or (bias is not None and 2 not in seen):
+        if 0 not in seen or 1 not in seen or (bias is not None and 2 not in seen):  # (1: y as launched)
             return None
         return Plan(launches, y.shape, y.dtype, y.device)
 

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from ..qtensor import QTensor
+from ..runtime import launch as _kl
 from . import tuning
 from .backends.decode_tma import decode_tma_reason, decode_tma_run, dt_big, dt_large, dt_min_m, dt_tile, \
     dt_weight_descs
@@ -18,9 +19,10 @@ from .backends.gemv_mma import gemv_mma_default_config, gemv_mma_reason, gemv_mm
 from .backends.prefill import prefill, prefill_supported
 from .backends.prefill_ws import prefill_ws_reason, prefill_ws_run
 from .eligibility import fp4_codes
-from .weight_state import views
+from .route_cache import ROUTES_PER_WEIGHT, Replay, call_key
+from .weight_state import kept, state, views
 
-__all__ = ["Call", "Backend", "TABLE", "route", "explain"]
+__all__ = ["Call", "Backend", "TABLE", "route", "cached", "explain"]
 
 
 class Call:
@@ -43,12 +45,16 @@ class Call:
 class Backend:
     """A row of the table: ``supports(call)`` says why it cannot serve the call (None: it can);
     ``run(call)`` launches it on ``call.x2``; ``plannable``: its output is made by ``torch.empty``
-    and filled by its launches alone, x and bias taken as given (what a call plan replays)."""
+    and filled by its launches alone, x and bias taken as given (what a call plan and a cached route
+    replay), for the calls where ``pure(call)`` holds (None: all); ``cached``: repeat calls replay it
+    (:func:`cached`; None: where plannable; the prefill kernel is cached, not planned)."""
 
     name: str
     supports: Callable[[Call], "str | None"]
     run: Callable[[Call], torch.Tensor]
     plannable: bool
+    pure: "Callable[[Call], bool] | None" = None
+    cached: "bool | None" = None
 
 
 def ws_min_m(q: QTensor) -> int:
@@ -147,28 +153,89 @@ def _gemv_fallback(c: Call) -> str | None:
     return "takes 4/8-bit codes in whole words, at most gemv_fallback_m tokens"
 
 
+def _gemv_pure(c: Call) -> bool:
+    return c.m <= 4 or c.m % 4 == 0  # (else the GEMV zeroes its padded activation rows per call)
+
+
 #: the backends in the order they are asked; a call no row serves runs the split-K kernel
 TABLE: tuple[Backend, ...] = (
     Backend("prefill_ws_small", _ws_small, lambda c: prefill_ws_run(c.x2, c.q, c.bias), False),
     Backend("decode_tma", _decode_tma, lambda c: decode_tma_run(c.x2, c.q, c.bias), True),
     Backend("gemv_mma", _gemv_mma, lambda c: gemv_mma_run(c.x2, c.q, c.bias, c.config), True),
-    Backend("gemv", _gemv, lambda c: gemv(c.x2, c.q, c.bias), True),
+    Backend("gemv", _gemv, lambda c: gemv(c.x2, c.q, c.bias), True, _gemv_pure),
     Backend("prefill_ws", _prefill_ws, lambda c: prefill_ws_run(c.x2, c.q, c.bias), False),
-    Backend("prefill", _prefill, lambda c: prefill(c.x2, c.q, c.bias), False),
-    Backend("gemv_fallback", _gemv_fallback, lambda c: gemv(c.x2, c.q, c.bias), True),
+    Backend("prefill", _prefill, lambda c: prefill(c.x2, c.q, c.bias), False, cached=True),
+    Backend("gemv_fallback", _gemv_fallback, lambda c: gemv(c.x2, c.q, c.bias), True, _gemv_pure),
 )
 
 
-def route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple[torch.Tensor | None, bool]:
+class Chosen:
+    """A cached route that is not replayed (its launches take tensors made per call, or Triton's own
+    path): the backend the table chose for the key and what its ``supports`` left for its ``run``."""
+
+    __slots__ = ("backend", "config")
+
+    def __init__(self, backend: Backend, config):
+        self.backend, self.config = backend, config
+
+    def __call__(self, x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> torch.Tensor:
+        c = Call(x, q, bias)
+        c.config = self.config
+        return self.backend.run(c).reshape(*x.shape[:-1], q.shape[0])
+
+
+def _keep(st, ck: tuple, r) -> None:
+    if len(st.routes) >= ROUTES_PER_WEIGHT:
+        st.routes.clear()
+    st.routes[ck] = r
+
+
+def route(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None, cache: bool = True) -> \
+        tuple[torch.Tensor | None, bool]:
     """Run the first backend that serves ``x @ dequant(q)^T (+ bias)`` (x and bias already checked):
-    ``(out, plannable)``, or ``(None, False)`` when none does (the split-K kernel / the reference)."""
+    ``(out, plannable)``, or ``(None, False)`` when none does (the split-K kernel / the reference).
+    With ``cache``, the call's route is kept in the weight's state for its key (:mod:`.route_cache`),
+    which :func:`cached` serves: a steady call (one that made no new weight fact) of a route whose
+    launches replay is recorded (:class:`~microscale.linear.route_cache.Replay`); other routes keep
+    the backend chosen (:class:`Chosen`)."""
     if not x.is_cuda:
         return None, False
+    ck = call_key(x, bias) if cache else None
+    st = state(q) if ck is not None else None
+    facts = len(st.facts) if st is not None else -1
     c = Call(x, q, bias)
     for b in TABLE:
         if b.supports(c) is None:
-            return b.run(c).reshape(*x.shape[:-1], q.shape[0]), b.plannable
+            pure = b.pure is None or b.pure(c)
+            plannable = b.plannable and pure
+            if st is None:
+                return b.run(c).reshape(*x.shape[:-1], q.shape[0]), plannable
+            if not (pure and (b.plannable if b.cached is None else b.cached)):
+                if st is kept(q):
+                    _keep(st, ck, Chosen(b, c.config))
+                return b.run(c).reshape(*x.shape[:-1], q.shape[0]), plannable
+            rec: list = []
+            _kl.record(rec)
+            try:
+                y = b.run(c)
+            finally:
+                _kl.record(None)
+            if len(st.facts) == facts and st is kept(q):  # a steady call, its state kept
+                r = Replay.build(rec, c.x2, bias, y)
+                _keep(st, ck, r if r is not None else Chosen(b, c.config))
+            return y.reshape(*x.shape[:-1], q.shape[0]), plannable
     return None, False
+
+
+def cached(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``linear(x, q, bias)`` by the weight's cached route for the call's key (see :func:`route`),
+    or None when none is kept: the route's launches with x, bias and a new output put in, or the
+    backend chosen for the key run without asking the table."""
+    ck = call_key(x, bias)
+    if ck is None:
+        return None
+    r = state(q).routes.get(ck)
+    return r(x, q, bias) if r is not None else None
 
 
 def explain(x: torch.Tensor, q: QTensor) -> list[tuple[str, str | None]]:

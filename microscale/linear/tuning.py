@@ -36,6 +36,8 @@ class Tuning:
     # eager call plans (docs/decisions/linear-call-plans.md)
     plans: bool = True
     plans_per_weight: int = 64
+    # repeat calls replay the route's recorded launches (docs/decisions/linear-host-time.md)
+    route_cache: bool = True
     # warp-specialized prefill (docs/decisions/linear-prefill-ws.md)
     prefill_ws: bool = True
     prefill_ws_min_m: int = 65

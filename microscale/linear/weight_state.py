@@ -3,7 +3,8 @@
 A :class:`WeightState` holds what the routes derive from a QTensor weight: the views its
 kernels take, the scans that decide eligibility and decode variants (NaN/Inf codes, the
 E8M0 scale window, ...), the packed weight of the split-K kernel, the TMA descriptors and
-step-major scales of ``decode_tma`` and the eager call plans.
+step-major scales of ``decode_tma``, the eager call plans and the cached routes of repeat calls
+(:mod:`microscale.linear.route_cache`).
 
 One invalidation rule: a state is valid while the address, version and device of each of the
 weight's tensors (:func:`weight_key`) are those it was made for; any in-place change through
@@ -46,14 +47,16 @@ def weight_key(q: QTensor) -> tuple:
 class WeightState:
     """The facts of one weight version (see the module docstring). ``facts`` maps a fact's name
     (a string, or a tuple for facts with parameters) to its value; ``plans`` the eager call plans
-    (:mod:`microscale.linear.plans`) by call key."""
+    (:mod:`microscale.linear.plans`) by call key; ``routes`` the recorded routes of repeat calls
+    (:mod:`microscale.linear.route_cache`) by call key."""
 
-    __slots__ = ("key", "facts", "plans")
+    __slots__ = ("key", "facts", "plans", "routes")
 
     def __init__(self, key: tuple):
         self.key = key
         self.facts: dict = {}
         self.plans: dict = {}
+        self.routes: dict = {}
 
     def fact(self, q: QTensor, name, make, while_capturing=_UNSET):
         """``make()`` once. While a CUDA graph is being captured a fact not yet known is

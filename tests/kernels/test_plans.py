@@ -179,7 +179,7 @@ def test_linear_marks_records_then_replays(stub_driver, monkeypatch):
     fn = _Fn(log)
     routed = []
 
-    def route(x, q, bias):
+    def route(x, q, bias, cache=True):
         routed.append(x.shape)
         y = torch.empty(x.shape[0], 4)
         _launch.launch(fn, (2,), x, y, bias if bias is not None else y, 9)
