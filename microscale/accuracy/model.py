@@ -84,7 +84,8 @@ def _hessians(model: nn.Module, rots: dict[str, int | None], calibration) -> dic
 
 def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, method: str = "rtn", calibration=None,
                    rotate: str | None = None, rotate_block: int | None = None, scale_method: str = "rtn",
-                   act_order: bool = False, damp: float = 0.01, skip: Iterable[str] = (), inplace: bool = True,
+                   act_order: bool = False, damp: float = 0.01, static_scales: bool = True, skip: Iterable[str] = (),
+                   inplace: bool = True,
                    **quantize_kwargs) -> nn.Module:
     """Replace every ``nn.Linear`` of ``model`` by a :class:`~microscale.nn.QuantLinear` in ``fmt``,
     with the accuracy methods. :func:`microscale.nn.quantize_model` calls this function
@@ -101,7 +102,9 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, method: str
         rotate_block: rotation block size (default: the format's block size; a power of
             two, a multiple of the block size).
         scale_method: the block-scale rule inside GPTQ: ``rtn``, ``mse`` or ``4over6``.
-        act_order, damp: GPTQ options (:func:`~microscale.accuracy.gptq.gptq_quantize`).
+        act_order, damp, static_scales: GPTQ options (:func:`~microscale.accuracy.gptq.gptq_quantize`);
+            ``static_scales`` (default True) fixes every block scale from the original
+            (rotated) weight before the error compensation.
         skip, inplace: as :func:`microscale.nn.quantize_model`.
         **quantize_kwargs: passed to :func:`microscale.quantize` (rtn/mse/4over6 only).
 
@@ -121,9 +124,9 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, method: str
     if method != "gptq" and calibration is not None:
         raise ValueError(f"quantize_model: calibration= is used by method='gptq' only; method={method!r} "
                          "quantizes each weight on its own")
-    if method != "gptq" and (act_order or scale_method != "rtn" or damp != 0.01):
-        raise ValueError(f"quantize_model: act_order, scale_method and damp are GPTQ options; method={method!r} "
-                         "(pass method='gptq', or method='mse'/'4over6' for better scales without GPTQ)")
+    if method != "gptq" and (act_order or scale_method != "rtn" or damp != 0.01 or static_scales is not True):
+        raise ValueError("quantize_model: act_order, scale_method, damp and static_scales are GPTQ options; "
+                         f"method={method!r} (pass method='gptq', or method='mse'/'4over6' for better scales without GPTQ)")
     if method == "gptq" and quantize_kwargs:
         raise ValueError(f"quantize_model: method='gptq' takes no quantize options, got {sorted(quantize_kwargs)}")
     if rotate_block is not None and not rotate:
@@ -152,7 +155,8 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, method: str
         if r:
             w = block_hadamard(w.double(), r).to(w.dtype)
         if method == "gptq":
-            q = gptq_quantize(w, H[name], fmt, damp=damp, act_order=act_order, scale_method=scale_method)
+            q = gptq_quantize(w, H[name], fmt, damp=damp, act_order=act_order, scale_method=scale_method,
+                              static_scales=static_scales)
         else:
             from ..ops import quantize
 

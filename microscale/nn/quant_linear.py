@@ -177,6 +177,7 @@ class QuantLinear(nn.Module):
 
 #: Options that only the calibrated quantizer (microscale.accuracy.quantize_model) takes.
 _ACCURACY_OPTIONS = frozenset({"calibration", "rotate", "rotate_block", "scale_method", "act_order", "damp"})
+_ACCURACY_OPTIONS |= {"static_scales"}
 
 
 def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Iterable[str] = (),

@@ -154,6 +154,7 @@ def test_errors_leave_the_model_unchanged(gen):
         ({"rotate_block": 64}, "needs rotate='hadamard'"),
         ({"act_order": True}, "GPTQ options"),
         ({"method": "mse", "scale_method": "mse"}, "GPTQ options"),
+        ({"static_scales": False}, "GPTQ options"),
         ({"method": "gptq", "calibration": x, "scale_rule": "ceil"}, "no quantize options"),
         ({"method": "4over6"}, "4over6"),
     ]
