@@ -60,7 +60,7 @@ def _quantize(args: argparse.Namespace) -> int:
         kw["block_size"] = args.block_size
     s = msio.convert(args.src, args.dst, fmt=args.format, convention=args.convention, skip=args.skip,
                      default_skip=not args.no_default_skip, progress=not args.quiet, quantize_kwargs=kw,
-                     overwrite=args.overwrite)
+                     overwrite=args.overwrite, progress=True)
     _skipped_files(s)
     print(f"{len(s['quantized'])} tensors quantized to {s.get('format', args.format)} ({args.convention}), "
           f"{len(s['skipped'])} skipped, {len(s['copied'])} copied; {s['bytes_in'] / 1e6:.1f} MB -> "
@@ -73,7 +73,7 @@ def _convert(args: argparse.Namespace) -> int:
     from . import io as msio
 
     s = msio.convert(args.src, args.dst, convention=args.convention, progress=not args.quiet,
-                     overwrite=args.overwrite)
+                     overwrite=args.overwrite, progress=True)
     _skipped_files(s)
     print(f"{len(s['quantized'])} quantized tensors re-written as {args.convention}, {len(s['copied'])} copied "
           f"-> {args.dst}")
@@ -88,7 +88,7 @@ def _dequantize(args: argparse.Namespace) -> int:
 
     dt = None if args.dtype is None else getattr(torch, _DT[args.dtype])
     s = msio.convert(args.src, args.dst, dequantize=True, dtype=dt, progress=not args.quiet,
-                     overwrite=args.overwrite)
+                     overwrite=args.overwrite, progress=True)
     _skipped_files(s)
     print(f"{len(s['dequantized'])} tensors dequantized, {len(s['copied'])} copied -> {args.dst}")
     return 0
@@ -128,7 +128,7 @@ def _demo(args: argparse.Namespace) -> int:
         dt = None if args.dtype is None else getattr(torch, _DT[args.dtype])
         demo.run(device=args.device, batch_size=args.batch_size, dtype=dt,
                  methods=None if args.methods is None else args.methods, out_dir=args.out,
-                 overwrite=args.overwrite)
+                 overwrite=args.overwrite, progress=True)
     except ImportError as e:
         print(str(e), file=sys.stderr)
         return 1

@@ -249,7 +249,7 @@ def _check_out_dir(out_dir, overwrite: bool) -> None:
 
 def run(formats=None, device: str | None = None, batch_size: int = 32, out=None,
         dtype: torch.dtype | None = None, methods=None, out_dir: str | os.PathLike | None = None,
-        overwrite: bool = False) -> list[dict]:
+        overwrite: bool = False, progress: bool = False) -> list[dict]:
     """Run the demo and print the table; returns one dict per row (float first, then
     each format with each method that applies to it).
 
@@ -260,7 +260,7 @@ def run(formats=None, device: str | None = None, batch_size: int = 32, out=None,
     QuantLinear then runs the fused ``microscale.linear`` kernel); every metric is against the float32 model. ``out``: the
     text stream (default stdout). ``out_dir``: a new (or empty) directory to write
     :data:`OUT_FILES` into, atomically (an existing one only with ``overwrite``); without it
-    nothing is written."""
+    nothing is written. ``progress``: a bar over the rows on stderr once a run passes a second."""
     from torch import nn
 
     from .accuracy.report import embedding_agreement, method_reason
@@ -307,7 +307,9 @@ def run(formats=None, device: str | None = None, batch_size: int = 32, out=None,
              **embedding_agreement(ref, emb0), "linear_bytes": lin_fp, "model_bytes": total_fp,
              "quantize_s": 0.0, "ms_per_batch": _time_batch(base_run, SENTENCES, batch_size) if gpu else None}]
     del base_run
-    for fmt, label, method in plan:
+    from tqdm import tqdm
+
+    for fmt, label, method in tqdm(plan, desc="demo", unit="row", delay=1.0, leave=False, disable=not progress):
         t0 = time.perf_counter()
         model = cast(_quantize(base, fmt, method, batch_size))
         tq = time.perf_counter() - t0
