@@ -80,7 +80,7 @@ CALIBRATION = [
 
 #: The methods the demo knows, in the order its rows list them.
 METHODS = ("rtn", "mse", "4over6", "gptq")
-#: The methods run when none are named (``gptq`` takes minutes on a CPU: ask for it).
+#: The methods run when none are named (``gptq`` multiplies the run time: ask for it).
 DEFAULT_METHODS = ("rtn", "mse", "4over6")
 #: When no methods are named, those other than rtn run on formats whose elements have at
 #: most this many bits only: the scale choice matters there (on MiniLM, mse moves the 6- and

@@ -393,6 +393,8 @@ def write_points_plot(rows: list[dict], path: str | os.PathLike, *, y: str, ylab
             ax.yaxis.set_major_formatter(FuncFormatter(as_cos))
             ax.yaxis.set_minor_formatter(FuncFormatter(minor))
         ax.autoscale_view()
+        lo, hi = ax.get_xlim()
+        ax.set_xlim(lo, hi + 0.25 * (hi - lo))  # room for the labels of the rightmost points
         _place_labels(ax, labels, fig.dpi)
         ax.set_xlabel("storage bits per element (scales included)")
         ax.set_ylabel(ylabel)
