@@ -263,13 +263,17 @@ def run(formats=None, device: str | None = None, batch_size: int = 32, out=None,
     :data:`METHODS`, each run on every format it applies to (default: :data:`DEFAULT_METHODS`,
     those other than rtn on formats of at most :data:`DEFAULT_METHOD_BITS`-bit elements);
     ``dtype``: what the models compute in (default float32 on CPU, float16 on CUDA, where
-    QuantLinear then runs the fused ``microscale.linear`` kernel); every metric is against the float32 model. ``out``: the
-    text stream (default stdout). ``out_dir``: a new (or empty) directory to write
-    :data:`OUT_FILES` into, atomically (an existing one only with ``overwrite``); without it
-    nothing is written. ``progress``: a bar over the rows on stderr once a run passes a second."""
-    from torch import nn
+    QuantLinear then runs the fused ``microscale.linear`` kernel); every metric is against
+    the float32 model. ``out``: the text stream (default stdout). ``out_dir``: a new (or
+    empty) directory, outside the model's folder, to write :data:`OUT_FILES` into,
+    atomically (an existing one only with ``overwrite``); without it nothing is written.
+    ``progress``: a bar over the rows on stderr once a run passes a second."""
+    import copy
 
-    from .accuracy.report import embedding_agreement, method_reason
+    from torch import nn
+    from tqdm import tqdm
+
+    from .accuracy.report import embedding_agreement, format_table, method_reason
 
     out = out or sys.stdout
     default = methods is None
@@ -301,8 +305,6 @@ def run(formats=None, device: str | None = None, batch_size: int = 32, out=None,
     dtype = dtype or (torch.float16 if gpu else torch.float32)
     dname = str(dtype).removeprefix("torch.")
     cast = (lambda m: m.to(dtype)) if dtype != torch.float32 else (lambda m: m)  # noqa: E731
-    import copy
-
     base_run = cast(copy.deepcopy(base)) if dtype != torch.float32 else base
     emb0 = _embed(base_run, SENTENCES, batch_size) if dtype != torch.float32 else ref
     lin_fp, total_fp = _state_bytes(base_run)
@@ -313,8 +315,6 @@ def run(formats=None, device: str | None = None, batch_size: int = 32, out=None,
              **embedding_agreement(ref, emb0), "linear_bytes": lin_fp, "model_bytes": total_fp,
              "quantize_s": 0.0, "ms_per_batch": _time_batch(base_run, SENTENCES, batch_size) if gpu else None}]
     del base_run
-    from tqdm import tqdm
-
     for fmt, label, method in tqdm(plan, desc="demo", unit="row", delay=1.0, leave=False, disable=not progress):
         t0 = time.perf_counter()
         model = cast(_quantize(base, fmt, method, batch_size))
@@ -330,8 +330,6 @@ def run(formats=None, device: str | None = None, batch_size: int = 32, out=None,
         del model, pairs
     seconds = time.perf_counter() - t_start
     header, lines, numeric = _table_rows(rows, batch_size)
-    from .accuracy.report import format_table
-
     title = (f"all-MiniLM-L6-v2 (sentence-transformers), {len(SENTENCES)} sentences, device={device}, {dname}; "
              "every column against the float32 model")
     notes = _notes(rows, not_applicable, len(weights), dname, len(SENTENCES), seconds)
