@@ -126,7 +126,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     try:
         dt = None if args.dtype is None else getattr(torch, _DT[args.dtype])
-        demo.run(device=args.device, batch_size=args.batch_size, dtype=dt)
+        demo.run(device=args.device, batch_size=args.batch_size, dtype=dt,
+                 methods=args.methods, out_dir=args.out, overwrite=args.overwrite, progress=not args.quiet)
     except ImportError as e:
         print(str(e), file=sys.stderr)
         return 1
@@ -295,14 +296,28 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("demo", help="quantize all-MiniLM-L6-v2 to each main format and report accuracy/size",
                        formatter_class=raw,
                        description=_desc("Quantize the all-MiniLM-L6-v2 sentence-embedding model (installed "
-                                         "with the [demo] extra) to each main format; print weight SQNR, embedding "
-                                         "cosine, size and, on a GPU, time per batch."),
+                                         "with the [demo] extra) to each main format with each quantize method; print "
+                                         "bits per element, weight SQNR, embedding cosine and similarity-ranking "
+                                         "agreement with the float model (Spearman, top-1), size and, on a GPU, "
+                                         "time per batch."),
                        epilog=_examples("microscale demo", "microscale demo --device cpu",
-                                        "microscale demo --device cuda --dtype bf16"))
+                                        "microscale demo --device cuda --dtype bf16",
+                                        "microscale demo --methods rtn,mse,4over6,gptq --out demo-results"))
     m.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     m.add_argument("--batch-size", type=_positive_int, default=32, help="sentences per batch (default 32)")
     m.add_argument("--dtype", choices=sorted(_DT), type=_lower, default=None,
                    help="compute dtype of the models (default fp32 on CPU, fp16 on CUDA)")
+    m.add_argument("--methods", "-m", nargs="+", default=None, metavar="METHOD",
+                   help="quantize methods, each run on every format it applies to (comma- or space-separated; "
+                        "'all'): rtn, mse, 4over6 (NVFP4 family), gptq (calibrated on fixed sentences; Hadamard-"
+                        "rotated for MX formats; about 10 s a format on a 2-core CPU). Default: rtn on every format, "
+                        "mse and 4over6 on the 4-bit ones")
+    m.add_argument("--out", metavar="DIR", default=None,
+                   help="also write the table (text, Markdown), JSON and a PNG of cosine against bits into DIR, "
+                        "a new (or empty) directory, written atomically; needs matplotlib. Nothing is written "
+                        "without it")
+    m.add_argument("--overwrite", action="store_true", help="replace an existing --out DIR (atomically)")
+    m.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     m.set_defaults(func=_demo)
 
     e = sub.add_parser("error", help="rank formats by quantization error against bits per element",

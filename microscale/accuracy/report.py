@@ -27,7 +27,8 @@ from .metrics import ErrorStats, error_stats
 from .methods import METHODS, _check
 
 __all__ = ["DEFAULT_FORMATS", "error_report", "format_report", "write_json", "write_plot", "method_reason",
-           "parse_formats"]
+           "parse_formats", "mark_front", "format_table", "format_markdown", "write_points_plot", "spearman",
+           "embedding_agreement"]
 
 #: The formats ranked when none are named: the main formats of the demo and of checkpoints.
 DEFAULT_FORMATS = ("nvfp4", "mxfp4", "mxfp6_e2m3", "mxfp8_e4m3", "mxint8", "int4_affine_g128", "int8_fp16")
@@ -37,9 +38,10 @@ _BAR_DELAY = 1.0  # seconds before the progress bar shows: short runs print none
 
 
 def method_reason(fmt: Format, method: str) -> str | None:
-    """Why ``method`` does not apply to ``fmt`` (None when it does)."""
-    if method not in METHODS:
-        return f"method {method!r} is not known; expected one of {', '.join(METHODS)}"
+    """Why ``method`` (one of :data:`METHODS`, or ``"gptq"``) does not apply to ``fmt``
+    (None when it does)."""
+    if method not in METHODS + ("gptq",):
+        return f"method {method!r} is not known; expected one of {', '.join(METHODS + ('gptq',))}"
     if method == "rtn":
         return None
     try:
@@ -119,12 +121,7 @@ def _ranked(rows: list[dict]) -> list[dict]:
     """Rows by SQNR (highest first; bits break ties), each marked ``pareto``: no other row
     has as few bits or fewer and as high an SQNR or higher, one of them strictly. Bits are
     compared to 0.001 (as printed), so a global scale's 32 bits per tensor do not count."""
-    def bits(r):
-        return round(r["bits_per_element"], 3)
-
-    for r in rows:
-        r["pareto"] = not any(o is not r and bits(o) <= bits(r) and o["sqnr_db"] >= r["sqnr_db"]
-                              and (bits(o) < bits(r) or o["sqnr_db"] > r["sqnr_db"]) for o in rows)
+    mark_front(rows, "sqnr_db")
     return sorted(rows, key=lambda r: (-r["sqnr_db"], r["bits_per_element"], r["format"], r["method"]))
 
 
@@ -288,43 +285,11 @@ def write_json(report: dict, path: str | os.PathLike, overwrite: bool = False, s
 def write_plot(report: dict, path: str | os.PathLike, overwrite: bool = False, src=None) -> None:
     """A PNG of SQNR (dB) against bits per element, one point per (format, method), the
     front joined by a line; written atomically like :func:`write_json`. Needs matplotlib."""
-    from .._paths import atomic_output, check_output
-
-    check_output(src, path, overwrite, "error --plot", kind="file")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise ImportError("error --plot needs matplotlib: pip install matplotlib (or microscale[plot])") from e
-    rows = [r for r in report["results"] if math.isfinite(r["sqnr_db"])]
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    try:
-        points: dict[tuple, list[dict]] = {}  # rows within 0.1 dB at the same bits share one label
-        for r in rows:
-            points.setdefault((round(r["bits_per_element"], 2), round(r["sqnr_db"], 1)), []).append(r)
-        for (bits, db), rs in points.items():
-            front = any(r["pareto"] for r in rs)
-            ax.scatter(bits, db, s=28, color="C0" if front else "C7", zorder=4 if front else 3)
-            names: dict[str, list[str]] = {}
-            for r in rs:
-                names.setdefault(r["format"], []).append(r["method"])
-            label = "; ".join(f if ms == ["rtn"] else f"{f} ({', '.join(ms)})" for f, ms in names.items())
-            ax.annotate(label, (bits, db), textcoords="offset points", xytext=(4, 3), fontsize=7)
-        front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["bits_per_element"])
-        ax.plot([r["bits_per_element"] for r in front], [r["sqnr_db"] for r in front], color="C0", lw=1, zorder=2)
-        ax.set_xlabel("storage bits per element (scales included)")
-        ax.set_ylabel("SQNR (dB), higher is better")
-        ax.set_title(f"{os.path.basename(str(report['source']).rstrip(os.sep)) or report['source']}: "
-                     f"{len(report['tensors'])} tensors", fontsize=9)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        with atomic_output(path, "file", overwrite) as tmp:
-            with open(tmp, "xb") as f:
-                fig.savefig(f, format="png", dpi=110)
-    finally:
-        plt.close(fig)
+    title = (f"{os.path.basename(str(report['source']).rstrip(os.sep)) or report['source']}: "
+             f"{len(report['tensors'])} tensors")
+    write_points_plot([r for r in report["results"] if math.isfinite(r["sqnr_db"])], path, y="sqnr_db",
+                      ylabel="SQNR (dB), higher is better", title=title, overwrite=overwrite, src=src,
+                      what="error --plot")
 
 
 def parse_formats(names: Iterable[str]) -> list[str]:
@@ -344,3 +309,162 @@ def parse_formats(names: Iterable[str]) -> list[str]:
                 raise ValueError(f"--formats: {p!r} is not in the registry; see `microscale formats` "
                                  "(or 'all')")
     return list(dict.fromkeys(out))
+
+
+def mark_front(rows: list[dict], key: str) -> list[dict]:
+    """Set each row's ``pareto``: no other row has as few ``bits_per_element`` or fewer and
+    as high a ``key`` or higher, one of them strictly (bits compared to 0.001, as printed,
+    so a global scale's 32 bits per tensor do not count). Returns ``rows``."""
+    def bits(r):
+        return round(r["bits_per_element"], 3)
+
+    for r in rows:
+        r["pareto"] = not any(o is not r and bits(o) <= bits(r) and o[key] >= r[key]
+                              and (bits(o) < bits(r) or o[key] > r[key]) for o in rows)
+    return rows
+
+
+def format_table(header: list[str], lines: list[list[str]], numeric: Iterable[int]) -> str:
+    """Aligned text columns (``numeric``: the column indices flushed right), one line per row
+    after the header, as ``microscale error`` prints them."""
+    return _table(header, lines, set(numeric))
+
+
+def format_markdown(header: list[str], lines: list[list[str]], numeric: Iterable[int] = ()) -> str:
+    """The same table in Markdown (``numeric`` columns right-aligned)."""
+    num = set(numeric)
+    rule = ["---:" if i in num else "---" for i in range(len(header))]
+    return "".join("| " + " | ".join(r) + " |\n" for r in [header, rule] + lines)
+
+
+def write_points_plot(rows: list[dict], path: str | os.PathLike, *, y: str, ylabel: str, title: str,
+                      cosine_axis: bool = False, overwrite: bool = False, src=None, what: str = "--plot") -> None:
+    """A PNG of ``row[y]`` against ``row["bits_per_element"]``, one labelled point per
+    (``format``, ``method``) row, the rows whose ``pareto`` is set in blue and joined by a
+    line (see :func:`mark_front`). ``cosine_axis``: ``y`` is a cosine similarity, drawn as
+    ``1 - y`` on a log scale turned upside down, so values near 1 spread out, higher is
+    still up and the ticks read as cosines. Written atomically under the output rules
+    (an existing ``path`` only with ``overwrite``). Needs matplotlib."""
+    from .._paths import atomic_output, check_output
+
+    check_output(src, path, overwrite, what, kind="file")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
+    except ImportError as e:
+        raise ImportError(f"{what} needs matplotlib: pip install matplotlib (or microscale[plot])") from e
+
+    def pos(r):  # the plotted value, and the one rows within a label's rounding share
+        if not cosine_axis:
+            return r[y], round(r[y], 1)
+        d = max(1.0 - r[y], 1e-7)  # 1 - cos below float rounding draws at 1e-7
+        return d, round(math.log10(d), 2)
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    try:
+        points: dict[tuple, list[dict]] = {}  # rows that would draw on top of each other share one label
+        for r in rows:
+            points.setdefault((round(r["bits_per_element"], 2), pos(r)[1]), []).append(r)
+        labels = []
+        for (bits, _), rs in points.items():
+            front = any(r.get("pareto") for r in rs)
+            yv = pos(rs[0])[0]
+            ax.scatter(bits, yv, s=28, color="C0" if front else "C7", zorder=4 if front else 3)
+            names: dict[str, list[str]] = {}
+            for r in rs:
+                names.setdefault(r["format"], []).append(r["method"])
+            labels.append((bits, yv, "; ".join(f if ms == ["rtn"] else f"{f} ({', '.join(ms)})"
+                                               for f, ms in names.items())))
+        front = sorted((r for r in rows if r.get("pareto")), key=lambda r: r["bits_per_element"])
+        ax.plot([r["bits_per_element"] for r in front], [pos(r)[0] for r in front], color="C0", lw=1, zorder=2)
+        if cosine_axis:
+            ax.set_yscale("log")
+            ax.invert_yaxis()
+
+            def as_cos(v, _=None):
+                return f"{1.0 - v:.{max(0, math.ceil(-math.log10(v) - 1e-9))}f}"
+
+            def minor(v, _=None):  # label 2 and 5 of each decade only, so ticks stay readable
+                return as_cos(v) if round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""
+
+            ax.yaxis.set_major_formatter(FuncFormatter(as_cos))
+            ax.yaxis.set_minor_formatter(FuncFormatter(minor))
+        ax.autoscale_view()
+        lo, hi = ax.get_xlim()
+        ax.set_xlim(lo, hi + 0.25 * (hi - lo))  # room for the labels of the rightmost points
+        _place_labels(ax, labels, fig.dpi)
+        ax.set_xlabel("storage bits per element (scales included)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        with atomic_output(path, "file", overwrite) as tmp:
+            with open(tmp, "xb") as f:
+                fig.savefig(f, format="png", dpi=110)
+    finally:
+        plt.close(fig)
+
+
+def _place_labels(ax, labels: list[tuple[float, float, str]], dpi: float) -> None:
+    """Annotate each ``(x, y, text)`` beside its point, moving a label up (in steps of one
+    line) while it would overlap one placed before, lowest points first."""
+    placed: list[tuple[float, float, float]] = []  # (left, bottom, right) in points
+    to_pt = 72.0 / dpi
+    line, char = 8.5, 3.9  # height of a line and mean glyph width of 7-point text, in points
+    for x, y, text in sorted(labels, key=lambda t: ax.transData.transform((t[0], t[1]))[1]):
+        px, py = (v * to_pt for v in ax.transData.transform((x, y)))
+        left, right, dy = px + 4, px + 4 + char * len(text), 3.0
+        while any(left < r and lo < right and abs(py + dy - b) < line for lo, b, r in placed):
+            dy += line
+        placed.append((left, py + dy, right))
+        lead = {"arrowprops": {"arrowstyle": "-", "lw": 0.4, "color": "0.6"}} if dy > 3 else {}
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, dy), fontsize=7, va="bottom", **lead)
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman rank correlation of two 1-D tensors of equal length: the Pearson correlation
+    of their ranks (tied values share the mean of their ranks), in float64. ``nan`` when
+    either has fewer than two distinct values (the correlation is undefined)."""
+    if a.dim() != 1 or tuple(a.shape) != tuple(b.shape):
+        raise ValueError(f"spearman: a {tuple(a.shape)} and b {tuple(b.shape)} must be 1-D of equal length")
+
+    def ranks(x):
+        x = x.detach().to(torch.float64).cpu()
+        order = torch.argsort(x, stable=True)
+        _, inv, counts = torch.unique_consecutive(x[order], return_inverse=True, return_counts=True)
+        avg = counts.cumsum(0).to(torch.float64) - (counts.to(torch.float64) - 1) / 2  # mean of 1-based ranks
+        r = torch.empty_like(x)
+        r[order] = avg[inv]
+        return r - r.mean()
+
+    ra, rb = ranks(a), ranks(b)
+    den = math.sqrt(float((ra * ra).sum()) * float((rb * rb).sum()))
+    return float((ra * rb).sum()) / den if den > 0 else math.nan
+
+
+def embedding_agreement(ref: torch.Tensor, emb: torch.Tensor) -> dict:
+    """How well embeddings ``emb`` ``[N, D]`` of N texts agree with the reference ``ref``
+    (same texts, e.g. the float model), in float64:
+
+    * ``cos_mean``, ``cos_min``: cosine of each text's two embeddings, mean and min;
+    * ``spearman``: :func:`spearman` of the N(N-1)/2 pairwise cosine similarities
+      ``cos(e_i, e_j)``, ``i < j``, of ``emb`` against those of ``ref``;
+    * ``top1``: the share of texts ``i`` whose nearest other text (``argmax_{j != i}
+      cos(e_i, e_j)``, the lowest ``j`` on ties) is the same under both.
+    """
+    if ref.dim() != 2 or tuple(ref.shape) != tuple(emb.shape) or ref.shape[0] < 3:
+        raise ValueError(f"embedding_agreement: ref {tuple(ref.shape)} and emb {tuple(emb.shape)} must be "
+                         "[N, D] of equal shape with N >= 3 texts")
+    r = torch.nn.functional.normalize(ref.detach().to(torch.float64).cpu(), dim=1)
+    e = torch.nn.functional.normalize(emb.detach().to(torch.float64).cpu(), dim=1)
+    cos = (r * e).sum(1)
+    sr, se = r @ r.T, e @ e.T
+    i, j = torch.triu_indices(len(r), len(r), 1)
+    eye = torch.eye(len(r), dtype=torch.bool)
+    nn_r = sr.masked_fill(eye, -math.inf).argmax(1)
+    nn_e = se.masked_fill(eye, -math.inf).argmax(1)
+    return {"cos_mean": float(cos.mean()), "cos_min": float(cos.min()), "spearman": spearman(sr[i, j], se[i, j]),
+            "top1": float((nn_r == nn_e).double().mean())}
