@@ -14,6 +14,7 @@ from .experts import QuantExperts
 from .quant_linear import QuantLinear, load_quantized_state, quantize_model, quantized_state
 from .quant_conv import QuantConv2d
 from .quant_embedding import QuantEmbedding
+from .fuse import fuse_projections, unfuse_projections
 
 __all__ = ["QuantLinear", "QuantExperts", "QuantConv2d", "QuantEmbedding", "quantize_model", "quantized_state",
-           "load_quantized_state"]
+           "load_quantized_state", "fuse_projections", "unfuse_projections"]

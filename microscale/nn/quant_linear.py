@@ -182,7 +182,7 @@ _ACCURACY_OPTIONS = frozenset({"calibration", "rotate", "rotate_block", "scale_m
 def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Iterable[str] = (),
                    inplace: bool = True, method: str = "rtn", experts: bool = True,
                    act_format: str | Format | None = None, conv2d=False, embedding=False,
-                   tied_embeddings: bool = False,
+                   tied_embeddings: bool = False, fuse: bool = False,
                    **quantize_kwargs) -> nn.Module:
     """Replace every ``nn.Linear`` in ``model`` by a :class:`QuantLinear` in ``fmt``, and (``experts``)
     every MoE experts module holding 3-D ``gate_up_proj``/``down_proj`` parameters (transformers'
@@ -213,6 +213,9 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
             off by default: a vision stem / patch embedding is often the most sensitive layer.
         embedding: also quantize ``nn.Embedding`` tables (True or a predicate, as ``conv2d``); one
             whose weight another module shares (tied to ``lm_head``) only with ``tied_embeddings``.
+        fuse: then fuse each transformers decoder layer's RMSNorms into its projections
+            (:func:`microscale.nn.fuse.fuse_projections`: norm + q/k/v and norm + gate/up as one
+            ``rmsnorm_linear`` each); off by default.
         **quantize_kwargs: passed to :func:`microscale.quantize` (``scale_rule``,
             ``block_size``, ``convention``, ...).
 
@@ -233,7 +236,8 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
         if experts and moe:
             warnings.warn(f"quantize_model(method={method!r}, ...): the calibrated quantizer covers nn.Linear only; "
                           f"experts left in float: {', '.join(moe)} (quantize them with method='rtn')", stacklevel=2)
-        return calibrated(model, fmt, method=method, skip=skip, inplace=inplace, **quantize_kwargs)
+        out = calibrated(model, fmt, method=method, skip=skip, inplace=inplace, **quantize_kwargs)
+        return _fused(out) if fuse else out
     fmt = get_format(fmt)
     skip = list(skip)
     if not inplace:
@@ -256,7 +260,13 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, q)
     _experts.use_microscale(q for _, q in moe)
-    return model
+    return _fused(model) if fuse else model
+
+
+def _fused(model: nn.Module) -> nn.Module:
+    from .fuse import fuse_projections  # (imports this module)
+
+    return fuse_projections(model)
 
 
 def quantized_state(model: nn.Module) -> dict:
