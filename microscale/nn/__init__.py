@@ -6,6 +6,7 @@ Use::
     from microscale.nn import quantize_model
     model = quantize_model(model, "nvfp4", skip=["lm_head"])   # any nn.Module, HF included
     model = quantize_model(model, "mxfp4", method="gptq", calibration=batches, rotate="hadamard")
+    model = quantize_model(model, "nvfp4", fuse=True)   # + RMSNorm folded into q/k/v and gate/up (fuse.py)
     sd = model.state_dict()                                      # plain tensors + format extra state
     msio.save(quantized_state(model), "ckpt", convention="modelopt")   # any convention
     load_quantized_state(fresh_float_model, msio.load("ckpt"))         # Linear -> QuantLinear

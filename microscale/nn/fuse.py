@@ -60,11 +60,11 @@ def _global_hooks() -> bool:
 
 class _Group:
     """What a group's norm and projections share: the projections in order, the module that calls
-    them (held weakly), the input the norm passed through, and results not yet handed out."""
+    them, the input the norm passed through (held weakly), and results not yet handed out."""
 
     def __init__(self, owner: nn.Module, names: tuple[str, ...], members: list["FusedQuantLinear"],
                  norm: "FusedRMSNorm | None"):
-        self.owner = weakref.ref(owner)
+        self.owner = owner  # (a reference cycle through the modules; deepcopy maps it to the copy)
         self.names = names
         self.members = members
         self.norm = norm
@@ -75,8 +75,8 @@ class _Group:
     def can_pass_through(self, x: torch.Tensor) -> bool:
         """Whether the norm may hand ``x`` un-normalized to its consumers (only these projections
         will see it, as fused inputs, and the fused op runs for it)."""
-        owner = self.owner()
-        if owner is None or any(getattr(owner, n, None) is not m for n, m in zip(self.names, self.members)):
+        owner = self.owner
+        if any(getattr(owner, n, None) is not m for n, m in zip(self.names, self.members)):
             return False  # a projection was replaced: it would read the un-normalized tensor
         if _hooked(self.norm) or _hooked(owner, pre_only=True) or any(_hooked(m) for m in self.members) \
                 or _global_hooks() or torch.compiler.is_compiling():

@@ -12,7 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 from microscale.linear import batched as batched_mod  # noqa: E402
 from microscale.linear import norm_linear as norm_linear_mod  # noqa: E402
-from microscale.nn import QuantLinear, fuse_projections, quantize_model, unfuse_projections  # noqa: E402
+from microscale.nn import QuantLinear, fuse_projections, quantize_model, quantized_state, \
+    unfuse_projections  # noqa: E402
 from microscale.nn.fuse import FusedQuantLinear, FusedRMSNorm  # noqa: E402
 
 _COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -78,6 +79,7 @@ def test_fused_logits_equal_unfused_fp32(family, monkeypatch):
         assert isinstance(layer.post_attention_layernorm, FusedRMSNorm)
         assert all(type(getattr(layer.self_attn, p)) is FusedQuantLinear for p in ("q_proj", "k_proj", "v_proj"))
     assert fused.state_dict().keys() == ref.state_dict().keys()
+    assert quantized_state(fused).keys() == quantized_state(ref).keys()
     calls = _Count(monkeypatch, norm_linear_mod, "rmsnorm_linear_reference")
     with torch.no_grad():
         want = ref(_IDS).logits
@@ -109,9 +111,14 @@ def test_generate_greedy_tokens_equal():
     assert torch.equal(a, b)
 
 
-def test_quantize_model_fuse_option():
+def test_quantize_model_fuse_option_and_deepcopy(monkeypatch):
     m = quantize_model(_model("qwen3"), "nvfp4", skip=["lm_head"], fuse=True)
     assert isinstance(m.model.layers[0].input_layernorm, FusedRMSNorm)
+    c = copy.deepcopy(m)  # the copy's groups are its own modules
+    calls = _Count(monkeypatch, norm_linear_mod, "rmsnorm_linear_reference")
+    with torch.no_grad():
+        assert torch.equal(c(_IDS).logits, m(_IDS).logits)
+    assert calls.n == 2 * 5 * len(m.model.layers)
 
 
 def test_non_matching_groups_stay_unfused_with_one_warning(monkeypatch):
@@ -181,3 +188,18 @@ def test_unfuse_restores_modules_and_outputs():
     with torch.no_grad():
         assert torch.equal(fused(_IDS).logits, ref(_IDS).logits)
     assert fused.state_dict().keys() == ref.state_dict().keys()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernel path needs CUDA")
+def test_fused_cuda_bf16_kernel_path(monkeypatch):
+    ref, fused = _pair("qwen2")
+    ref, fused = ref.to("cuda", torch.bfloat16), fused.to("cuda", torch.bfloat16)
+    calls = _Count(monkeypatch, norm_linear_mod, "rmsnorm_linear")
+    ids = _IDS.cuda()
+    with torch.no_grad():
+        want = ref(ids).logits
+        got = fused(ids).logits
+    assert calls.n == 2 * len(fused.model.layers)
+    assert _rel(got, want) < 3e-2
+    kw = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert fused.generate(ids, **kw).shape == (1, ids.shape[1] + 3)
