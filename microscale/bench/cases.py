@@ -310,3 +310,7 @@ BUILDERS.update({"kv_decode": _lazy(".cases_kv", "build_kv_decode"),
                  "embedding": _lazy(".cases_ops", "build_embedding"),
                  "moe": _lazy(".cases_moe", "build_moe"),
                  "scaled_mm": _lazy(".cases_moe", "build_scaled_mm")})
+
+# the conv2d family (builder in .cases_conv)
+PEERS["F.conv2d bf16"] = "F.conv2d (cuDNN) in bf16 on a dense bf16 weight of the same shape"
+BUILDERS["conv2d"] = _lazy(".cases_conv", "build_conv2d")

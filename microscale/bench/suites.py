@@ -260,3 +260,18 @@ def suite_graph(suite: str, override: Optional[str] = None) -> str:
     """The CUDA-graph mode a run of ``suite`` uses: ``override`` when given, else the
     suite's own (:attr:`Suite.graph`), else 'auto'."""
     return override or SUITES[suite].graph or "auto"
+
+
+# conv2d [batch, C_in, H, W, C_out, k, stride, groups] (.cases_conv): a ViT-B/16 patch embedding (16x16 stride
+# 16, 3 -> 768 at 224x224) and a ConvNeXt-T stage-1 depthwise 7x7 (96 channels at 56x56), batch 1 and 32
+from dataclasses import replace as _replace  # noqa: E402
+
+OPS += ("conv2d",)
+SHAPE_RANK["conv2d"] = 8
+_CONV_SHAPES = ((1, 3, 224, 224, 768, 16, 16, 1), (32, 3, 224, 224, 768, 16, 16, 1),
+                (1, 96, 56, 56, 96, 7, 1, 96), (32, 96, 56, 56, 96, 7, 1, 96))
+SUITES["ops"].cuda["conv2d"] = OpPlan(_OPS_FORMATS, _CONV_SHAPES)
+SUITES["ops"].cpu["conv2d"] = OpPlan(("nvfp4",), ((1, 3, 32, 32, 32, 16, 16, 1), (1, 16, 12, 12, 16, 7, 1, 16)))
+SUITES["ops"] = _replace(SUITES["ops"], description=SUITES["ops"].description + "; conv2d on a ViT patch embedding "
+                        "and a ConvNeXt depthwise 7x7 vs F.conv2d bf16")
+SUITES["default"].cuda["conv2d"] = OpPlan(("nvfp4",), ((32, 3, 224, 224, 768, 16, 16, 1),))

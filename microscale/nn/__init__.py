@@ -6,6 +6,7 @@ Use::
     from microscale.nn import quantize_model
     model = quantize_model(model, "nvfp4", skip=["lm_head"])   # any nn.Module, HF included
     model = quantize_model(model, "mxfp4", method="gptq", calibration=batches, rotate="hadamard")
+    model = quantize_model(model, "nvfp4", fuse=True)   # + RMSNorm folded into q/k/v and gate/up (fuse.py)
     sd = model.state_dict()                                      # plain tensors + format extra state
     msio.save(quantized_state(model), "ckpt", convention="modelopt")   # any convention
     load_quantized_state(fresh_float_model, msio.load("ckpt"))         # Linear -> QuantLinear
@@ -14,6 +15,7 @@ from .experts import QuantExperts
 from .quant_linear import QuantLinear, load_quantized_state, quantize_model, quantized_state
 from .quant_conv import QuantConv2d
 from .quant_embedding import QuantEmbedding
+from .fuse import fuse_projections, unfuse_projections
 
 __all__ = ["QuantLinear", "QuantExperts", "QuantConv2d", "QuantEmbedding", "quantize_model", "quantized_state",
-           "load_quantized_state"]
+           "load_quantized_state", "fuse_projections", "unfuse_projections"]

@@ -117,3 +117,86 @@ def extra_targets(model: nn.Module, fmt: Format, skip: Iterable[str], conv2d: Op
               and (tied_embeddings or not _tied(model, m))):
             out.append((name, QuantEmbedding.from_embedding(m, fmt, **quantize_kwargs)))
     return out
+
+
+# ---- checkpoints: quantized_state / load_quantized_state ------------------------------------
+def _quant_types():
+    from .quant_conv import QuantConv2d
+    from .quant_embedding import QuantEmbedding
+
+    return QuantConv2d, QuantEmbedding
+
+
+def quantized_tensors(model: nn.Module) -> dict[str, QTensor]:
+    """``<module>.weight`` -> the QTensor of each QuantConv2d / QuantEmbedding (a conv weight's
+    meta records its 4-D shape and K order, ``{"conv2d": {...}}``)."""
+    return {(n + "." if n else "") + "weight": m.qweight for n, m in model.named_modules()
+            if isinstance(m, _quant_types())}
+
+
+def slots(model: nn.Module) -> dict[str, str]:
+    """``<module>.weight`` -> module name of each ``nn.Conv2d`` / ``nn.Embedding`` (exactly these
+    classes: a subclass may compute something else) or QuantConv2d / QuantEmbedding a quantized
+    tensor can load into."""
+    return {(n + "." if n else "") + "weight": n for n, m in model.named_modules()
+            if type(m) in (nn.Conv2d, nn.Embedding) or isinstance(m, _quant_types())}
+
+
+def _module_device(m: nn.Module) -> torch.device:
+    return m.weight_data.device if isinstance(m, QuantWeightModule) else m.weight.device
+
+
+def plan_load(model: nn.Module, found: dict[str, tuple[str, QTensor]], rest: dict, strict: bool,
+              op: str = "load_quantized_state") -> list[tuple[str, Callable[[], nn.Module]]]:
+    """Check the quantized conv / embedding weights ``found`` (module name -> (key, QTensor))
+    against the model, take conv biases from ``rest``; returns ``(module name, make)`` pairs whose
+    ``make()`` builds the QuantConv2d / QuantEmbedding (nothing in the model is changed here). A
+    conv's geometry (stride, padding, dilation, groups, padding mode) comes from the model's
+    module, its weight's 4-D shape and K order from the QTensor's meta."""
+    from ..conv import conv_layout
+
+    QuantConv2d, QuantEmbedding = _quant_types()
+    plan = []
+    for name, (key, q) in found.items():
+        m = model.get_submodule(name)
+        dev = _module_device(m)
+        if isinstance(m, (nn.Conv2d, QuantConv2d)):
+            want = (m.out_channels, m.in_channels // m.groups, *m.kernel_size)
+            if "conv2d" not in q.meta:
+                raise ValueError(f"{op}: {key!r} (shape {tuple(q.shape)}) is for the conv {name!r} but its meta has "
+                                 "no conv2d layout (4-D shape and K order); save it from a QuantConv2d "
+                                 "(quantized_state) or quantize it with microscale.conv.quantize_conv_weight")
+            lay = conv_layout(q, op, key)
+            if lay.shape != want:
+                raise ValueError(f"{op}: {key!r} is a conv weight of shape {list(lay.shape)}, the module {name!r} "
+                                 f"expects {list(want)} ([C_out, C_in/groups, kh, kw])")
+            bkey = (name + "." if name else "") + "bias"
+            bias = rest.pop(bkey, None)
+            if bias is not None and (m.bias is None or tuple(bias.shape) != (m.out_channels,)):
+                raise ValueError(f"{op}: bias {bkey!r} of shape {tuple(bias.shape)} does not fit {name!r} "
+                                 f"({'no bias' if m.bias is None else (m.out_channels,)})")
+            if bias is None and m.bias is not None:
+                if strict:
+                    raise ValueError(f"{op}: missing [{bkey!r}] (the bias of quantized {name!r}); the model is "
+                                     "unchanged")
+                bias = m.bias.detach()
+            geo = dict(stride=m.stride, padding=m.padding, dilation=m.dilation, groups=m.groups,
+                       padding_mode=m.padding_mode)
+
+            def make(q=q, bias=bias, geo=geo, dev=dev):
+                dev = q.device if dev.type == "meta" else dev
+                return QuantConv2d.from_qtensor(q.to(dev), None if bias is None else bias.to(dev), **geo)
+        else:
+            want = (m.num_embeddings, m.embedding_dim)
+            if tuple(q.shape) != want:
+                raise ValueError(f"{op}: {key!r} has shape {tuple(q.shape)}, the embedding {name!r} expects "
+                                 f"{want}")
+            if getattr(m, "max_norm", None) is not None:
+                raise ValueError(f"{op}: the embedding {name!r} has max_norm={m.max_norm}, which renormalizes its "
+                                 "table in place; a quantized table cannot")
+
+            def make(q=q, pad=m.padding_idx, dev=dev):
+                dev = q.device if dev.type == "meta" else dev
+                return QuantEmbedding.from_qtensor(q.to(dev), pad)
+        plan.append((name, make))
+    return plan

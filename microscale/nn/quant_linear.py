@@ -183,7 +183,7 @@ _ACCURACY_OPTIONS |= {"static_scales"}
 def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Iterable[str] = (),
                    inplace: bool = True, method: str = "rtn", experts: bool = True,
                    act_format: str | Format | None = None, conv2d=False, embedding=False,
-                   tied_embeddings: bool = False,
+                   tied_embeddings: bool = False, fuse: bool = False,
                    **quantize_kwargs) -> nn.Module:
     """Replace every ``nn.Linear`` in ``model`` by a :class:`QuantLinear` in ``fmt``, and (``experts``)
     every MoE experts module holding 3-D ``gate_up_proj``/``down_proj`` parameters (transformers'
@@ -214,6 +214,9 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
             off by default: a vision stem / patch embedding is often the most sensitive layer.
         embedding: also quantize ``nn.Embedding`` tables (True or a predicate, as ``conv2d``); one
             whose weight another module shares (tied to ``lm_head``) only with ``tied_embeddings``.
+        fuse: then fuse each transformers decoder layer's RMSNorms into its projections
+            (:func:`microscale.nn.fuse.fuse_projections`: norm + q/k/v and norm + gate/up as one
+            ``rmsnorm_linear`` each); off by default.
         **quantize_kwargs: passed to :func:`microscale.quantize` (``scale_rule``,
             ``block_size``, ``convention``, ...).
 
@@ -234,7 +237,8 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
         if experts and moe:
             warnings.warn(f"quantize_model(method={method!r}, ...): the calibrated quantizer covers nn.Linear only; "
                           f"experts left in float: {', '.join(moe)} (quantize them with method='rtn')", stacklevel=2)
-        return calibrated(model, fmt, method=method, skip=skip, inplace=inplace, **quantize_kwargs)
+        out = calibrated(model, fmt, method=method, skip=skip, inplace=inplace, **quantize_kwargs)
+        return _fused(out) if fuse else out
     fmt = get_format(fmt)
     skip = list(skip)
     if not inplace:
@@ -257,19 +261,32 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, q)
     _experts.use_microscale(q for _, q in moe)
-    return model
+    return _fused(model) if fuse else model
+
+
+def _fused(model: nn.Module) -> nn.Module:
+    from .fuse import fuse_projections  # (imports this module)
+
+    return fuse_projections(model)
 
 
 def quantized_state(model: nn.Module) -> dict:
     """The model's tensors for a checkpoint: ``<module>.weight`` is the QTensor of each
     QuantLinear, ``<module>.gate_up_proj`` / ``<module>.down_proj`` those (``[E, out, in]``) of each
-    QuantExperts, everything else as in ``state_dict`` (pass to ``microscale.io.save``)."""
+    QuantExperts, ``<module>.weight`` that of each QuantConv2d / QuantEmbedding (a conv weight's meta
+    holds its 4-D shape and K order), everything else as in ``state_dict`` (pass to
+    ``microscale.io.save``)."""
     out: dict = {}
     qnames = {n for n, m in model.named_modules() if isinstance(m, (QuantLinear, _experts.QuantExperts))}
     for n, m in model.named_modules():
         if isinstance(m, QuantLinear):
             out[(n + "." if n else "") + "weight"] = m.qweight
     out.update(_experts.quantized_tensors(model))
+    from . import _qweight  # QuantConv2d / QuantEmbedding weights
+
+    xq = _qweight.quantized_tensors(model)
+    out.update(xq)
+    qnames |= {k.rpartition(".")[0] for k in xq}
     for k, v in model.state_dict().items():
         mod, _, leaf = k.rpartition(".")
         if mod in qnames and leaf not in ("bias", "gate_up_proj_bias", "down_proj_bias"):
@@ -317,7 +334,9 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
     ``down_proj``, or a QuantExperts) whose ``<name>.gate_up_proj`` and ``<name>.down_proj`` are
     QTensors ``[E, out, in]`` a QuantExperts holding them (a gpt-oss MXFP4 checkpoint's
     ``*_blocks``/``*_scales`` read by ``microscale.io.load`` are such QTensors: the experts are
-    never decoded); the remaining tensors go through ``load_state_dict``. A weight whose meta
+    never decoded), every ``nn.Conv2d`` / ``nn.Embedding`` whose ``<name>.weight`` is a QTensor a
+    QuantConv2d (geometry from the module, 4-D shape and K order from the QTensor's conv2d meta) /
+    QuantEmbedding; the remaining tensors go through ``load_state_dict``. A weight whose meta
     names an ``act_format`` (a W4A4 checkpoint, e.g. ModelOpt NVFP4 with ``input_scale``) makes
     its QuantLinear quantize activations to it.
 
@@ -338,6 +357,11 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
     wkeys = {(n + "." if n else "") + "weight": n for n in linears}
     eslots = _experts.slots(model)
     wkeys.update({k: None for k in eslots})
+    from . import _qweight  # nn.Conv2d / nn.Embedding slots
+
+    xslots = {k: n for k, n in _qweight.slots(model).items() if k not in wkeys}
+    wkeys.update({k: None for k in xslots})
+    xfound: dict = {}  # conv / embedding module name -> (key, QTensor)
     qkeys = [k for k, v in tensors.items() if isinstance(v, QTensor)]
     how = ("add", "")
     if qkeys:
@@ -365,6 +389,9 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
             ename, proj = eslots[mk]
             efound.setdefault(ename, {})[proj] = (k, tensors[k])
             continue
+        if mk in xslots:
+            xfound[xslots[mk]] = (k, tensors[k])
+            continue
         name = wkeys[mk]
         m, q = linears[name], tensors[k]
         if tuple(q.shape) != (m.out_features, m.in_features):
@@ -382,6 +409,7 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
             bias = m.bias.detach()
         plan.append((name, q, bias))
     eplan = _experts.plan_load(model, efound, rest, strict)
+    eplan += _qweight.plan_load(model, xfound, rest, strict)
     replaced = {name for name, _, _ in plan} | {name for name, _ in eplan}
     expected = {}
     for k, t in model.state_dict().items():
@@ -426,7 +454,7 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
             undo.append((parent, child, getattr(parent, child)))
             setattr(parent, child, new)
         model.load_state_dict(rest, strict=False)
-        _experts.use_microscale(new for _, new in enew)
+        _experts.use_microscale(new for _, new in enew if isinstance(new, _experts.QuantExperts))
     except BaseException:
         for parent, child, old in reversed(undo):
             setattr(parent, child, old)
