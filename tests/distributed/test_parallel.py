@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import os
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp

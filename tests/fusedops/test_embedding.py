@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import microscale as ms
-from microscale.embedding import embedding_reference, embedding_triton
+from microscale.embedding import embedding_triton
 from microscale.reference import dequantize as ref_dequantize
 
 FORMATS = sorted(ms.registry.keys())
