@@ -30,6 +30,34 @@ def plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple | 
     return (x.shape, x.dtype, x.device, x.data_ptr() % 16, bk, _kl.current_stream(), tuning.serial())
 
 
+
+def tensor_slots(rec: list, subs: list, match) -> list | None:
+    """Where a recorded call (``rec``: ``(compiled, grid, values)`` per launch) passed the call's own
+    tensors ``subs`` (x, the output, bias): per launch ``[(position, index in subs, value)]``, or
+    None when a tensor at one of their addresses fails ``match(value, tensor)``, a TMA descriptor
+    covers one of them, or x, the output or bias is never passed (shared by plans and the route cache)."""
+    addrs = [t.data_ptr() for t in subs]
+    seen = set()
+    out = []
+    for _, _, vals in rec:
+        found = []
+        for i, v in enumerate(vals):
+            if isinstance(v, torch.Tensor):
+                p = v.data_ptr()
+                for j, ptr in enumerate(addrs):
+                    if p == ptr:
+                        if not match(v, subs[j]):
+                            return None
+                        found.append((i, j, v))
+                        seen.add(j)
+                        break
+            elif hasattr(v, "block_shape") and hasattr(v, "base"):  # a TMA descriptor: kept as recorded
+                if v.base.data_ptr() in addrs:
+                    return None
+        out.append(found)
+    return out if seen == set(range(len(subs))) else None
+
+
 class Plan:
     """The launches of one :func:`linear` call, replayed with a new x, bias and output; bound
     once (:func:`microscale.runtime.launch.bind`: TMA descriptors encoded, tensors as addresses)."""
@@ -49,30 +77,18 @@ class Plan:
         covers x, bias or the output."""
         if not rec or any(r is None for r in rec) or not y.is_contiguous():
             return None
-        subs = [(x.data_ptr(), x), (y.data_ptr(), y)] + ([(bias.data_ptr(), bias)] if bias is not None else [])
-        seen = set()
+        subs = [x, y] + ([bias] if bias is not None else [])
+        per = tensor_slots(rec, subs, lambda v, t: v.dtype.itemsize * v.numel() == t.dtype.itemsize * t.numel())
+        if per is None:
+            return None
         launches = []
-        for compiled, grid, vals in rec:
-            slots = []
-            for i, v in enumerate(vals):
-                if isinstance(v, torch.Tensor):
-                    for j, (ptr, t) in enumerate(subs):
-                        if v.data_ptr() == ptr:
-                            if v.dtype.itemsize * v.numel() != t.dtype.itemsize * t.numel():
-                                return None
-                            slots.append((i, j, None if v.dtype == t.dtype else v.dtype))
-                            seen.add(j)
-                            break
-                elif hasattr(v, "block_shape") and hasattr(v, "base"):  # a TMA descriptor: kept as recorded
-                    if any(v.base.data_ptr() == ptr for ptr, _ in subs):
-                        return None
+        for (compiled, grid, vals), found in zip(rec, per):
+            slots = [(i, j, None if v.dtype == subs[j].dtype else v.dtype) for i, j, v in found]
             # the recorded call's x, bias and output are not kept alive by the plan
             kept = [None if any(i == sl[0] for sl in slots) else v for i, v in enumerate(vals)]
             fn, args, pos, ptrs = _kl.bind(compiled, tuple(grid), kept)  # (descriptors encoded once)
             slots = tuple((pos[i], j, None if ptrs else dt) for i, j, dt in slots)  # (an address needs no view)
             launches.append((fn, args, slots, ptrs, kept))  # (kept: what args address stays alive)
-        if 0 not in seen or 1 not in seen or (bias is not None and 2 not in seen):  # (1: y as launched)
-            return None
         return Plan(launches, y.shape, y.dtype, y.device)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

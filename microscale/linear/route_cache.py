@@ -18,6 +18,7 @@ import torch
 from ..runtime import launch as _kl
 from ..runtime import target
 from . import tuning
+from .plans import tensor_slots
 
 __all__ = ["call_key", "Replay", "ROUTES_PER_WEIGHT"]
 
@@ -68,30 +69,15 @@ class Replay:
         views, tables, descriptors) or the stream's (scratch, workspaces), kept as recorded."""
         if not rec or any(r is None for r in rec):
             return None
-        subs = [(x2.data_ptr(), x2), (y.data_ptr(), y)] + ([(bias.data_ptr(), bias)] if bias is not None else [])
-        seen = set()
-        launches = []
-        for compiled, grid, vals in rec:
-            slots = []
-            for i, v in enumerate(vals):
-                if isinstance(v, torch.Tensor):
-                    p = v.data_ptr()
-                    for j, (ptr, t) in enumerate(subs):
-                        if p == ptr:
-                            if not _same(v, t):
-                                return None
-                            slots.append((i, j))
-                            seen.add(j)
-                            break
-                elif hasattr(v, "block_shape") and hasattr(v, "base"):  # a TMA descriptor
-                    if any(v.base.data_ptr() == ptr for ptr, _ in subs):
-                        return None
-            kept = list(vals)
-            for i, _ in slots:
-                kept[i] = None  # (the recorded call's x, bias and output are not kept alive)
-            launches.append((compiled, tuple(grid), kept, tuple(slots)))
-        if 0 not in seen or 1 not in seen or (bias is not None and 2 not in seen):
+        per = tensor_slots(rec, [x2, y] + ([bias] if bias is not None else []), _same)
+        if per is None:
             return None
+        launches = []
+        for (compiled, grid, vals), found in zip(rec, per):
+            kept = list(vals)
+            for i, _, _ in found:
+                kept[i] = None  # (the recorded call's x, bias and output are not kept alive)
+            launches.append((compiled, tuple(grid), kept, tuple((i, j) for i, j, _ in found)))
         return Replay(tuple(launches), y.shape, y.dtype, y.device)
 
     def __call__(self, x: torch.Tensor, q, bias: torch.Tensor | None) -> torch.Tensor:
