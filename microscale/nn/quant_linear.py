@@ -10,14 +10,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._names import skip_matches
-from ..formats import Format, get_format, packed_len
+from ..formats import Format, get_format
 from ..qtensor import QTensor
 from . import experts as _experts
+from ._qweight import DTYPES as _DTYPES, QuantWeightModule
 
 __all__ = ["QuantLinear", "quantize_model"]
-
-_ROLES = ("data", "scales", "global_scale", "zero_points")
-_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64)}
 
 
 def _kernel_linear():
@@ -36,7 +34,7 @@ _UNSET = object()
 _LINEAR = _UNSET
 
 
-class QuantLinear(nn.Module):
+class QuantLinear(QuantWeightModule):
     """``y = x @ dequant(W)^T + b`` with ``W`` stored as a QTensor ``[out, in]``.
 
     The QTensor's fields are buffers (``weight_data``, ``weight_scales`` and, when the
@@ -63,17 +61,7 @@ class QuantLinear(nn.Module):
         self.act_format = None if act_format is None else get_format(act_format)
         self.weight_dtype = dtype
         self.meta = dict(meta or {})
-        f = self.fmt
-        kp = -(-self.in_features // f.block_size) * f.block_size
-        npad = -(-self.out_features // f.block_rows) * f.block_rows
-        self.register_buffer("weight_data", torch.zeros((npad, packed_len(kp, f.element.bits)), dtype=torch.uint8,
-                                                        device=device))
-        self.register_buffer("weight_scales", torch.zeros((npad // f.block_rows, kp // f.block_size),
-                                                          dtype=f.scale.storage, device=device))
-        self.register_buffer("weight_global_scale", torch.ones((), dtype=torch.float32, device=device)
-                             if f.global_scale else None)
-        self.register_buffer("weight_zero_points", torch.zeros((npad, kp // f.block_size), dtype=torch.uint8,
-                                                               device=device) if f.zero_point else None)
+        self._init_weight(self.out_features, self.in_features, self.fmt, device)
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
         self._q = None
 
@@ -95,27 +83,13 @@ class QuantLinear(nn.Module):
             raise ValueError(f"QuantLinear: weight must be 2-D [out, in], got shape {tuple(q.shape)}")
         m = cls(q.shape[1], q.shape[0], bias is not None, q.fmt, device="meta", dtype=q.dtype, meta=q.meta,
                 act_format=act_format)
-        m.weight_data = q.data
-        m.weight_scales = q.scales
-        m.weight_global_scale = q.global_scale
-        m.weight_zero_points = q.zero_points
         m.bias = None if bias is None else nn.Parameter(bias.clone(), requires_grad=False)
-        m._q = q
+        m._set_weight(q)
         return m
 
     # ---- the weight ------------------------------------------------------------------
-    @property
-    def qweight(self) -> QTensor:
-        """The weight as a QTensor (the same object while the buffers are unchanged, so
-        per-QTensor caches such as linear's kernel repack survive across calls)."""
-        key = (self.weight_data.data_ptr(), self.weight_scales.data_ptr(), self.weight_data.device,
-               None if self.weight_global_scale is None else self.weight_global_scale.data_ptr())
-        if self._q is None or getattr(self, "_qkey", None) != key:
-            self._q = QTensor(self.weight_data, self.weight_scales, self.fmt,
-                              torch.Size((self.out_features, self.in_features)), self.weight_dtype,
-                              self.weight_global_scale, self.weight_zero_points, dict(self.meta))
-            self._qkey = key
-        return self._q
+    def weight_shape(self) -> tuple[int, int]:
+        return (self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.qweight
@@ -151,28 +125,6 @@ class QuantLinear(nn.Module):
         if "act_format" in state:
             self.act_format = None if state["act_format"] is None else Format.from_dict(state["act_format"])
         self._q = None
-
-    def _apply(self, fn, recurse=True):
-        """``.to(device)`` moves the quantized buffers; ``.to(dtype)``/``.half()`` casts only
-        the bias — codes, scales and the global scale keep their storage dtypes."""
-        saved = {}
-        for r in _ROLES:
-            t = getattr(self, "weight_" + r)
-            if t is not None:
-                moved = fn(t)
-                saved[r] = moved if moved.dtype == t.dtype else t.to(moved.device)
-                self._buffers["weight_" + r] = None
-        try:
-            super()._apply(fn, recurse)
-        finally:
-            for r, t in saved.items():
-                self._buffers["weight_" + r] = t
-        self._q = None
-        return self
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        self._q = None
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 #: Options that only the calibrated quantizer (microscale.accuracy.quantize_model) takes.
