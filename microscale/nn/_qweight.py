@@ -170,16 +170,7 @@ def plan_load(model: nn.Module, found: dict[str, tuple[str, QTensor]], rest: dic
             if lay.shape != want:
                 raise ValueError(f"{op}: {key!r} is a conv weight of shape {list(lay.shape)}, the module {name!r} "
                                  f"expects {list(want)} ([C_out, C_in/groups, kh, kw])")
-            bkey = (name + "." if name else "") + "bias"
-            bias = rest.pop(bkey, None)
-            if bias is not None and (m.bias is None or tuple(bias.shape) != (m.out_channels,)):
-                raise ValueError(f"{op}: bias {bkey!r} of shape {tuple(bias.shape)} does not fit {name!r} "
-                                 f"({'no bias' if m.bias is None else (m.out_channels,)})")
-            if bias is None and m.bias is not None:
-                if strict:
-                    raise ValueError(f"{op}: missing [{bkey!r}] (the bias of quantized {name!r}); the model is "
-                                     "unchanged")
-                bias = m.bias.detach()
+            bias = take_bias(rest, name, m, m.out_channels, strict, op)
             geo = dict(stride=m.stride, padding=m.padding, dilation=m.dilation, groups=m.groups,
                        padding_mode=m.padding_mode)
 
@@ -200,3 +191,18 @@ def plan_load(model: nn.Module, found: dict[str, tuple[str, QTensor]], rest: dic
                 return QuantEmbedding.from_qtensor(q.to(dev), pad)
         plan.append((name, make))
     return plan
+
+
+def take_bias(rest: dict, name: str, m: nn.Module, n_out: int, strict: bool, op: str) -> torch.Tensor | None:
+    """The bias of module ``name`` for a quantized replacement: popped from ``rest`` (checked against
+    ``m`` and its ``n_out`` outputs), else ``m``'s own when not ``strict``; a missing one is an error."""
+    bkey = (name + "." if name else "") + "bias"
+    bias = rest.pop(bkey, None)
+    if bias is not None and (m.bias is None or tuple(bias.shape) != (n_out,)):
+        raise ValueError(f"{op}: bias {bkey!r} of shape {tuple(bias.shape)} does not fit {name!r} "
+                         f"({'no bias' if m.bias is None else (n_out,)})")
+    if bias is None and m.bias is not None:
+        if strict:
+            raise ValueError(f"{op}: missing [{bkey!r}] (the bias of quantized {name!r}); the model is unchanged")
+        bias = m.bias.detach()
+    return bias

@@ -349,16 +349,7 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
         if tuple(q.shape) != (m.out_features, m.in_features):
             raise ValueError(f"load_quantized_state: {k!r} has shape {tuple(q.shape)}, the module {name!r} expects "
                              f"{(m.out_features, m.in_features)}")
-        bkey = (name + "." if name else "") + "bias"
-        bias = rest.pop(bkey, None)
-        if bias is not None and (m.bias is None or tuple(bias.shape) != (m.out_features,)):
-            raise ValueError(f"load_quantized_state: bias {bkey!r} of shape {tuple(bias.shape)} does not fit {name!r} "
-                             f"({'no bias' if m.bias is None else (m.out_features,)})")
-        if bias is None and m.bias is not None:
-            if strict:
-                raise ValueError(f"load_quantized_state: missing [{bkey!r}] (the bias of quantized {name!r}); the "
-                                 "model is unchanged")
-            bias = m.bias.detach()
+        bias = _qweight.take_bias(rest, name, m, m.out_features, strict, "load_quantized_state")
         plan.append((name, q, bias))
     eplan = _experts.plan_load(model, efound, rest, strict)
     eplan += _qweight.plan_load(model, xfound, rest, strict)
