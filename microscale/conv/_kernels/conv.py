@@ -24,6 +24,14 @@ from ...linear._kernels._linear_kernels import _decode_elem, _decode_scale, _mma
 
 
 @triton.jit
+def _pixels(pid_m, M, OH, OW, BLOCK_M: tl.constexpr):
+    """The output pixels of row tile ``pid_m`` (image-major, then row, then column): in-range mask, image, row, column."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    t = offs_m // OW
+    return offs_m < M, t // OH, t % OH, offs_m % OW
+
+
+@triton.jit
 def _load_codes(data_ptr, row_off, k, mask, BITS: tl.constexpr):
     """Codes at K positions ``k`` of the rows starting at byte offsets ``row_off`` (broadcast
     together): each row is a little-endian bitstream, code ``k`` at bits ``[k*BITS, k*BITS + BITS)``
@@ -71,12 +79,7 @@ def _conv2d_igemm_kernel(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     g = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = offs_m < M
-    ow = offs_m % OW
-    t = offs_m // OW
-    oh = t % OH
-    img = t // OH
+    m_ok, img, oh, ow = _pixels(pid_m, M, OH, OW, BLOCK_M)
     ih0 = oh * SH - PH
     iw0 = ow * SW - PW
     xbase = img.to(tl.int64) * sxn + (g * CG).to(tl.int64) * sxc
@@ -157,12 +160,7 @@ def _conv2d_depthwise_kernel(
     [BLOCK_M pixels, BLOCK_C channels] tile (one input channel per group; MULT outputs each)."""
     pid_m = tl.program_id(0)
     pid_c = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = offs_m < M
-    ow = offs_m % OW
-    t = offs_m // OW
-    oh = t % OH
-    img = t // OH
+    m_ok, img, oh, ow = _pixels(pid_m, M, OH, OW, BLOCK_M)
     ih0 = oh * SH - PH
     iw0 = ow * SW - PW
     xbase = img.to(tl.int64) * sxn
