@@ -2,7 +2,8 @@
 the CPU under Triton's interpreter). Every case: the op on CUDA tensors vs the float64 / CPU
 reference of the same inputs, ragged shapes, every registry format the family takes.
 
-    python benchmarks/run_gpu_families.py [--only moe,scaled,attention,fused,hadamard]
+    python benchmarks/run_gpu_families.py [--only moe,scaled,attention,fused,hadamard,conv]
+                                                         [--formats 'mx*,nvfp4']
     python benchmarks/run_gpu_families.py --device cpu   # the script's own dry run: CPU tensors take
                                                          # the reference paths
 
@@ -11,6 +12,7 @@ One line per case (family, case, error, tolerance, ok); exit status 1 when any c
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import sys
 import time
 import traceback
@@ -21,6 +23,7 @@ import microscale as ms
 from microscale.formats import registry
 
 DEV = torch.device("cuda")
+PATTERNS = ["*"]  # --formats: which registry formats the per-format families sweep
 ROWS: list[tuple[str, str, str, bool]] = []
 
 
@@ -44,6 +47,11 @@ def case(family: str, name: str, tol: float, fn) -> None:
     print(f"{'ok  ' if ok else 'FAIL'} {family:10s} {name:60s} {msg}", flush=True)
 
 
+def formats() -> list[str]:
+    """The registry formats matching ``--formats`` (glob patterns), in registry order."""
+    return [n for n in registry if any(fnmatch.fnmatchcase(n, p) for p in PATTERNS)]
+
+
 def offsets_of(counts: list[int]) -> torch.Tensor:
     o = torch.zeros(len(counts) + 1, dtype=torch.int32)
     o[1:] = torch.cumsum(torch.tensor(counts), 0)
@@ -54,7 +62,7 @@ def moe(gen: torch.Generator) -> None:
     from microscale.moe import grouped_linear_reference, moe_experts_reference
 
     e, n, k = 5, 384, 512
-    for name in registry:
+    for name in formats():
         for counts in ([3, 0, 9, 1, 0], [1, 0, 0, 0, 0], [70, 300, 0, 5, 133]):
             def run(name=name, counts=counts):
                 q = ms.quantize(torch.randn(e, n, k, generator=gen), name)
@@ -153,7 +161,7 @@ def fused(gen: torch.Generator) -> None:
     from microscale.embedding import embedding_reference
     from microscale.linear.norm_linear import rmsnorm_linear_reference
 
-    for name in registry:
+    for name in formats():
         def run_norm(name=name, m=1, gated=False):
             k = 1024
             x = torch.randn(m, k, generator=gen).bfloat16()
@@ -196,15 +204,37 @@ def hadamard(gen: torch.Generator) -> None:
             case("hadamard", f"block_hadamard block={block} {dtype}", 1e-6 if dtype == torch.float32 else 1e-2, run)
 
 
-FAMILIES = {"moe": moe, "scaled": scaled, "attention": attention, "fused": fused, "hadamard": hadamard}
+def conv(gen: torch.Generator) -> None:
+    from microscale.conv import conv2d_reference, quantize_conv_weight
+
+    # (N, C_in, H, W, C_out, k, stride, padding, dilation, groups): implicit GEMM, strided, dilated,
+    # grouped, depthwise, 1x1
+    shapes = ((2, 64, 17, 23, 96, 3, 1, 1, 1, 1), (1, 96, 32, 32, 64, 3, 2, 1, 1, 1),
+              (1, 64, 20, 20, 64, 3, 1, 2, 2, 1), (2, 64, 15, 15, 128, 3, 1, 1, 1, 4),
+              (2, 128, 28, 28, 128, 3, 1, 1, 1, 128), (1, 256, 14, 14, 512, 1, 1, 0, 1, 1))
+    for name in formats():
+        for n, ci, h, w_, co, k, st, pd, dl, g in shapes:
+            def run(name=name, n=n, ci=ci, h=h, w_=w_, co=co, k=k, st=st, pd=pd, dl=dl, g=g):
+                x = torch.randn(n, ci, h, w_, generator=gen).bfloat16()
+                q = quantize_conv_weight(torch.randn(co, ci // g, k, k, generator=gen), name)
+                b = torch.randn(co, generator=gen)
+                got = ms.conv2d(x.to(DEV), q.to(DEV), b.to(DEV), st, pd, dl, g)
+                return rel(got, conv2d_reference(x.double(), q, b.double(), st, pd, dl, g))
+            case("conv", f"conv2d {name} x{n}x{ci}x{h}x{w_} co={co} k={k} s={st} p={pd} d={dl} g={g}", 1e-2, run)
+
+
+FAMILIES = {"moe": moe, "scaled": scaled, "attention": attention, "fused": fused, "hadamard": hadamard,
+            "conv": conv}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join(FAMILIES), help="comma-separated families")
     ap.add_argument("--device", default="cuda", help="cuda (default), or cpu for a dry run of the script")
+    ap.add_argument("--formats", default="*", help="comma-separated glob patterns of registry formats (default: all)")
     a = ap.parse_args()
     global DEV
+    PATTERNS[:] = a.formats.split(",")
     DEV = torch.device(a.device)
     if DEV.type == "cuda" and not torch.cuda.is_available():
         print("needs a CUDA GPU (or --device cpu for a dry run)")

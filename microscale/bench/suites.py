@@ -180,9 +180,12 @@ def parse_shape(text: str) -> tuple[int, ...]:
         dims = tuple(int(p) for p in text.lower().split("x"))
     except ValueError:
         dims = ()
-    if not dims or any(d <= 0 for d in dims):
+    # a kv_decode shape's last dim is its sliding window, where 0 means none
+    sizes = dims[:-1] if len(dims) == SHAPE_RANK["kv_decode"] else dims
+    if not dims or any(d <= 0 for d in sizes) or dims[-1] < 0:
         raise ValueError(f"shape={text!r} is not a shape; expected positive integers joined by 'x', "
-                         "e.g. 8192x8192 (quantize) or 1x28672x8192 (linear M x N x K)")
+                         "e.g. 8192x8192 (quantize) or 1x28672x8192 (linear M x N x K); a kv_decode "
+                         "shape ends in its window, 0 for none")
     return dims
 
 
@@ -207,7 +210,8 @@ def select_cases(suite: str = "default", *, ops: Optional[Iterable[str] | str] =
         formats: format names or glob patterns (``'mx*'``) matched against every known
             format; replaces the suite's formats. ``None`` keeps the suite's.
         shapes: shapes (``'8192x8192'`` or tuples) replacing the suite's shapes for the
-            ops whose shape rank they match (2: quantize/dequantize, 3: linear).
+            ops whose shape rank they match (:data:`SHAPE_RANK`: 2 quantize/dequantize, 3 linear,
+            ...); a shape that fits no selected op is an error.
         cpu: use the suite's CPU table.
         universe: the known format names (default: :func:`known_formats`).
     """
@@ -238,9 +242,14 @@ def select_cases(suite: str = "default", *, ops: Optional[Iterable[str] | str] =
                 shape_list += [parse_shape(p) for p in s.split(",") if p.strip()]
             else:
                 shape_list.append(tuple(int(d) for d in s))
-        bad_rank = [s for s in shape_list if len(s) not in SHAPE_RANK.values()]
-        if bad_rank:
-            raise ValueError(f"shapes={bad_rank} have neither 2 dims (rows x cols) nor 3 (M x N x K)")
+        ranks: dict[int, list[str]] = {}
+        for op in OPS:
+            if op in plan and (op_list is None or op in op_list):
+                ranks.setdefault(SHAPE_RANK[op], []).append(op)
+        bad_rank = ["x".join(map(str, s)) for s in shape_list if len(s) not in ranks]
+        if bad_rank:  # a shape no selected op takes would be dropped silently
+            have = ", ".join(f"{r} dims ({'/'.join(o)})" for r, o in sorted(ranks.items()))
+            raise ValueError(f"shapes={bad_rank} fit no op of suite {suite!r}: its ops take {have}")
     specs: list[CaseSpec] = []
     for op in OPS:
         if op not in plan or (op_list is not None and op not in op_list):
