@@ -144,6 +144,19 @@ def test_selection_by_op_format_and_shape():
     assert cpu and all(s.shape == (4096, 4096) for s in cpu)
 
 
+def test_kv_shapes_take_a_zero_window_and_unfit_shapes_are_refused():
+    specs = suites.select_cases("kv", formats="nvfp4", shapes="8x32768x64x8x128x0", universe=UNIVERSE)
+    assert [s.id for s in specs] == ["kv_decode/nvfp4/8x32768x64x8x128x0"]
+    with pytest.raises(ValueError, match="not a shape"):
+        suites.parse_shape("8x0x64x8x128x0")  # only the window may be 0
+    with pytest.raises(ValueError, match="not a shape"):
+        suites.parse_shape("0x128")
+    # a shape that fits no op of the suite is an error, not a filter that silently drops out
+    with pytest.raises(ValueError, match=r"fit no op of suite 'kv'.*6 dims \(kv_decode\)"):
+        suites.select_cases("kv", shapes="1x32768x64x8x128", universe=UNIVERSE)
+    with pytest.raises(ValueError, match="fit no op"):
+        suites.select_cases("default", ops="linear", shapes="64x128", universe=UNIVERSE)
+
 def test_matrix_suite_shapes():
     specs = suites.select_cases("matrix", universe=UNIVERSE + ("mxint8",))
     nk = {(8192, 8192), (28672, 8192), (8192, 28672)}
