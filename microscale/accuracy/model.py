@@ -48,17 +48,38 @@ def run_calibration(model: nn.Module, calibration) -> None:
                 model(b)
 
 
+def _padding_mask(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """A call's 2-D ``attention_mask`` [batch, seq] (integer or bool, 0 at padding): a keyword,
+    or a key of a dict passed first (sentence-transformers' features); None otherwise."""
+    m = kwargs.get("attention_mask")
+    if m is None and args and isinstance(args[0], dict):
+        m = args[0].get("attention_mask")
+    if isinstance(m, torch.Tensor) and m.dim() == 2 and not m.is_floating_point():
+        return m
+    return None
+
+
 def _hessians(model: nn.Module, rots: dict[str, int | None], calibration) -> dict[str, torch.Tensor]:
     """``2/n X^T X`` (float64) of each named Linear's input (rotated by ``rots[name]``
-    where not None) over the calibration run."""
+    where not None) over the calibration run. Where a call carries a 2-D ``attention_mask``,
+    token rows at padding positions are left out (inputs [batch, seq, K] of that call)."""
     acc: dict[str, list] = {n: [None, 0] for n in rots}
+    mask: list[torch.Tensor | None] = [None]  # the latest 2-D padding mask seen in the calibration run
     hooks = []
+
+    def see_mask(_mod, args, kwargs):
+        m = _padding_mask(args, kwargs)
+        if m is not None:
+            mask[0] = m
 
     def hook(name):
         rot = rots[name]
 
         def f(_mod, args):
             x = args[0].detach()
+            m = mask[0]
+            if m is not None and x.dim() == 3 and tuple(x.shape[:2]) == tuple(m.shape):
+                x = x[m.to(x.device) != 0]  # padding rows are no samples of the layer's input
             if rot:
                 x = block_hadamard(x, rot)
             x2 = x.reshape(-1, x.shape[-1]).to(torch.float64)
@@ -67,6 +88,10 @@ def _hessians(model: nn.Module, rots: dict[str, int | None], calibration) -> dic
             a[1] += x2.shape[0]
         return f
 
+    targets = {model.get_submodule(n) for n in rots}
+    for mod in model.modules():  # the mask arrives at whichever module the caller calls
+        if mod not in targets:
+            hooks.append(mod.register_forward_pre_hook(see_mask, with_kwargs=True))
     for n in rots:
         hooks.append(model.get_submodule(n).register_forward_pre_hook(hook(n)))
     try:

@@ -54,6 +54,37 @@ def test_gptq_on_a_tiny_bert_beats_rtn(fmt, rotate):
     assert _rel_err(gptq, ref) < 0.75 * _rel_err(rtn, ref), (_rel_err(gptq, ref), _rel_err(rtn, ref))
 
 
+def test_calibration_hessians_leave_out_padding():
+    from microscale.accuracy.model import _hessians
+
+    model = _bert()
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randint(1, 50, (16,), generator=g), torch.randint(1, 50, (9,), generator=g)
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    mask = torch.zeros(2, 16, dtype=torch.long)
+    ids[0], mask[0] = a, 1
+    ids[1, :9], mask[1, :9] = b, 1
+    rots = {n: None for n, m in model.named_modules() if isinstance(m, nn.Linear) and "pooler" not in n}
+    padded = _hessians(model, rots, [{"input_ids": ids, "attention_mask": mask}])
+    alone = _hessians(model, rots, [{"input_ids": a[None]}, {"input_ids": b[None]}])
+    keyword = _hessians(model, rots, lambda m: m(ids, attention_mask=mask))
+
+    class Features(nn.Module):  # sentence-transformers' style: one dict of features
+        def __init__(self, bert):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, features):
+            return self.bert(**features)
+
+    feats = _hessians(Features(model), {f"bert.{n}": None for n in rots},
+                      [({"input_ids": ids, "attention_mask": mask},)])
+    for n in rots:  # the same 25 token rows each way: padding rows left out
+        assert torch.allclose(padded[n], alone[n], rtol=1e-4, atol=1e-6), n
+        assert torch.allclose(keyword[n], alone[n], rtol=1e-4, atol=1e-6), n
+        assert torch.allclose(feats[f"bert.{n}"], alone[n], rtol=1e-4, atol=1e-6), n
+
+
 def test_nn_quantize_model_delegates(gen):
     """microscale.nn.quantize_model with method / calibration / rotate / GPTQ options is the
     calibrated quantizer; without them it is the plain one (the same weights as method='rtn')."""
