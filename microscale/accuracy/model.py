@@ -14,7 +14,7 @@ inputs (no layer-by-layer propagation of the quantized model's activations).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
@@ -50,9 +50,9 @@ def run_calibration(model: nn.Module, calibration) -> None:
 
 def _padding_mask(args: tuple, kwargs: dict) -> torch.Tensor | None:
     """A call's 2-D ``attention_mask`` [batch, seq] (integer or bool, 0 at padding): a keyword,
-    or a key of a dict passed first (sentence-transformers' features); None otherwise."""
+    or a key of a mapping passed first (sentence-transformers' features); None otherwise."""
     m = kwargs.get("attention_mask")
-    if m is None and args and isinstance(args[0], dict):
+    if m is None and args and isinstance(args[0], Mapping):  # transformers' BatchEncoding is no dict
         m = args[0].get("attention_mask")
     if isinstance(m, torch.Tensor) and m.dim() == 2 and not m.is_floating_point():
         return m

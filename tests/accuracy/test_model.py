@@ -69,7 +69,7 @@ def test_calibration_hessians_leave_out_padding():
     alone = _hessians(model, rots, [{"input_ids": a[None]}, {"input_ids": b[None]}])
     keyword = _hessians(model, rots, lambda m: m(ids, attention_mask=mask))
 
-    class Features(nn.Module):  # sentence-transformers' style: one dict of features
+    class Features(nn.Module):  # sentence-transformers' style: one BatchEncoding of features
         def __init__(self, bert):
             super().__init__()
             self.bert = bert
@@ -78,7 +78,7 @@ def test_calibration_hessians_leave_out_padding():
             return self.bert(**features)
 
     feats = _hessians(Features(model), {f"bert.{n}": None for n in rots},
-                      [({"input_ids": ids, "attention_mask": mask},)])
+                      [(transformers.BatchEncoding({"input_ids": ids, "attention_mask": mask}),)])
     for n in rots:  # the same 25 token rows each way: padding rows left out
         assert torch.allclose(padded[n], alone[n], rtol=1e-4, atol=1e-6), n
         assert torch.allclose(keyword[n], alone[n], rtol=1e-4, atol=1e-6), n
