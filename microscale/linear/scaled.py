@@ -97,10 +97,14 @@ def _scaled_mm_op(a_codes: torch.Tensor, a_scales: torch.Tensor, a_gs: torch.Ten
                   bias: torch.Tensor | None, out_dtype: str) -> torch.Tensor:
     dt = getattr(torch, out_dtype)
     if _kernel_device(a_codes):
-        from .backends.scaled_exact import scaled_exact_launch
+        from .backends import scaled_exact as be
 
-        return scaled_exact_launch(ScaledOperand(a_codes, a_scales, a_zp, a_gs, a_meta),
-                                   ScaledOperand(b_codes, b_scales, b_zp, b_gs, b_meta), bias, dt)
+        oa = ScaledOperand(a_codes, a_scales, a_zp, a_gs, a_meta)
+        ob = ScaledOperand(b_codes, b_scales, b_zp, b_gs, b_meta)
+        fa, (m, _), _, _ = parse_meta(a_meta)
+        if m >= be.DEQUANT_GEMM_M and be.bf16_exact(fa) and be.bf16_exact(parse_meta(b_meta)[0]):
+            return be.dequant_gemm_launch(oa, ob, bias, dt)
+        return be.scaled_exact_launch(oa, ob, bias, dt)
     return scaled_mm_reference(_rebuild(a_codes, a_scales, a_gs, a_zp, a_meta),
                                _rebuild(b_codes, b_scales, b_gs, b_zp, b_meta), bias, dt)
 

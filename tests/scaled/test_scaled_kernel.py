@@ -8,7 +8,9 @@ import pytest
 import torch
 
 import microscale as ms
-from microscale.linear.backends.scaled_exact import ScaledConfig, fp8_kind, scaled_exact_run
+from microscale.linear.backends.scaled_exact import (ScaledConfig, bf16_exact, choose_scaled_config, dequant_gemm_launch,
+                                                     fp8_kind, scaled_exact_run)
+from microscale.linear.scaled import prepare_operand
 from microscale.linear.scaled import scaled_mm
 from microscale.reference_scaled import scaled_mm_reference
 
@@ -46,6 +48,35 @@ def test_kernel_equals_oracle(fa: str, fb: str) -> None:
         out = torch.full((m, n), float("nan"), dtype=torch.float32)  # poisoned: every element must be written
         scaled_exact_run(a, b, bias, torch.float32, cfg, out)
         assert _rel(out, ref) <= 1e-5, cfg
+
+
+@needs_interp
+@pytest.mark.parametrize("fa,fb", [("nvfp4", "nvfp4"), ("mxfp8_e4m3", "mxfp4"), ("mxfp4", "mxfp6_e2m3"),
+                                   ("mxint8", "mxint8"), ("mxfp8_e5m2", "nvfp4")])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_dequant_gemm_route_equals_oracle(fa: str, fb: str, out_dtype: torch.dtype) -> None:
+    """The many-token route (dequantize both to bf16, one GEMM): K not a multiple of either block,
+    global scales of both operands, bias."""
+    gen = torch.Generator().manual_seed(4)
+    a, b = _q(fa, 37, 200, gen, 30.0), _q(fb, 45, 200, gen, 0.02)
+    for bias in (None, torch.randn(45, generator=gen).to(out_dtype)):
+        out = dequant_gemm_launch(prepare_operand(a), prepare_operand(b), bias, out_dtype)
+        ref = scaled_mm_reference(a, b, bias, out_dtype)
+        assert out.dtype == out_dtype and out.shape == (37, 45)
+        assert _rel(out, ref) <= (1e-5 if out_dtype == torch.float32 else 4e-3)
+
+
+def test_bf16_exact_formats() -> None:
+    f = ms.get_format
+    assert all(bf16_exact(f(n)) for n in ("nvfp4", "mxfp4", "mxfp6_e3m2", "mxfp8_e4m3", "mxfp8_e5m2", "mxint8"))
+    # float32 / float16 scales, zero points: element x scale needs more than bf16's 8 significant bits
+    assert not any(bf16_exact(f(n)) for n in ("fp8_e4m3_block128", "int8_fp32", "int4_fp16", "int4_affine_g128"))
+
+
+def test_decode_tiles_take_wide_chunks() -> None:
+    f = ms.get_format
+    assert choose_scaled_config(1, 4096, f("mxfp8_e4m3"), f("mxfp4")).block_m == 16
+    assert choose_scaled_config(1, 4096, f("nvfp4"), f("nvfp4")).block_m == 64  # 16 x 16 chunks: wrong on sm_90
 
 
 def test_fp8_operands_where_exact() -> None:
