@@ -87,6 +87,8 @@ def choose_scaled_config(m: int, n: int, fa: Format | None = None, fb: Format | 
 #: From this many rows of ``a`` on, operands exact in bf16 (:func:`bf16_exact`) are dequantized and
 #: multiplied by cuBLAS: on an H100 at 4096 x 28672 x 8192 the tile kernel took 31-56 ms, cuBLAS 2.8.
 DEQUANT_GEMM_M = 256
+# bf16 x bf16 -> float32 GEMMs through torch.mm (torch >= 2.8)
+_MM_OUT_DTYPE = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,10 +130,12 @@ def dequant_gemm_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor
     if g is None and out_dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16):
         # cuBLAS adds the bias to the float32 sums and rounds once
         return torch.mm(a, b.T) if bias is None else torch.addmm(bias, a, b.T)
-    if a.is_cuda:
-        acc = torch.mm(a, b.T, out_dtype=torch.float32)
-    else:  # (CPU, under the interpreter: products of bf16 values are exact in float32 too)
+    if not a.is_cuda:  # (CPU, under the interpreter: products of bf16 values are exact in float32 too)
         acc = a.float() @ b.float().T
+    elif _MM_OUT_DTYPE:
+        acc = torch.mm(a, b.T, out_dtype=torch.float32)
+    else:  # torch < 2.8 has no float32 output for bf16 GEMMs: the tile kernel, exact too
+        return scaled_exact_launch(oa, ob, bias, out_dtype)
     if g is not None:
         acc.mul_(g)
     if bias is not None:
