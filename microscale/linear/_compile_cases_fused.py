@@ -1,13 +1,14 @@
-"""Launches of the RMSNorm prologue of the split-K kernel (``rmsnorm_linear``) and of the joined
-weights of ``linear_batched`` on the fused route, for the sm_90 compile check: every registry
-format, bf16 / fp16 activations, norm and gated norm, decode and prefill token counts."""
+"""Launches of ``rmsnorm_linear``'s norm kernel for the sm_90 compile check: bf16 / fp16 activations,
+norm and gated norm, decode and prefill token counts (the projections after it are the linear op's
+own launches, which its compile cases cover)."""
 from __future__ import annotations
 
 import torch
 
 
 def launches(mode: str = "full") -> None:
-    """Each registry format (``mode`` "smoke": NVFP4), norm and gated norm, 1 and 200 tokens."""
+    """Norm and gated norm, 1 and 200 tokens, over each registry format's weights (``mode`` "smoke":
+    NVFP4)."""
     from .. import formats, reference
     from ..runtime import target
     from .norm_linear import _fused_run

@@ -221,15 +221,8 @@ def _linear_splitk_kernel(
     HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
     PAIR: tl.constexpr, INTERP: tl.constexpr, ITERS: tl.constexpr, SB: tl.constexpr, EVEN_K: tl.constexpr,
-    nw_ptr=None, gate_ptr=None, stride_gm=None, NORM: tl.constexpr = 0, EPS: tl.constexpr = 1e-6,
-    NORM_ITERS: tl.constexpr = 0,
 ):
     """out^T tile [BLOCK_N, BLOCK_M] over a K range; see the module docstring for the layout.
-
-    ``NORM`` (a prologue; 0: none): 1 ``x -> rmsnorm(x) * nw``, 2 also ``* silu(gate)``. Each
-    program sums the squares of its tokens' whole rows itself; the per-element factors are applied
-    as x is loaded and the per-token ``rsqrt(mean(x^2) + EPS)`` to the partial sums, so the
-    normalized activations never go to memory.
 
     Per step: BLOCK_KW words per row = BLOCK_KW/8 layout tiles. For each slot pair j, the
     decoded (slot j, slot j + S/2) values of every word, interleaved, are the K-contiguous
@@ -258,8 +251,6 @@ def _linear_splitk_kernel(
     xq = (tl.arange(0, NT) * TK)[:, None] + tl.arange(0, 16)[None, :]
     offs_t = tl.arange(0, NT)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    if NORM > 0:
-        rstd = _row_rstd(x_ptr, offs_m, m_ok, stride_xm, K, EPS, BLOCK_M, NORM_ITERS)
     for it in range(ITERS):  # constant trip count (host: cdiv(chunk, BLOCK_KW))
         kw0 = kw_start + it * BLOCK_KW
         step_ok = kw0 < kw_end  # steps are whole: KW and chunk are multiples of BLOCK_KW
@@ -288,13 +279,9 @@ def _linear_splitk_kernel(
             else:
                 xmask = m_ok[:, None, None] & step_ok & (xk < K)[None, :, :]
             xt = tl.load(x_ptr + offs_m[:, None, None] * stride_xm + xk[None, :, :], mask=xmask, other=0.0)
-            if NORM > 0:
-                xt = _norm_prologue(xt, nw_ptr, gate_ptr, offs_m, stride_gm, xk, xmask, K, NORM)
             xt = tl.trans(tl.reshape(xt, [BLOCK_M, 2 * BLOCK_KW]))
             acc = _mma(a, xt, acc, INTERP)
 
-    if NORM > 0:
-        acc = acc * rstd[None, :]  # (linear: each split's partial may be scaled before the sum)
     out_mask = n_ok[:, None] & m_ok[None, :]
     if SPLIT_K > 1:  # each split's partial in its own workspace slot, one [BLOCK_N, BLOCK_M] tile each
         tiles = tl.num_programs(0) * tl.num_programs(2)
@@ -304,31 +291,6 @@ def _linear_splitk_kernel(
                                pid_k, out_mask, cnt_ptr + tile, SPLIT_K)
         out_mask = out_mask & last
     _epilogue(acc, offs_n, offs_m, n_ok, out_mask, gs_ptr, b_ptr, out_ptr, stride_om, HAS_GS, HAS_BIAS)
-
-
-@triton.jit
-def _row_rstd(x_ptr, offs_m, m_ok, stride_xm, K, EPS: tl.constexpr, BLOCK_M: tl.constexpr, ITERS: tl.constexpr):
-    """``rsqrt(mean(x[m, :K]^2) + EPS)`` in float32 for the tile's tokens [BLOCK_M] (ITERS = cdiv(K, 256))."""
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    ko = tl.arange(0, 256)
-    for it in range(ITERS):
-        kk = it * 256 + ko
-        v = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :],
-                    other=0.0).to(tl.float32)
-        ss += tl.sum(v * v, axis=1)
-    return 1.0 / tl.sqrt(ss / K + EPS)
-
-
-@triton.jit
-def _norm_prologue(xt, nw_ptr, gate_ptr, offs_m, stride_gm, xk, xmask, K, NORM: tl.constexpr):
-    """x chunk [BLOCK_M, NT, 16] -> ``x * nw [* silu(gate)]`` in x's dtype (float32 math)."""
-    kin = xk < K
-    v = xt.to(tl.float32) * tl.load(nw_ptr + xk, mask=kin, other=0.0).to(tl.float32)[None, :, :]
-    if NORM == 2:
-        gt = tl.load(gate_ptr + offs_m[:, None, None] * stride_gm + xk[None, :, :], mask=xmask,
-                     other=0.0).to(tl.float32)
-        v = v * (gt / (1.0 + tl.exp(-gt)))
-    return v.to(xt.dtype)
 
 
 @triton.jit

@@ -53,10 +53,8 @@ def choose_config(m: int, pw: PackedLinearWeight, x_dtype: torch.dtype, device: 
 
 
 def splitk_run(x2: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | None,
-            config: LinearConfig | None = None, out: torch.Tensor | None = None,
-            norm: tuple | None = None) -> torch.Tensor:
-    """Run the kernel on 2-D x ``[M, K]`` (contiguous last dim). ``out`` may be passed (tests poison it).
-    ``norm``: ``(norm_weight [K], gate [M, K] or None, eps)`` runs the RMSNorm prologue (see the kernel)."""
+            config: LinearConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Run the kernel on 2-D x ``[M, K]`` (contiguous last dim). ``out`` may be passed (tests poison it)."""
     from .._kernels import _linear_kernels as kern
 
     m, k = x2.shape
@@ -88,13 +86,5 @@ def splitk_run(x2: torch.Tensor, pw: PackedLinearWeight, bias: torch.Tensor | No
         pw.codes.stride(0), pw.scales.stride(0), stride_z, **ce, HAS_BIAS=bias is not None,
         BLOCK_N=c.block_n, BLOCK_M=c.block_m, BLOCK_KW=c.block_kw, SPLIT_K=c.split_k, PAIR=c.pair,
         INTERP=target.interpreting(), ITERS=cdiv(cdiv(kw, c.split_k), c.block_kw),
-        EVEN_K=k == kw * s, num_warps=c.num_warps, num_stages=c.num_stages,
-        **({} if norm is None else _norm_args(norm, k)))
+        EVEN_K=k == kw * s, num_warps=c.num_warps, num_stages=c.num_stages)
     return out
-
-
-def _norm_args(norm: tuple, k: int) -> dict:
-    """The kernel's RMSNorm prologue arguments (absent on the plain path: its launch is unchanged)."""
-    nw, gate, eps = norm
-    return dict(nw_ptr=nw, gate_ptr=gate, stride_gm=None if gate is None else gate.stride(0),
-                NORM=1 if gate is None else 2, EPS=float(eps), NORM_ITERS=cdiv(k, 256))
