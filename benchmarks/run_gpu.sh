@@ -13,8 +13,9 @@
 #                 results.csv, roofline.png, RESULTS.md)
 #   matrix        python -m microscale.bench --suite matrix: NVFP4 / MXFP4 at 1-4096 tokens on
 #                 8192x8192, 28672x8192 and 8192x28672, 8-bit formats at one token (OUT/matrix/)
-#   families      benchmarks/run_gpu_families.py: the MoE, scaled_mm, attention, fused-op and
+#   families      benchmarks/run_gpu_families.py: the MoE, scaled_mm, attention, fused-op, conv2d and
 #                 Hadamard kernels on CUDA against their references, every format they take
+#   host_time     benchmarks/host_time_gpu.py: CPU time per eager ms.linear call, per route
 #   moe, scaled_mm, kv, ops
 #                 the op families' suites (OUT/<suite>/), each case checked before it is timed
 # Each step's output goes to OUT/<step>.log; OUT/summary.txt lists every step's exit status and
@@ -47,6 +48,7 @@ step quantize 600 env SWEEP=0 python benchmarks/run_gpu_quantize.py
 step bench 900 python -m microscale.bench --out "$OUT/bench" --md "$OUT/bench/RESULTS.md"
 step matrix 1200 python -m microscale.bench --suite matrix --out "$OUT/matrix" --md "$OUT/matrix/RESULTS.md"
 step families 600 python benchmarks/run_gpu_families.py
+step host_time 120 python benchmarks/host_time_gpu.py --json "$OUT/host_time.json"
 for suite in moe scaled_mm kv ops; do
   step "$suite" 900 python -m microscale.bench --suite "$suite" --time-budget "${BUDGET:-600}" --out "$OUT/$suite" \
     --md "$OUT/$suite/RESULTS.md"
