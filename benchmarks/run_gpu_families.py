@@ -2,8 +2,7 @@
 the CPU under Triton's interpreter). Every case: the op on CUDA tensors vs the float64 / CPU
 reference of the same inputs, ragged shapes, every registry format the family takes.
 
-    python benchmarks/run_gpu_families.py [--only moe,scaled,attention,fused,hadamard,conv]
-                                                         [--formats 'mx*,nvfp4']
+    python benchmarks/run_gpu_families.py [--only moe,scaled,attention,fused,hadamard,conv] [--formats 'mx*,nvfp4']
     python benchmarks/run_gpu_families.py --device cpu   # the script's own dry run: CPU tensors take
                                                          # the reference paths
 
