@@ -18,6 +18,7 @@ import time
 import torch
 
 import microscale as ms
+from microscale.bench.report import write_text_atomic
 
 # (format, tokens, N, K): the decode routes at 1, 8 and 16 tokens, a prefill at 256
 CASES = [("nvfp4", 1, 4096, 4096), ("mxfp8_e4m3", 1, 4096, 4096), ("nvfp4", 8, 4096, 4096),
@@ -62,9 +63,8 @@ def main() -> None:
         rows.append(r)
         print(f"{fmt:18s} {m:4d} tok {n}x{k}: host {r['host_us']:6.1f} µs/call, loop {r['gpu_us_per_call_in_loop']:6.1f}"
               f" µs/call on the GPU clock, rel err {r['rel_err']:.2e}", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    if a.json:  # written whole or not at all
+        write_text_atomic(a.json, json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

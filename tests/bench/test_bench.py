@@ -157,6 +157,7 @@ def test_kv_shapes_take_a_zero_window_and_unfit_shapes_are_refused():
     with pytest.raises(ValueError, match="fit no op"):
         suites.select_cases("default", ops="linear", shapes="64x128", universe=UNIVERSE)
 
+
 def test_matrix_suite_shapes():
     specs = suites.select_cases("matrix", universe=UNIVERSE + ("mxint8",))
     nk = {(8192, 8192), (28672, 8192), (8192, 28672)}

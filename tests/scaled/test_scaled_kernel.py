@@ -10,8 +10,7 @@ import torch
 import microscale as ms
 from microscale.linear.backends.scaled_exact import (ScaledConfig, bf16_exact, choose_scaled_config, dequant_gemm_launch,
                                                      fp8_kind, scaled_exact_run)
-from microscale.linear.scaled import prepare_operand
-from microscale.linear.scaled import scaled_mm
+from microscale.linear.scaled import prepare_operand, scaled_mm
 from microscale.reference_scaled import scaled_mm_reference
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -64,6 +63,24 @@ def test_dequant_gemm_route_equals_oracle(fa: str, fb: str, out_dtype: torch.dty
         ref = scaled_mm_reference(a, b, bias, out_dtype)
         assert out.dtype == out_dtype and out.shape == (37, 45)
         assert _rel(out, ref) <= (1e-5 if out_dtype == torch.float32 else 4e-3)
+
+
+@needs_interp
+def test_dequant_gemm_route_nonfinite() -> None:
+    """NaN / Inf codes and an E8M0 NaN scale come out where the oracle puts them."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(18, 64, generator=gen)
+    x[1, 3] = float("nan")
+    a = ms.quantize(x, "mxfp8_e5m2")
+    a.data[2, 40] = 0xFC  # an E5M2 -Inf code
+    b = _q("mxfp8_e4m3", 17, 64, gen)
+    b.scales[4, 1] = 255  # an E8M0 NaN scale
+    out = dequant_gemm_launch(prepare_operand(a), prepare_operand(b), None, torch.float32)
+    ref = scaled_mm_reference(a, b, None, torch.float32)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and bool(torch.isnan(ref[:, 4]).all())
+    assert torch.equal(torch.isinf(out), torch.isinf(ref)) and bool(torch.isinf(ref).any())
+    fin = torch.isfinite(ref)
+    assert _rel(out[fin], ref[fin]) <= 1e-5
 
 
 def test_bf16_exact_formats() -> None:

@@ -47,14 +47,18 @@ class ScaledConfig:
 
 
 @functools.lru_cache(maxsize=None)
+def _finite_values(el: ElementCodec) -> torch.Tensor:
+    """Every finite unscaled value of ``el`` (float64, one per code)."""
+    v = el.decode(torch.arange(1 << el.bits, dtype=torch.int32).to(torch.uint8)).to(torch.float64)
+    return v[torch.isfinite(v)]
+
+
 def _exact_in(el: ElementCodec, dtype: torch.dtype) -> bool:
     """Whether every finite unscaled value of ``el`` survives a cast to ``dtype`` (exhaustive)."""
     if el.bits > 8 or el.inf_code is not None and dtype == torch.float8_e4m3fn:
         return False
-    v = el.decode(torch.arange(1 << el.bits, dtype=torch.uint8) if el.bits < 8 else
-                  torch.arange(256, dtype=torch.int32).to(torch.uint8))
-    v = v[torch.isfinite(v)]
-    return bool(torch.equal(v.to(dtype).to(torch.float32), v.to(torch.float32)))
+    v = _finite_values(el)
+    return bool(torch.equal(v.to(dtype).to(torch.float64), v))
 
 
 def fp8_kind(fa: Format, fb: Format) -> int:
@@ -98,11 +102,10 @@ def bf16_exact(fmt: Format) -> bool:
     down to bf16's smallest subnormal 2^-133). Affine formats and float32 / float16 / bf16 scales are not."""
     if fmt.zero_point or not (fmt.scale.power_of_two or fmt.scale.name == "ue4m3"):
         return False
-    el = fmt.element
-    v = el.decode(torch.arange(1 << el.bits, dtype=torch.int32).to(torch.uint8)).to(torch.float64)
-    v = v[torch.isfinite(v)]
+    v = _finite_values(fmt.element)
     if fmt.scale.name == "ue4m3":
-        s = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float64)
+        raw = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fmt.scale.storage)
+        s = fmt.scale.decode(raw).to(torch.float64)
         s = s[torch.isfinite(s) & (s > 0)]
         v = (v[:, None] * s[None, :]).reshape(-1)
     return bool(torch.equal(v.to(torch.bfloat16).to(torch.float64), v))
