@@ -113,6 +113,24 @@ def scaled(gen: torch.Generator) -> None:
                 got = ms.scaled_mm(a.to(DEV), b.to(DEV), bias=bias.to(DEV), out_dtype=torch.float32)
                 return rel(got, scaled_mm_reference(a, b, bias, torch.float32))
             case("scaled", f"scaled_mm {fa} x {fb} {m}x{n}x{k}", 1e-5, run)
+        # bf16 output: the linear op's kernels where both formats are exact in bf16 (rounding flips at
+        # ties of the float32 sums only: far below the bound; a lost scale is not)
+        for m, n, k in ((1, 4096, 4096), (5, 1024, 2048), (16, 1000, 2048), (33, 512, 1024), (64, 512, 1024),
+                        (100, 1024, 1024), (777, 2048, 4096)):
+            def run_bf16(fa=fa, fb=fb, m=m, n=n, k=k):
+                from microscale.linear.backends.scaled_exact import linear_choice
+
+                a = ms.quantize(torch.randn(m, k, generator=gen), fa, pad=True)
+                b = ms.quantize(torch.randn(n, k, generator=gen) * 0.25, fb, pad=True)
+                bias = torch.randn(n, generator=gen)
+                ad, bd = a.to(DEV), b.to(DEV)
+                kernel = linear_choice(ad, bd, torch.bfloat16)[0] or "tile/dequantize"
+                got = ms.scaled_mm(ad, bd, bias=bias.to(DEV), out_dtype=torch.bfloat16)
+                got2 = ms.scaled_mm(ad, bd, bias=bias.to(DEV), out_dtype=torch.bfloat16)  # (kept tables)
+                ref = scaled_mm_reference(a, b, bias, torch.bfloat16)
+                print(f"   route {kernel}", flush=True)
+                return max(rel(got.float(), ref.float()), rel(got2.float(), ref.float()))
+            case("scaled", f"scaled_mm bf16 {fa} x {fb} {m}x{n}x{k}", 1e-3, run_bf16)
 
 
 KV_FORMATS = (("fp8_e4m3_fp32", True, None), ("mxfp8_e4m3", False, None), ("nvfp4", False, 0.02),

@@ -5,7 +5,8 @@ with quantized activations (``ms.linear(x, w, act_format=...)``).
 Numerics are the oracle's (:mod:`microscale.reference_scaled`; docs/scaled-mm.md): every product
 exact, float32 sums per chunk of the smaller block size, chunk sums scaled by the product of the two
 block scales and accumulated in float32 in K order, global scales after the last chunk. On CUDA the
-exact bf16 tensor-core kernel (:mod:`.backends.scaled_exact`) runs it; elsewhere the oracle does.
+backends of :mod:`.backends.scaled_exact` run it (every one with exact products and float32 sums);
+elsewhere the oracle does.
 
 Both operands reach the kernel as they are stored (:class:`ScaledOperand`: packed codes, raw scale
 bits; views, no copies). The weight's operand is made once per weight version and kept in its
@@ -141,10 +142,20 @@ def scaled_mm(a: QTensor, b: QTensor, *, bias: torch.Tensor | None = None,
         out_dtype: bfloat16 (default), float16 or float32.
 
     Returns:
-        ``[M, N]`` in ``out_dtype``. CUDA operands run the bf16 tensor-core kernel; CPU operands
-        the oracle.
+        ``[M, N]`` in ``out_dtype``. On CUDA, formats whose element x block-scale values are exact
+        in bf16 (NVFP4, every MX format) run, with bfloat16 output in eager calls, the linear op's
+        tensor-core kernels on a's bf16 values (decode kernels up to 64 rows of ``a``, its prefill
+        kernel beyond: ``scaled_exact.linear_run``); where those do not serve, from 32 rows a
+        dequantize + cuBLAS GEMM with float32 output; the rest runs the exact bf16 tile kernel. CPU
+        operands run the oracle.
     """
     check_operands(a, b, bias, out_dtype)
+    if a.data.is_cuda and not torch.compiler.is_compiling():
+        from .backends.scaled_exact import linear_run  # (the linear op's exact kernels where they serve)
+
+        y = linear_run(a, b, bias, out_dtype)
+        if y is not None:
+            return y
     return _run(prepare_operand(a), weight_operand(b), bias, out_dtype)
 
 

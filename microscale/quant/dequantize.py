@@ -25,8 +25,10 @@ def _device():
     return launch, dequantize
 
 
-def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeConfig | None = None) -> torch.Tensor:
-    """Decode ``q`` with the Triton kernel; bit-identical to the reference."""
+def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeConfig | None = None, *,
+               apply_global: bool = True) -> torch.Tensor:
+    """Decode ``q`` with the Triton kernel; bit-identical to the reference. ``apply_global=False``
+    leaves a two-level format's per-tensor scale out (element x block scale only)."""
     q.validate()  # the kernel addresses scales and zero points by the data's shape: never past their ends
     fmt = q.fmt
     why = _p.unsupported_reason(fmt)
@@ -69,7 +71,7 @@ def dequantize(q: QTensor, dtype: torch.dtype = torch.float32, config: QuantizeC
         BITS=e.bits, IS_INT=e.kind == "int", SIGNED=e.signed, STEP=float(2.0 ** -e.frac_bits), MBITS=e.mbits,
         POW=float(2.0 ** (127 - e.bias)), NAN_MIN=nan[0] if nan else -1,
         INF_CODE=e.inf_code if e.has_inf else -1,
-        SCALE_KIND=skind, HAS_ZP=fmt.zero_point, HAS_GLOBAL=fmt.global_scale, MANUAL_BF16=_p._MANUAL_BF16,
+        SCALE_KIND=skind, HAS_ZP=fmt.zero_point, HAS_GLOBAL=fmt.global_scale and apply_global, MANUAL_BF16=_p._MANUAL_BF16,
         PACK32=p32, LUT=lut, HW8=hw8, EVEN=even, ASM=_p._ASM,
         KWD=4 if K % 32 == 0 else 2 if K % 16 == 0 else 1 if K % 8 == 0 else 0,
         HINTS=tuning.current().deq_cache_hints, PDL=pdl,

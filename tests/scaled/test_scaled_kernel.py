@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import microscale as ms
-from microscale.linear.backends.scaled_exact import (ScaledConfig, bf16_exact, choose_scaled_config, dequant_gemm_launch,
-                                                     fp8_kind, scaled_exact_run)
+from microscale.linear.backends.scaled_exact import (ScaledConfig, bf16_exact, choose_scaled_config,
+                                                     dequant_gemm_launch, exact_values, fp8_kind, global_product,
+                                                     linear_choice, scaled_exact_run)
 from microscale.linear.scaled import prepare_operand, scaled_mm
 from microscale.reference_scaled import scaled_mm_reference
 
@@ -81,6 +82,35 @@ def test_dequant_gemm_route_nonfinite() -> None:
     assert torch.equal(torch.isinf(out), torch.isinf(ref)) and bool(torch.isinf(ref).any())
     fin = torch.isfinite(ref)
     assert _rel(out[fin], ref[fin]) <= 1e-5
+
+
+@needs_interp
+@pytest.mark.parametrize("fa,fb", [("nvfp4", "nvfp4"), ("mxfp8_e4m3", "mxfp4"), ("nvfp4", "mxfp8_e4m3"),
+                                   ("mxfp4", "nvfp4"), ("mxfp8_e5m2", "mxfp8_e4m3")])
+def test_linear_route_inputs_compose_to_oracle(fa: str, fb: str) -> None:
+    """What the route through the linear kernels hands them (a's bf16 values without its global scale,
+    b's likewise as those kernels decode them, fp32(g_a * g_b) for the sums), composed as they compute
+    (exact products, float32 sums, then the scale, bias and one rounding), equals the oracle."""
+    gen = torch.Generator().manual_seed(6)
+    a, b = _q(fa, 3, 256, gen, 30.0), _q(fb, 40, 256, gen, 0.02)
+    x, w = exact_values(a), exact_values(b)
+    assert x.dtype == torch.bfloat16 and x.shape == (3, 256)
+    g = global_product(a.global_scale, b.global_scale)
+    assert (g is None) == (a.global_scale is None and b.global_scale is None)
+    bias = torch.randn(40, generator=gen)
+    acc = x.double() @ w.double().T  # (bf16 products are exact in float32; float64 sums stand in for its order)
+    acc = acc.float() * (g if g is not None else 1.0) + bias
+    for dt in (torch.float32, torch.bfloat16):
+        assert _rel(acc.to(dt), scaled_mm_reference(a, b, bias, dt)) <= (1e-5 if dt == torch.float32 else 4e-3)
+
+
+def test_linear_route_refusals() -> None:
+    """The linear-kernel route says why it does not take a call (the tile kernel then runs)."""
+    gen = torch.Generator().manual_seed(7)
+    a, b = _q("nvfp4", 2, 64, gen), _q("nvfp4", 8, 64, gen)
+    assert linear_choice(a, b, torch.float32)[1].startswith("writes bfloat16")
+    assert "exact in bf16" in linear_choice(_q("int8_fp32", 2, 64, gen), _q("int4_fp16", 8, 64, gen), torch.bfloat16)[1]
+    assert linear_choice(a, b, torch.bfloat16) == ("", "needs CUDA operands")
 
 
 def test_bf16_exact_formats() -> None:

@@ -256,8 +256,10 @@ def decode_tma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
 
 
 def decode_tma_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
-                   programs: int | None = None, tokens: int | None = None, rows: int | None = None) -> torch.Tensor:
-    """:func:`decode_tma` on a call already checked (:func:`decode_tma_reason` is None)."""
+                   programs: int | None = None, tokens: int | None = None, rows: int | None = None,
+                   global_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`decode_tma` on a call already checked (:func:`decode_tma_reason` is None). ``global_scale``
+    (float32 ``[1]`` on the device) multiplies the float32 sums in place of ``q``'s own global scale."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .._kernels import _decode_tma as dk
@@ -281,16 +283,17 @@ def decode_tma_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = Non
     w_desc, s_desc = dt_weight_descs(q, wv, rows)
     x_desc = TensorDescriptor.from_tensor(xp, [tok, 64], dt_layouts(tuning.get().dt_wide, tok, f16)[2])
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
-    gs = wv.global_scale if wv.global_scale is not None else out
+    gs = global_scale if global_scale is not None else wv.global_scale
     tiles = cdiv(n, rows)
     chunk, stages = dt_ring(rows, tok, k, cb)
     nct = k // (64 * chunk)
     grid = min(tiles * nct, programs or choose_decode_tma_programs(n, k, target.num_sms(x2.device), rows, per_sm, chunk))
     maxp = dt_parts(tiles, nct, grid)
     ws, cnt = workspace(x2.device, tiles * maxp * rows * tok if maxp > 1 else 0, tiles * rows * 4 if maxp > 1 else 0)
-    launch(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs, bias if bias is not None else out,
+    launch(dk._decode_tma_kernel, (grid,), w_desc, s_desc, x_desc, gs if gs is not None else out,
+           bias if bias is not None else out,
            out, ws, cnt, n, m, tiles, maxp, ke, post, NCT=nct, C=chunk, SK=sk, STAGES=stages,
-           HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, NPS=dt_nps(q), CB=cb,
+           HAS_GS=gs is not None, HAS_BIAS=bias is not None, NPS=dt_nps(q), CB=cb,
            EI=gluon_elem_kind(q), F16=f16,
            POST=dt_post(q, tok), WARP_ARRIVE=t.dt_warp_arrive and _ptx.active(), SLICES=slices,
            # a shared tile's first program may wait for later ones: only when all programs fit at once

@@ -128,7 +128,10 @@ def gemv_mma(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None,
     return gemv_mma_run(x2, q, bias, c)
 
 
-def gemv_mma_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c: GemvMmaConfig) -> torch.Tensor:
+def gemv_mma_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c: GemvMmaConfig,
+                 global_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`gemv_mma` on a call already checked; ``global_scale`` (float32 ``[1]`` on the device)
+    multiplies the float32 sums in place of ``q``'s own global scale."""
     from .._kernels import _gemv_mma as kern
 
     m, k = x2.shape
@@ -148,7 +151,7 @@ def gemv_mma_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c: Gem
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     wv = views(q)
     scales = wv.scales_u8
-    gs = wv.global_scale if wv.global_scale is not None else out
+    gs = global_scale if global_scale is not None else wv.global_scale
     rows = 16 * c.row_groups * c.num_warps
     tiles = -(-n // rows)
     if split > 1:
@@ -156,10 +159,10 @@ def gemv_mma_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c: Gem
     else:
         ws = cnt = out
     launch(kern._gemv_mma_kernel, (tiles, split),
-           x2, wv.words, scales, gs, bias if bias is not None else out, out, ws, cnt, ke,
+           x2, wv.words, scales, gs if gs is not None else out, bias if bias is not None else out, out, ws, cnt, ke,
            n, m, x2.stride(0), kw, scales.stride(0), out.stride(0), post,
            KW_PER_SPLIT=kw // split, RG=c.row_groups, WPL=c.words_per_lane, TG=tg, WPG=wpg, SK=sk, SPLIT_K=split,
-           HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None, LASM=lasm, LCONS=lcons, NOUT=nout,
+           HAS_GS=gs is not None, HAS_BIAS=bias is not None, LASM=lasm, LCONS=lcons, NOUT=nout,
            XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps,
            num_warps=c.num_warps, num_stages=1)
     return out

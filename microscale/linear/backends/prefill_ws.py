@@ -133,8 +133,9 @@ def prefill_ws(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, b
 
 def prefill_ws_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = None, block_t: int | None = None,
                    stages: int | None = None, group_t: int = 4, persistent: bool = True,
-                   split_tail: bool | None = None) -> torch.Tensor:
-    """:func:`prefill_ws` on a call already checked (:func:`prefill_ws_reason` is None)."""
+                   split_tail: bool | None = None, global_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`prefill_ws` on a call already checked (:func:`prefill_ws_reason` is None). ``global_scale``
+    (float32 ``[1]`` on the device) multiplies the float32 sums in place of ``q``'s own global scale."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -168,7 +169,7 @@ def prefill_ws_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = Non
         scales = wv.scales_int
         zps = wv.zero_points if f.zero_point else scales
     out = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
-    gs = wv.global_scale if wv.global_scale is not None else out
+    gs = global_scale if global_scale is not None else wv.global_scale
     rows = int(pg.WG_ROWS.value)
     tma_out = n % 8 == 0  # TMA needs 16-byte row strides
     out_desc = (TensorDescriptor.from_tensor(out, [block_t, rows], gl.NVMMASharedLayout.get_default_for(
@@ -178,9 +179,9 @@ def prefill_ws_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None = Non
     split = split_tail and ws_tail_parts(tiles, grid) > 1  # a partial tile per program, counters per tail tile
     ws, cnt = workspace(x2.device, grid * 2 * rows * block_t if split else 0, (tiles % grid) * 2 * rows * 4 if split
                          else 0)
-    launch_direct(pg._prefill_ws_kernel, (grid,), desc, wv.words, scales, zps, gs,
+    launch_direct(pg._prefill_ws_kernel, (grid,), desc, wv.words, scales, zps, gs if gs is not None else out,
                    bias if bias is not None else out, out, out_desc, ws, cnt, n, m, k, wv.words.stride(0),
                    scales.stride(0), out.stride(0), ke, post, BT=block_t, STAGES=stages, GROUP_T=group_t,
-                   SK=sk, TPS=f.block_size // 16, HAS_GS=q.global_scale is not None, HAS_BIAS=bias is not None,
+                   SK=sk, TPS=f.block_size // 16, HAS_GS=gs is not None, HAS_BIAS=bias is not None,
                    TMA_OUT=tma_out, SPLIT_TAIL=split_tail, CB=cb, EI=gluon_elem_kind(q), F16=f16, num_warps=4)
     return out

@@ -88,9 +88,11 @@ def choose_scaled_config(m: int, n: int, fa: Format | None = None, fb: Format | 
     return ScaledConfig(block_m=128, block_n=128, num_warps=8, num_stages=3, fp8=fp8)
 
 
-#: From this many rows of ``a`` on, operands exact in bf16 (:func:`bf16_exact`) are dequantized and
-#: multiplied by cuBLAS: on an H100 at 4096 x 28672 x 8192 the tile kernel took 31-56 ms, cuBLAS 2.8.
-DEQUANT_GEMM_M = 256
+#: From this many rows of ``a`` on, operands exact in bf16 (:func:`bf16_exact`) that no linear kernel
+#: takes (:func:`linear_run`) are dequantized and multiplied by cuBLAS: on an H100 (28672 x 8192) that took
+#: 384-453 µs from 32 to 256 rows where the tile kernel took 765-2960 µs (16 rows: 388-555 µs against
+#: 386-396 µs).
+DEQUANT_GEMM_M = 32
 # bf16 x bf16 -> float32 GEMMs through torch.mm (torch >= 2.8)
 _MM_OUT_DTYPE = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
 
@@ -111,25 +113,30 @@ def bf16_exact(fmt: Format) -> bool:
     return bool(torch.equal(v.to(torch.bfloat16).to(torch.float64), v))
 
 
+def exact_values(q: QTensor) -> torch.Tensor:
+    """``q``'s element x block-scale values in bf16, its per-tensor scale left out (exact for
+    :func:`bf16_exact` formats): the Triton dequantize kernel (CUDA, or the CPU under the interpreter)."""
+    from ...quant.dequantize import dequantize
+
+    return dequantize(q, torch.bfloat16, apply_global=False)
+
+
+def global_product(ga: torch.Tensor | None, gb: torch.Tensor | None) -> torch.Tensor | None:
+    """``fp32(g_a * g_b)`` as float32 ``[1]`` (one of them where the other is None; None for neither),
+    as the oracle rounds it."""
+    if ga is None or gb is None:
+        g = ga if gb is None else gb
+        return None if g is None else g.reshape(1).to(torch.float32)
+    return ga.reshape(1).to(torch.float32) * gb.reshape(1).to(torch.float32)
+
+
 def dequant_gemm_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor | None,
                         out_dtype: torch.dtype) -> torch.Tensor:
     """``a @ b^T`` for operands exact in bf16 without their global scales: both dequantized to bf16
     (element x block scale, exact), multiplied by cuBLAS (exact products, float32 sums), then
     ``fp32(g_a * g_b)``, bias and one rounding, as the oracle orders them."""
-    from ...quant.dequantize import dequantize
-
-    def values(o: ScaledOperand) -> torch.Tensor:
-        fmt, shape, _, _ = parse_meta(o.meta)
-        unit = None if o.global_scale is None else torch.ones((), dtype=torch.float32, device=o.codes.device)
-        q = _rebuild(o.codes, o.scales, unit, o.zero_points, o.meta)
-        return dequantize(q, torch.bfloat16)[..., :shape[1]]
-
-    a, b = values(oa), values(ob)
-    g = None
-    if oa.global_scale is not None or ob.global_scale is not None:
-        ga = oa.global_scale if oa.global_scale is not None else 1.0
-        gb = ob.global_scale if ob.global_scale is not None else 1.0
-        g = (ga * gb).reshape(())
+    a, b = (exact_values(_rebuild(o.codes, o.scales, o.global_scale, o.zero_points, o.meta)) for o in (oa, ob))
+    g = global_product(oa.global_scale, ob.global_scale)
     if g is None and out_dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16):
         # cuBLAS adds the bias to the float32 sums and rounds once
         return torch.mm(a, b.T) if bias is None else torch.addmm(bias, a, b.T)
@@ -144,6 +151,68 @@ def dequant_gemm_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor
     if bias is not None:
         acc.add_(bias.to(torch.float32))
     return acc.to(out_dtype)
+
+
+#: Up to this many rows of ``a`` :func:`linear_run` asks the linear op's decode kernels first (then its
+#: prefill kernel): on an H100 (28672 x 8192) they streamed the weight at 73-85% of copy bandwidth where
+#: the tile kernel reached 4-21%.
+DECODE_MAX_M = 64
+
+
+def linear_choice(a: QTensor, b: QTensor, out_dtype: torch.dtype) -> tuple[str, object]:
+    """``(kernel, config)`` of :func:`linear_run` for ``a @ b^T``: ``("decode_tma", None)``,
+    ``("gemv_mma", its config)`` or ``("prefill_ws", None)``; ``("", why not)`` where none serves."""
+    from ..tuning import get as tuning
+    from .decode_tma import decode_tma_reason
+    from .gemv_mma import gemv_mma_default_config, gemv_mma_reason
+    from .prefill_ws import prefill_ws_reason
+
+    m, k = int(a.shape[0]), int(a.shape[1])
+    if out_dtype != torch.bfloat16:
+        return "", f"writes bfloat16 (the linear kernels' output), not {out_dtype}"
+    if not (bf16_exact(a.fmt) and bf16_exact(b.fmt)):
+        return "", "needs both formats' element x block-scale values exact in bf16"
+    if m < 1:
+        return "", "has no rows of a"
+    if not (a.data.is_cuda and b.data.is_cuda):
+        return "", "needs CUDA operands"
+    probe = torch.empty((m, k), dtype=torch.bfloat16, device=a.data.device)  # (a's values: aligned, contiguous)
+    whys = []
+    if m <= DECODE_MAX_M:
+        why = decode_tma_reason(b, probe)
+        if why is None:
+            return "decode_tma", None
+        cfg = gemv_mma_default_config(b, probe)
+        why2 = "has no config for this shape" if cfg is None else gemv_mma_reason(b, probe, cfg)
+        if why2 is None:
+            return "gemv_mma", cfg
+        whys += [f"decode_tma {why}", f"gemv_mma {why2}"]
+    why = prefill_ws_reason(b, probe) if tuning().prefill_ws else "is off (tuning.prefill_ws)"
+    if why is None:
+        return "prefill_ws", None
+    return "", "; ".join(whys + [f"prefill_ws {why}"])
+
+
+def linear_run(a: QTensor, b: QTensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor | None:
+    """``a @ b^T`` through the linear op's exact tensor-core kernels (``decode_tma`` or ``gemv_mma`` for
+    few rows, ``prefill_ws`` beyond; each: products exact, float32 sums, one rounding after bias): a's
+    bf16 values without its global scale (:func:`exact_values`) times b's, the sums times
+    ``fp32(g_a * g_b)`` in place of b's global scale. None where none serves (:func:`linear_choice`);
+    b's tables are kept in its state as the linear op keeps them."""
+    from .decode_tma import decode_tma_run
+    from .gemv_mma import gemv_mma_run
+    from .prefill_ws import prefill_ws_run
+
+    kernel, cfg = linear_choice(a, b, out_dtype)
+    if not kernel:
+        return None
+    x = exact_values(a)
+    g = global_product(a.global_scale, b.global_scale)
+    if kernel == "decode_tma":
+        return decode_tma_run(x, b, bias, global_scale=g)
+    if kernel == "gemv_mma":
+        return gemv_mma_run(x, b, bias, cfg, global_scale=g)
+    return prefill_ws_run(x, b, bias, global_scale=g)
 
 
 def scaled_exact_run(a: QTensor, b: QTensor, bias: torch.Tensor | None, out_dtype: torch.dtype,
