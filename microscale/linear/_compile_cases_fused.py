@@ -14,10 +14,10 @@ def launches(mode: str = "full") -> None:
 
     del mode
     with target.override(capability=(9, 0), num_sms=132):  # (not interpreting: the GPU's INTERP=False path)
-        k = 512
-        for dtype in (torch.bfloat16, torch.float16):
-            nw = torch.rand(k).to(dtype)
-            for m in (1, 200):
-                x = torch.randn(m, k).to(dtype)
-                _norm_rows(x, nw, None, 1e-6)
-                _norm_rows(x, nw, torch.randn(m, k).to(dtype), 1e-6)
+        for k in (512, 20000):  # rows kept in registers; rows read twice
+            for dtype in (torch.bfloat16, torch.float16):
+                nw = torch.rand(k).to(dtype)
+                for m in (1, 200):
+                    x = torch.randn(m, k).to(dtype)
+                    _norm_rows(x, nw, None, 1e-6)
+                    _norm_rows(x, nw, torch.randn(m, k).to(dtype), 1e-6)

@@ -20,8 +20,8 @@ __all__ = ["linear_batched", "join_weights"]
 
 OP = "linear_batched"
 
-_JOINED: dict = {}  # tuple(id(w)) -> (weakrefs, tensor versions, joined QTensor)
-_MAX_JOINED = 256
+_PLANS: dict = {}  # tuple(id(w)) -> (weakrefs, tensor versions, plan): see _plan
+_MAX_PLANS = 256
 
 
 def _versions(ws) -> tuple:
@@ -51,18 +51,14 @@ def join_weights(ws: list[QTensor]) -> QTensor:
                    None if w0.zero_points is None else torch.cat([w.zero_points for w in ws]), dict(w0.meta))
 
 
-def _joined(ws: list[QTensor]) -> QTensor:
-    """:func:`join_weights`, kept while the weights live and are unchanged in place."""
-    key = tuple(id(w) for w in ws)
-    hit = _JOINED.get(key)
-    vers = _versions(ws)
-    if hit is not None and all(r() is w for r, w in zip(hit[0], ws)) and hit[1] == vers:
-        return hit[2]
-    j = join_weights(ws)
-    if len(_JOINED) >= _MAX_JOINED:
-        _JOINED.clear()
-    _JOINED[key] = (tuple(weakref.ref(w) for w in ws), vers, j)
-    return j
+def _same_global(w: QTensor, p: QTensor) -> bool:
+    if w.global_scale is None or p.global_scale is None:
+        return w.global_scale is None and p.global_scale is None
+    if w.global_scale is p.global_scale:
+        return True
+    if w.global_scale.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False  # (comparing values would sync the host, which a capture refuses: separate launches)
+    return bool(torch.equal(w.global_scale, p.global_scale))
 
 
 def _groups(ws: list[QTensor]) -> list[list[int]]:
@@ -71,16 +67,39 @@ def _groups(ws: list[QTensor]) -> list[list[int]]:
     for i, w in enumerate(ws):
         if groups:
             p = ws[groups[-1][0]]
-            same_g = (w.global_scale is None and p.global_scale is None) or (
-                w.global_scale is not None and p.global_scale is not None
-                and (w.global_scale is p.global_scale or bool(torch.equal(w.global_scale, p.global_scale))))
             rows_ok = w.fmt.block_rows == 1 or (int(w.shape[0]) % w.fmt.block_rows == 0
                                                 and int(p.shape[0]) % p.fmt.block_rows == 0)
-            if w.fmt == p.fmt and same_g and rows_ok and w.shape[1] == p.shape[1]:
+            if w.fmt == p.fmt and rows_ok and w.shape[1] == p.shape[1] and _same_global(w, p):
                 groups[-1].append(i)
                 continue
         groups.append([i])
     return groups
+
+
+def _plan(weights: list[QTensor]) -> tuple:
+    """``(groups, one weight per group (joined where several), N of each weight)`` for these weights,
+    kept while they live and are unchanged in place (not while a CUDA graph is being captured): a
+    repeat call checks identities and versions only."""
+    key = tuple(id(w) for w in weights)
+    hit = _PLANS.get(key)
+    vers = _versions(weights)
+    if hit is not None and hit[1] == vers and all(r() is w for r, w in zip(hit[0], weights)):
+        return hit[2]
+    for i, w in enumerate(weights):
+        if not isinstance(w, QTensor) or len(w.shape) != 2:
+            raise TypeError(f"{OP}: weights[{i}] must be a 2-D QTensor [N, K], got "
+                            f"{type(w).__name__}{'' if not isinstance(w, QTensor) else tuple(w.shape)}")
+        if int(w.shape[1]) != int(weights[0].shape[1]):
+            raise ValueError(f"{OP}: weights[{i}] has K={w.shape[1]}; weights[0] has K={weights[0].shape[1]}")
+    groups = _groups(weights)
+    plan = (groups, [weights[g[0]] if len(g) == 1 else join_weights([weights[i] for i in g]) for g in groups],
+            [int(w.shape[0]) for w in weights])
+    w0 = weights[0]
+    if not (w0.data.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = (tuple(weakref.ref(w) for w in weights), vers, plan)
+    return plan
 
 
 def linear_batched(x: torch.Tensor, weights: list[QTensor], biases: list[torch.Tensor | None] | None = None, *,
@@ -102,23 +121,17 @@ def linear_batched(x: torch.Tensor, weights: list[QTensor], biases: list[torch.T
     """
     if not isinstance(weights, (list, tuple)) or not weights:
         raise TypeError(f"{OP}: weights must be a non-empty list of QTensors, got {type(weights).__name__}")
-    for i, w in enumerate(weights):
-        if not isinstance(w, QTensor) or len(w.shape) != 2:
-            raise TypeError(f"{OP}: weights[{i}] must be a 2-D QTensor [N, K], got "
-                            f"{type(w).__name__}{'' if not isinstance(w, QTensor) else tuple(w.shape)}")
-        if int(w.shape[1]) != int(weights[0].shape[1]):
-            raise ValueError(f"{OP}: weights[{i}] has K={w.shape[1]}; weights[0] has K={weights[0].shape[1]}")
-    if biases is not None and len(biases) != len(weights):
-        raise ValueError(f"{OP}: {len(biases)} biases for {len(weights)} weights")
-    ns = [int(w.shape[0]) for w in weights]
-    for i, b in enumerate(biases or []):
-        if b is not None and tuple(b.shape) != (ns[i],):
-            raise ValueError(f"{OP}: biases[{i}] has shape {tuple(b.shape)}; expected ({ns[i]},)")
+    groups, joined, ns = _plan(list(weights))
+    if biases is not None:
+        if len(biases) != len(weights):
+            raise ValueError(f"{OP}: {len(biases)} biases for {len(weights)} weights")
+        for i, b in enumerate(biases):
+            if b is not None and tuple(b.shape) != (ns[i],):
+                raise ValueError(f"{OP}: biases[{i}] has shape {tuple(b.shape)}; expected ({ns[i]},)")
+    if len(groups) == 1 and biases is None:  # (the q/k/v case: one launch, the outputs views of its result)
+        return list(linear(x, joined[0]).split(ns, dim=-1))
     outs: list[torch.Tensor | None] = [None] * len(weights)
-    groups = _groups(list(weights))
-    for g in groups:
-        ws = [weights[i] for i in g]
-        w = ws[0] if len(ws) == 1 else _joined(ws)
+    for g, w in zip(groups, joined):
         bias = None
         if biases is not None and any(biases[i] is not None for i in g):
             bias = torch.cat([biases[i].to(torch.float32) if biases[i] is not None

@@ -14,7 +14,7 @@ import torch
 
 from ..qtensor import QTensor
 from ..runtime import target
-from ..runtime.launch import cdiv, launch
+from ..runtime.launch import cdiv, launch, next_pow2
 from .batched import linear_batched
 from .eligibility import check
 
@@ -94,6 +94,11 @@ def rmsnorm_linear(x: torch.Tensor, norm_weight: torch.Tensor, w: QTensor | list
     return _fused_run(x, norm_weight, ws, bs, eps, gate, many)
 
 
+#: The norm kernel keeps rows of up to this many elements in registers (one read of x); one row a program
+#: (on an H100 at one token of 4096, 4 rows a program in 256-element steps took 9.3 µs, F.rms_norm 4.3).
+NORM_BLOCK_K = 8192
+
+
 def _norm_rows(x2: torch.Tensor, nw: torch.Tensor, gate: torch.Tensor | None, eps: float) -> torch.Tensor:
     """The normalized rows of 2-D x (one launch; checked arguments)."""
     from ._kernels import _norm_kernels as kern
@@ -102,10 +107,10 @@ def _norm_rows(x2: torch.Tensor, nw: torch.Tensor, gate: torch.Tensor | None, ep
     out = torch.empty_like(x2)
     if m == 0:
         return out
-    bm = 4
-    launch(kern._rmsnorm_kernel, (cdiv(m, bm),), x2, nw, gate if gate is not None else x2, out, m, k,
+    bk = min(next_pow2(max(k, 1)), NORM_BLOCK_K)
+    launch(kern._rmsnorm_kernel, (m,), x2, nw, gate if gate is not None else x2, out, m, k,
            x2.stride(0), gate.stride(0) if gate is not None else 0, out.stride(0), EPS=float(eps),
-           GATED=gate is not None, BLOCK_M=bm, ITERS=cdiv(k, 256), num_warps=4)
+           GATED=gate is not None, BLOCK_M=1, BLOCK_K=bk, ITERS=cdiv(k, bk), num_warps=max(1, min(16, bk // 512)))
     return out
 
 
@@ -115,5 +120,6 @@ def _fused_run(x, norm_weight, ws, bs, eps, gate, many):
     lead = x.shape[:-1]
     g2 = None if gate is None else gate.reshape(-1, k).contiguous()
     h = _norm_rows(x.reshape(-1, k).contiguous(), norm_weight.contiguous(), g2, eps)
-    outs = [y.reshape(*lead, y.shape[-1]) for y in linear_batched(h, ws, bs)]
+    ys = linear_batched(h, ws, bs if any(b is not None for b in bs) else None)
+    outs = ys if len(lead) == 1 else [y.reshape(*lead, y.shape[-1]) for y in ys]
     return outs if many else outs[0]

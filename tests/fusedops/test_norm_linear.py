@@ -37,6 +37,26 @@ def _rel(out, ref):
 
 
 @needs_interp
+@pytest.mark.parametrize("block_k", [64, 8192])
+def test_norm_kernel_both_passes(block_k, monkeypatch):
+    """The norm kernel alone vs float64: rows held in registers (one read) and rows longer than its
+    block (two passes: sums of squares, then the output), gate and no gate, ragged K."""
+    from microscale.linear import norm_linear
+
+    monkeypatch.setattr(norm_linear, "NORM_BLOCK_K", block_k)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 200, generator=gen).to(torch.bfloat16)
+    nw = torch.rand(200, generator=gen).to(torch.bfloat16)
+    for gate in (None, torch.randn(3, 200, generator=gen).to(torch.bfloat16)):
+        out = norm_linear._norm_rows(x, nw, gate, 1e-5)
+        xd = x.double()
+        ref = xd / torch.sqrt((xd * xd).mean(-1, keepdim=True) + 1e-5) * nw.double()
+        if gate is not None:
+            ref = ref * gate.double() * torch.sigmoid(gate.double())
+        assert out.dtype == torch.bfloat16 and _rel(out, ref) < 4e-3
+
+
+@needs_interp
 @pytest.mark.parametrize("name", FORMATS)
 def test_rmsnorm_linear_kernel_every_format(name):
     gen = torch.Generator().manual_seed(sum(map(ord, name)))
