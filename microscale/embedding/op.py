@@ -82,7 +82,7 @@ def embedding_reference(ids: torch.Tensor, table: QTensor, dtype: torch.dtype | 
     return dq[inv * BR + flat % BR].reshape(*ids.shape, D)
 
 
-def gather_tile(block: int, k: int, tokens: int) -> tuple[int, int, int]:
+def gather_tile(block: int, k: int) -> tuple[int, int, int]:
     """``(tokens, columns, warps)`` of one program of the gather kernel for rows of ``k`` stored
     elements in blocks of ``block``: columns a power of two of at least one block and 8, up to 512
     (or the row); 8 tokens, more for short rows (about 4096 elements a program); 4 warps. On an H100
@@ -128,7 +128,7 @@ def embedding_triton(ids: torch.Tensor, table: QTensor, dtype: torch.dtype | Non
         if g is not None:
             g = g.to(device=table.device, dtype=torch.float32).reshape(1)
         nan = sorted(e.nan_codes)
-        TR, TK, warps = gather_tile(fmt.block_size, K, T)
+        TR, TK, warps = gather_tile(fmt.block_size, K)
         rl.launch(k._embedding_kernel, (rl.cdiv(T, TR), rl.cdiv(D, TK)),
                   flat, data, scales, data if table.zero_points is None else table.zero_points.contiguous(),
                   data if g is None else g, out, flag, T, V, K, D, K // fmt.block_size,

@@ -33,6 +33,26 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm())
 
 
+def _nonfinite_operands(seed: int) -> tuple[ms.QTensor, ms.QTensor]:
+    """An MXFP8 E5M2 ``a`` with a NaN input and an -Inf code, an MXFP8 E4M3 ``b`` with an E8M0 NaN scale."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(18, 64, generator=gen)
+    x[1, 3] = float("nan")
+    a = ms.quantize(x, "mxfp8_e5m2")
+    a.data[2, 40] = 0xFC  # an E5M2 -Inf code
+    b = _q("mxfp8_e4m3", 17, 64, gen)
+    b.scales[4, 1] = 255  # an E8M0 NaN scale
+    return a, b
+
+
+def _assert_nonfinite_placed(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """NaN / Inf where the oracle puts them (a NaN column from the NaN scale, some Inf), the rest within 1e-5."""
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and bool(torch.isnan(ref[:, 4]).all())
+    assert torch.equal(torch.isinf(out), torch.isinf(ref)) and bool(torch.isinf(ref).any())
+    fin = torch.isfinite(ref)
+    assert _rel(out[fin], ref[fin]) <= 1e-5
+
+
 @needs_interp
 @pytest.mark.parametrize("fa,fb", PAIRS)
 def test_kernel_equals_oracle(fa: str, fb: str) -> None:
@@ -69,19 +89,9 @@ def test_dequant_gemm_route_equals_oracle(fa: str, fb: str, out_dtype: torch.dty
 @needs_interp
 def test_dequant_gemm_route_nonfinite() -> None:
     """NaN / Inf codes and an E8M0 NaN scale come out where the oracle puts them."""
-    gen = torch.Generator().manual_seed(5)
-    x = torch.randn(18, 64, generator=gen)
-    x[1, 3] = float("nan")
-    a = ms.quantize(x, "mxfp8_e5m2")
-    a.data[2, 40] = 0xFC  # an E5M2 -Inf code
-    b = _q("mxfp8_e4m3", 17, 64, gen)
-    b.scales[4, 1] = 255  # an E8M0 NaN scale
-    out = dequant_gemm_launch(prepare_operand(a), prepare_operand(b), None, torch.float32)
-    ref = scaled_mm_reference(a, b, None, torch.float32)
-    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and bool(torch.isnan(ref[:, 4]).all())
-    assert torch.equal(torch.isinf(out), torch.isinf(ref)) and bool(torch.isinf(ref).any())
-    fin = torch.isfinite(ref)
-    assert _rel(out[fin], ref[fin]) <= 1e-5
+    a, b = _nonfinite_operands(5)
+    _assert_nonfinite_placed(dequant_gemm_launch(prepare_operand(a), prepare_operand(b), None, torch.float32),
+                             scaled_mm_reference(a, b, None, torch.float32))
 
 
 @needs_interp
@@ -139,19 +149,10 @@ def test_fp8_operands_where_exact() -> None:
 
 @needs_interp
 def test_kernel_nonfinite_and_bf16_out() -> None:
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(18, 64, generator=gen)
-    x[1, 3] = float("nan")
-    a = ms.quantize(x, "mxfp8_e5m2")
-    a.data[2, 40] = 0xFC  # an E5M2 -Inf code
-    b = _q("mxfp8_e4m3", 17, 64, gen)
-    b.scales[4, 1] = 255  # an E8M0 NaN scale
-    out = scaled_exact_run(a, b, None, torch.float32, SMALL)
+    a, b = _nonfinite_operands(1)
     ref = scaled_mm_reference(a, b, None, torch.float32)
-    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and bool(torch.isnan(ref[:, 4]).all())
-    assert torch.equal(torch.isinf(out), torch.isinf(ref)) and bool(torch.isinf(ref).any())
+    _assert_nonfinite_placed(scaled_exact_run(a, b, None, torch.float32, SMALL), ref)
     fin = torch.isfinite(ref)
-    assert _rel(out[fin], ref[fin]) <= 1e-5
     o16 = scaled_exact_run(a, b, None, torch.bfloat16, SMALL)
     assert o16.dtype == torch.bfloat16
     r16 = scaled_mm_reference(a, b, None, torch.bfloat16)

@@ -22,7 +22,7 @@ def _row_rstd(x_ptr, offs_m, m_ok, stride_xm, K, EPS: tl.constexpr, BLOCK_M: tl.
 
 
 @triton.jit
-def _norm_out(v, x_rows, gate_ptr, nw_ptr, out_ptr, offs_m, kk, mask, rstd, K, stride_gm, stride_om,
+def _norm_out(v, gate_ptr, nw_ptr, out_ptr, offs_m, kk, mask, rstd, K, stride_gm, stride_om,
               GATED: tl.constexpr):
     """Store ``v * rstd * nw [* silu(gate)]`` (v: float32 [BLOCK_M, BLOCK_K] at columns kk)."""
     v = v * rstd[:, None] * tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)[None, :]
@@ -46,11 +46,11 @@ def _rmsnorm_kernel(x_ptr, nw_ptr, gate_ptr, out_ptr, M, K, stride_xm, stride_gm
         mask = m_ok[:, None] & (ko < K)[None, :]
         v = tl.load(x_ptr + offs_m[:, None] * stride_xm + ko[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=1) / K + EPS)
-        _norm_out(v, x_ptr, gate_ptr, nw_ptr, out_ptr, offs_m, ko, mask, rstd, K, stride_gm, stride_om, GATED)
+        _norm_out(v, gate_ptr, nw_ptr, out_ptr, offs_m, ko, mask, rstd, K, stride_gm, stride_om, GATED)
     else:
         rstd = _row_rstd(x_ptr, offs_m, m_ok, stride_xm, K, EPS, BLOCK_M, BLOCK_K, ITERS)
         for it in range(ITERS):
             kk = it * BLOCK_K + ko
             mask = m_ok[:, None] & (kk < K)[None, :]
             v = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :], mask=mask, other=0.0).to(tl.float32)
-            _norm_out(v, x_ptr, gate_ptr, nw_ptr, out_ptr, offs_m, kk, mask, rstd, K, stride_gm, stride_om, GATED)
+            _norm_out(v, gate_ptr, nw_ptr, out_ptr, offs_m, kk, mask, rstd, K, stride_gm, stride_om, GATED)
