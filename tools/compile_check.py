@@ -266,7 +266,7 @@ def compile_one(i: int) -> tuple[bool, str, float]:
         compile_spec(s)
         return True, "", time.time() - t0
     except Exception as e:  # noqa: BLE001
-        msg = "".join(traceback.format_exception_only(type(e), e))
+        msg = "".join(traceback.format_exception_only(type(e), e)) + (f"\n{e.__cause__!r}" if e.__cause__ else "")
         return False, msg[-3000:], time.time() - t0
 
 

@@ -9,6 +9,7 @@ import torch
 from ..formats import registry
 from ..ops import quantize
 from ..runtime import target
+from .decode import DecodeConfig, decode_run
 from .grouped import grouped_run, pair_eligible
 from .op import _experts_forward
 from .packed import prepare_experts
@@ -17,7 +18,9 @@ from .tuning import GroupedConfig
 
 def launches(mode: str = "full") -> None:
     """Each registry format through the decode (split-K) and prefill configs, bias and the
-    routing gather, bf16 and fp16 activations; and the composed experts forward (``mode`` "smoke": MXFP4)."""
+    routing gather, bf16 and fp16 activations; the decode path's tensor-core kernel (E2M1 experts:
+    K a multiple of its step or not, K split, gather, both epilogues); and the composed experts
+    forward (``mode`` "smoke": MXFP4)."""
     e, n, k = 3, 128, 256
     offsets = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
     configs = (GroupedConfig(block_n=128, block_m=16, block_kw=32, split_k=4),
@@ -43,3 +46,14 @@ def launches(mode: str = "full") -> None:
             a, lim = (1.702, 7.0) if act == "swiglu_clamped" else (None, None)
             _experts_forward(x, gu, dn, idx, torch.rand(4, 2), torch.randn(8, 128), torch.randn(8, 256), act, a, lim,
                              lay)
+        rows = torch.tensor([0, 1, 1, 4, 3], dtype=torch.int32)
+        for name in ("mxfp4",) if mode == "smoke" else ("mxfp4", "nvfp4"):
+            for kk in (256, 320):
+                pe = prepare_experts(quantize(torch.randn(e, n, kk), name))
+                x = torch.randn(5, kk).to(torch.bfloat16)
+                for c in (DecodeConfig(), DecodeConfig(split_k=4)):
+                    decode_run(x, pe, offsets, None, config=c)
+                    decode_run(x, pe, offsets, torch.randn(e, n), rows=rows, gather_div=2, config=c)
+                    for act in (("swiglu_clamped", 1.702, 7.0, "interleaved"), ("swiglu", None, None, "concat")):
+                        decode_run(x, pe, offsets, None, rows=rows, gather_div=2, config=c, act=act)
+                    decode_run(x, pe, offsets, torch.randn(e, n), rows=rows, config=c, scatter=torch.rand(5))

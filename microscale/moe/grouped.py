@@ -98,8 +98,8 @@ def grouped_run(x: torch.Tensor, pe: PackedExperts, offsets: torch.Tensor, bias:
     kw = pe.codes.shape[2]
     pair = pair_eligible(pe, x.dtype)
     c = config if config is not None else choose_config(r, pe.e, n, kw, pe.container_bits, x.device, pair)
-    if kw % c.block_kw or c.block_kw % 8:
-        raise ValueError(f"{OP}: block_kw={c.block_kw} must be a multiple of 8 dividing {kw} words per row")
+    if c.block_kw % 8 or c.block_kw < 8:
+        raise ValueError(f"{OP}: block_kw={c.block_kw} must be a positive multiple of 8 (words per row per step)")
     if c.pair and not pair:
         raise ValueError(f"{OP}: pair decode needs 4-bit float codes with E8M0/UE4M3 scales and bf16 x")
     if scatter is not None and rows is None:
@@ -128,5 +128,6 @@ def grouped_run(x: torch.Tensor, pe: PackedExperts, offsets: torch.Tensor, bias:
            BLOCK_M=c.block_m, BLOCK_KW=c.block_kw, SPLIT_K=c.split_k, INTERP=target.interpreting(),
            ITERS=cdiv(cdiv(kw, c.split_k), c.block_kw), EVEN_K=k == kw * s, PAIR=c.pair,
            ACT=_ACT.get(a_name, 0), CONCAT=layout == "concat", SCATTER=scatter is not None,
+           RAGGED=kw % c.block_kw != 0,
            num_warps=c.num_warps, num_stages=c.num_stages)
     return out

@@ -21,14 +21,19 @@ __all__ = ["grouped_linear", "moe_experts", "route_tokens"]
 _MOE = "microscale.moe_experts"
 
 
-def _unpack(codes, scales, zp, gs, fmt_j, n, k, specials) -> PackedExperts:
+def _unpack(codes, scales, zp, gs, words, wscales, fmt_j, n, k, specials, mma) -> PackedExperts:
     fmt = Format.from_dict(json.loads(fmt_j))
     return PackedExperts(fmt, codes.shape[0], n, k, 4 if fmt.element.bits <= 4 else 8, codes, scales, zp, gs,
-                         specials)
+                         specials, words, wscales, tuple(mma) if mma else None)
 
 
-def _args(pe: PackedExperts) -> tuple:
-    return (pe.codes, pe.scales, pe.zero_points, pe.global_scale, fmt_json(pe.fmt), pe.n, pe.k, pe.specials)
+def _tensors(pe: PackedExperts) -> tuple:
+    """The tensors of ``pe`` the custom ops take (the packed layout, then the decode view or None)."""
+    return (pe.codes, pe.scales, pe.zero_points, pe.global_scale, pe.words, pe.wscales)
+
+
+def _mma(pe: PackedExperts) -> list[int]:
+    return list(pe.mma) if pe.mma is not None else []
 
 
 def route_tokens(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,18 +53,22 @@ def _packed(w: QTensor | PackedExperts) -> PackedExperts:
 
 
 def _grouped_cuda(x, pe, offsets, bias, rows=None):
+    from .decode import decode_eligible, decode_run
     from .grouped import grouped_run
 
     if x.stride(-1) != 1:
         x = x.contiguous()
+    if rows is None and decode_eligible(pe, x, x.shape[0]):
+        return decode_run(x, pe, offsets, bias)
     return grouped_run(x, pe, offsets, bias, rows=rows)
 
 
 @torch.library.custom_op("microscale::grouped_linear", mutates_args=())
 def _grouped_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
-                global_scale: torch.Tensor | None, offsets: torch.Tensor, bias: torch.Tensor | None, fmt_j: str,
-                n: int, k: int, specials: bool) -> torch.Tensor:
-    pe = _unpack(codes, scales, zero_points, global_scale, fmt_j, n, k, specials)
+                global_scale: torch.Tensor | None, words: torch.Tensor | None, wscales: torch.Tensor | None,
+                offsets: torch.Tensor, bias: torch.Tensor | None, fmt_j: str, n: int, k: int, specials: bool,
+                mma: list[int]) -> torch.Tensor:
+    pe = _unpack(codes, scales, zero_points, global_scale, words, wscales, fmt_j, n, k, specials, mma)
     if x.device.type == "cuda":
         return _grouped_cuda(x, pe, offsets, bias)
     y = grouped_linear_reference(x.double(), pe.dense(), offsets, None if bias is None else bias.double())
@@ -67,7 +76,7 @@ def _grouped_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zero
 
 
 @_grouped_op.register_fake
-def _(x, codes, scales, zero_points, global_scale, offsets, bias, fmt_j, n, k, specials):
+def _(x, codes, scales, zero_points, global_scale, words, wscales, offsets, bias, fmt_j, n, k, specials, mma):
     return x.new_empty((x.shape[0], n))
 
 
@@ -113,15 +122,18 @@ def grouped_linear(x: torch.Tensor, w: QTensor | PackedExperts, offsets: torch.T
         if o[0] != 0 or o[-1] != x.shape[0] or any(b < a for a, b in zip(o, o[1:])):
             raise ValueError(f"{OP}: offsets={o} must rise from 0 to T={x.shape[0]}")
     _check_bias(bias, pe.e, pe.n, x.device, "bias", OP)
-    return torch.ops.microscale.grouped_linear(x, *_args(pe)[:4], offsets, bias, *_args(pe)[4:])
+    return torch.ops.microscale.grouped_linear(x, *_tensors(pe), offsets, bias, fmt_json(pe.fmt), pe.n, pe.k,
+                                               pe.specials, _mma(pe))
 
 
 def _experts_forward(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_bias, dn_bias, activation, alpha,
                      limit, layout):
     """The composed forward on CUDA: the routing (one launch at decode), the gathered gate/up
-    grouped GEMM with the activation in its epilogue, the down grouped GEMM with the routing
-    weight and the un-sort in its epilogue (fp32), and each token's sum of its top_k slots in
-    slot order (deterministic)."""
+    GEMM with the activation in its epilogue, the down GEMM with the routing weight and the
+    un-sort in its epilogue (fp32), and each token's sum of its top_k slots in slot order
+    (deterministic). Each GEMM runs the decode kernel where :func:`~.decode.decode_eligible` says
+    so (few rows per expert, E2M1 experts), else the grouped kernel."""
+    from .decode import DECODE_TILE_ROWS, decode_eligible, decode_run
     from .grouped import grouped_run, pair_eligible, route
     from .tuning import choose_config
 
@@ -129,29 +141,42 @@ def _experts_forward(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_b
     if x.stride(-1) != 1:
         x = x.contiguous()
     r = idx.numel()
+    wflat = weights.reshape(-1)
+    wflat = wflat if wflat.is_contiguous() else wflat.contiguous()
     c_gu = choose_config(r, gu.e, gu.n, gu.codes.shape[2], gu.container_bits, x.device, pair_eligible(gu, x.dtype))
     c_dn = choose_config(r, dn.e, dn.n, dn.codes.shape[2], dn.container_bits, x.device, pair_eligible(dn, x.dtype))
-    perm, offsets, te, tb = route(idx, gu.e, c_gu.block_m)
-    h = grouped_run(x, gu, offsets, gu_bias, rows=perm, config=c_gu, gather_div=top_k, tiles=(te, tb),
-                    act=(activation, alpha, limit, layout))
-    wflat = weights.reshape(-1)
-    # (the same rows and experts: the same bucket and tile map, unless a config was overridden)
-    y = grouped_run(h, dn, offsets, dn_bias, rows=perm, config=c_dn, tiles=(te, tb) if c_dn.block_m == c_gu.block_m
-                    else None,
-                    scatter=wflat if wflat.is_contiguous() else wflat.contiguous())
+    d_gu = decode_eligible(gu, x, r)
+    # (the down GEMM's input is the gate/up GEMM's bf16 output [r, I]: eligible alike)
+    d_dn = dn.mma is not None and d_gu
+    bm_gu = DECODE_TILE_ROWS if d_gu else c_gu.block_m
+    bm_dn = DECODE_TILE_ROWS if d_dn else c_dn.block_m
+    perm, offsets, te, tb = route(idx, gu.e, bm_gu)
+    act = (activation, alpha, limit, layout)
+    if d_gu:
+        h = decode_run(x, gu, offsets, gu_bias, rows=perm, gather_div=top_k, tiles=(te, tb), act=act)
+    else:
+        h = grouped_run(x, gu, offsets, gu_bias, rows=perm, config=c_gu, gather_div=top_k, tiles=(te, tb), act=act)
+    # (the same rows and experts: the same tile map where the tile heights agree)
+    tiles = (te, tb) if bm_dn == bm_gu else None
+    if d_dn:
+        y = decode_run(h, dn, offsets, dn_bias, rows=perm, tiles=tiles, scatter=wflat)
+    else:
+        y = grouped_run(h, dn, offsets, dn_bias, rows=perm, config=c_dn, tiles=tiles, scatter=wflat)
     return y.view(t, top_k, -1).sum(1).to(x.dtype)
 
 
 @torch.library.custom_op("microscale::moe_experts", mutates_args=())
 def _moe_op(x: torch.Tensor, gu_codes: torch.Tensor, gu_scales: torch.Tensor, gu_zp: torch.Tensor | None,
-            gu_gs: torch.Tensor | None, dn_codes: torch.Tensor, dn_scales: torch.Tensor, dn_zp: torch.Tensor | None,
-            dn_gs: torch.Tensor | None, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+            gu_gs: torch.Tensor | None, gu_words: torch.Tensor | None, gu_wscales: torch.Tensor | None,
+            dn_codes: torch.Tensor, dn_scales: torch.Tensor, dn_zp: torch.Tensor | None,
+            dn_gs: torch.Tensor | None, dn_words: torch.Tensor | None, dn_wscales: torch.Tensor | None,
+            top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
             gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, fmt_gu: str, fmt_dn: str,
-            dims: list[int], specials: list[bool], activation: str, alpha: float | None, limit: float | None,
-            layout: str) -> torch.Tensor:
+            dims: list[int], specials: list[bool], mma_gu: list[int], mma_dn: list[int], activation: str,
+            alpha: float | None, limit: float | None, layout: str) -> torch.Tensor:
     h2, hid, inter = dims
-    gu = _unpack(gu_codes, gu_scales, gu_zp, gu_gs, fmt_gu, h2, hid, specials[0])
-    dn = _unpack(dn_codes, dn_scales, dn_zp, dn_gs, fmt_dn, hid, inter, specials[1])
+    gu = _unpack(gu_codes, gu_scales, gu_zp, gu_gs, gu_words, gu_wscales, fmt_gu, h2, hid, specials[0], mma_gu)
+    dn = _unpack(dn_codes, dn_scales, dn_zp, dn_gs, dn_words, dn_wscales, fmt_dn, hid, inter, specials[1], mma_dn)
     if x.device.type == "cuda":
         return _experts_forward(x, gu, dn, top_k_index, top_k_weights, gate_up_bias, down_bias, activation, alpha,
                                 limit, layout)
@@ -163,8 +188,9 @@ def _moe_op(x: torch.Tensor, gu_codes: torch.Tensor, gu_scales: torch.Tensor, gu
 
 
 @_moe_op.register_fake
-def _(x, gu_codes, gu_scales, gu_zp, gu_gs, dn_codes, dn_scales, dn_zp, dn_gs, top_k_index, top_k_weights,
-      gate_up_bias, down_bias, fmt_gu, fmt_dn, dims, specials, activation, alpha, limit, layout):
+def _(x, gu_codes, gu_scales, gu_zp, gu_gs, gu_words, gu_wscales, dn_codes, dn_scales, dn_zp, dn_gs, dn_words,
+      dn_wscales, top_k_index, top_k_weights, gate_up_bias, down_bias, fmt_gu, fmt_dn, dims, specials, mma_gu, mma_dn,
+      activation, alpha, limit, layout):
     return x.new_empty((x.shape[0], dims[1]))
 
 
@@ -223,6 +249,6 @@ def moe_experts(x: torch.Tensor, w_gate_up: QTensor | PackedExperts, w_down: QTe
     _check_bias(gate_up_bias, e, h2, x.device, "gate_up_bias", _MOE)
     _check_bias(down_bias, e, hid, x.device, "down_bias", _MOE)
     return torch.ops.microscale.moe_experts(
-        x, gu.codes, gu.scales, gu.zero_points, gu.global_scale, dn.codes, dn.scales, dn.zero_points,
-        dn.global_scale, top_k_index, top_k_weights, gate_up_bias, down_bias, fmt_json(gu.fmt), fmt_json(dn.fmt),
-        [h2, hid, h2 // 2], [gu.specials, dn.specials], activation, alpha, limit, layout)
+        x, *_tensors(gu), *_tensors(dn), top_k_index, top_k_weights, gate_up_bias, down_bias, fmt_json(gu.fmt),
+        fmt_json(dn.fmt), [h2, hid, h2 // 2], [gu.specials, dn.specials], _mma(gu), _mma(dn), activation, alpha,
+        limit, layout)

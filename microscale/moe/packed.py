@@ -5,6 +5,7 @@ its canonical layout and is never modified.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +22,10 @@ OP = "microscale.grouped_linear"
 class PackedExperts:
     """Stacked :class:`~microscale.linear.PackedLinearWeight` tensors: ``codes`` int32
     ``[E, N, KW]``, ``scales`` int32 ``[E, N/block_rows, SW]``, ``zero_points`` like scales or
-    None, one ``global_scale`` (float32 ``[1]``) for all experts or None."""
+    None, one ``global_scale`` (float32 ``[1]``) for all experts or None. For E2M1 weights the
+    decode path's tensor-core kernel takes (:func:`mma_operand`): ``words`` (the QTensor's own
+    codes as int32 ``[E, N, K/8]``, a view), ``wscales`` (its scale bytes ``[E, N, K/block]``) and
+    ``mma`` = (scale kind, E8M0 input, power of two of the epilogue); else None."""
 
     fmt: Format
     e: int
@@ -33,6 +37,9 @@ class PackedExperts:
     zero_points: torch.Tensor | None
     global_scale: torch.Tensor | None
     specials: bool
+    words: torch.Tensor | None = None
+    wscales: torch.Tensor | None = None
+    mma: tuple[int, int, int] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -68,8 +75,36 @@ def check_experts(q: QTensor, name: str = "w") -> None:
                          f"{q.fmt.name} block ({q.fmt.block_rows}x{q.fmt.block_size})")
 
 
+def mma_operand(q: QTensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int]] | None:
+    """``(words, scale bytes, (scale kind, E8M0 input, epilogue exponent))`` of a 3-D E2M1 weight for
+    the decode path's tensor-core kernel (the linear op's ``gemv_mma`` decode, exact bf16 products),
+    or None where it does not apply: codes other than E2M1 with UE4M3 (16) or E8M0 (32) block scales,
+    K not a multiple of 64, E8M0 scales wider than its window (see
+    :func:`microscale.linear.weight_state.e8m0_window`), or a scan not possible (CUDA graph capture)."""
+    from ..linear.backends.gemv_mma import gemv_mma_scale_args
+    from ..linear.weight_state import e8m0_window
+
+    f = q.fmt
+    el = f.element
+    if not (el.kind == "float" and (el.bits, el.mbits, el.bias) == (4, 1, 1) and not f.zero_point
+            and f.block_rows == 1 and (f.scale.name, f.block_size) in (("ue4m3", 16), ("e8m0", 32))):
+        return None
+    e, n, k = (int(v) for v in q.shape)
+    if k % 64 or tuple(q.scales.shape) != (e, n, k // f.block_size):
+        return None
+    if f.scale.name == "e8m0" and e8m0_window(q) is None:
+        return None
+    sk, ke, post = gemv_mma_scale_args(q)
+    words = q.data.contiguous().view(torch.int32)
+    sb = q.scales.contiguous().view(torch.uint8)
+    if words.data_ptr() % 16 or sb.data_ptr() % 4:
+        return None
+    return words, sb, (sk, ke, int(math.log2(post)))
+
+
 def prepare_experts(q: QTensor) -> PackedExperts:
-    """Repack a 3-D QTensor ``[E, N, K]`` for the grouped kernel (load time; one repack per expert)."""
+    """Repack a 3-D QTensor ``[E, N, K]`` for the grouped kernel (load time; one repack per expert),
+    with the decode path's view of E2M1 weights (:func:`mma_operand`)."""
     check_experts(q)
     e, n, k = (int(s) for s in q.shape)
     parts = []
@@ -80,8 +115,10 @@ def prepare_experts(q: QTensor) -> PackedExperts:
     stack = lambda name: None if getattr(parts[0], name) is None else \
         torch.stack([getattr(p, name) for p in parts]).contiguous()  # noqa: E731
     fmt_json(q.fmt)
+    mo = mma_operand(q)
     return PackedExperts(q.fmt, e, n, k, parts[0].container_bits, stack("codes"), stack("scales"),
-                         stack("zero_points"), parts[0].global_scale, any(p.specials for p in parts))
+                         stack("zero_points"), parts[0].global_scale, any(p.specials for p in parts),
+                         *(mo if mo is not None else (None, None, None)))
 
 
 @torch.compiler.disable

@@ -78,6 +78,27 @@ def test_grouped_kernel_formats(fmt, gen):
     assert rel(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("fmt,cfg", [
+    ("mxfp4", GroupedConfig(block_n=64, block_m=16, block_kw=64, split_k=1, pair=True)),
+    ("nvfp4", GroupedConfig(block_n=64, block_m=32, block_kw=64, num_warps=8)),
+    ("mxfp8_e4m3", GroupedConfig(block_n=64, block_m=16, block_kw=128, split_k=2)),
+    ("int4_affine_g32", GroupedConfig(block_n=64, block_m=16, block_kw=64, split_k=1))])
+def test_grouped_kernel_ragged_k_steps(fmt, cfg, gen):
+    """K steps that do not divide a row's packed words (K = 768: 96 words of 4-bit codes, 192 of
+    8-bit): the last step of each K range is partial, and every row still equals the float64
+    reference (poisoned output, empty experts)."""
+    e, n, k = 3, 64, 768
+    q = ms.quantize(torch.randn(e, n, k, generator=gen), fmt)
+    pe = prepare_experts(q)
+    assert pe.codes.shape[2] % cfg.block_kw
+    offs = offsets_of([2, 0, 19])
+    x = torch.randn(21, k, generator=gen).bfloat16()
+    out = torch.full((21, n), float("nan"), dtype=torch.bfloat16)
+    grouped_run(x, pe, offs, config=cfg, out=out)
+    assert not out.isnan().any()
+    assert rel(out, grouped_linear_reference(x.double(), q.dequantize(torch.float64), offs)) < 1e-2
+
+
 @pytest.mark.parametrize("case", ["one_expert", "t1", "split_k", "prefill_tiles", "gather"])
 def test_grouped_kernel_routes(case, gen):
     e, n, k = 6, 64, 256

@@ -201,6 +201,29 @@ def _load(ws, ss, xs, LASM: tl.constexpr, LCONS: tl.constexpr, NOUT: tl.constexp
 
 
 @triton.jit
+def _sum_splits(accs, ws_ptr, cnt_ptr, tile, tiles, pid_k, e, NA: tl.constexpr, NW: tl.constexpr,
+                SPLIT_K: tl.constexpr):
+    """Split-K partials of one tile (``NA`` per-thread accumulators): each split stores its own in the
+    workspace; the last split of ``tile`` to arrive (counter ``cnt_ptr[tile]``, zero on entry, reset to
+    zero) gets their sum in split order (deterministic). Returns ``(sums or own partials, is last)``."""
+    for ci in tl.static_range(NA):
+        tl.store(ws_ptr + ((pid_k * tiles + tile).to(tl.int64) * NA + ci) * (32 * NW) + e, accs[ci])
+    tl.debug_barrier()  # every partial of this program is stored before the release below
+    last = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1
+    if last:
+        tot = ()
+        for ci in tl.static_range(NA):
+            v = tl.zeros([32 * NW], dtype=tl.float32)
+            for sp in tl.static_range(SPLIT_K):  # split order: deterministic
+                v += tl.load(ws_ptr + ((sp * tiles + tile).to(tl.int64) * NA + ci) * (32 * NW) + e,
+                             cache_modifier=".cg")
+            tot = tot + (v,)
+        accs = tot
+        tl.store(cnt_ptr + tile, 0)  # ready for the next call
+    return accs, last
+
+
+@triton.jit
 def _gemv_mma_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, ke,
     N, M, stride_x, stride_w, stride_s, stride_o, post,
@@ -267,21 +290,8 @@ def _gemv_mma_kernel(
     NA: tl.constexpr = 4 * RG * TG
     last = True
     if SPLIT_K > 1:
-        tiles = tl.num_programs(0)
-        for ci in tl.static_range(NA):
-            tl.store(ws_ptr + ((pid_k * tiles + pid_n) * NA + ci) * (32 * NW) + e, accs[ci])
-        tl.debug_barrier()  # every partial of this program is stored before the release below
-        last = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1
+        accs, last = _sum_splits(accs, ws_ptr, cnt_ptr, pid_n, tl.num_programs(0), pid_k, e, NA, NW, SPLIT_K)
     if last:
-        if SPLIT_K > 1:
-            tot = ()
-            for ci in tl.static_range(NA):
-                v = tl.zeros([32 * NW], dtype=tl.float32)
-                for sp in tl.static_range(SPLIT_K):  # split order: deterministic
-                    v += tl.load(ws_ptr + ((sp * tiles + pid_n) * NA + ci) * (32 * NW) + e, cache_modifier=".cg")
-                tot = tot + (v,)
-            accs = tot
-            tl.store(cnt_ptr + pid_n, 0)  # ready for the next call
         for ri in tl.static_range(RG):
             for qi in tl.static_range(TG):
                 for ci in tl.static_range(4):

@@ -44,6 +44,7 @@ def _grouped_kernel(
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT_K: tl.constexpr,
     INTERP: tl.constexpr, ITERS: tl.constexpr, SB: tl.constexpr, EVEN_K: tl.constexpr, PAIR: tl.constexpr = False,
     ACT: tl.constexpr = 0, CONCAT: tl.constexpr = False, SCATTER: tl.constexpr = False,
+    RAGGED: tl.constexpr = False,
 ):
     """out^T tile [BLOCK_N, BLOCK_M] of one expert's row tile over a K range."""
     S: tl.constexpr = 32 // CB  # containers per word
@@ -85,13 +86,21 @@ def _grouped_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for it in range(ITERS):
         kw0 = kw_start + it * BLOCK_KW
-        step_ok = kw0 < kw_end
         kw = kw0 + offs_w
-        words = tl.load(wp + offs_n[:, None] * stride_wn + kw[None, :], mask=n_ok[:, None] & step_ok, other=0)
+        if RAGGED:  # layout tiles of this step inside the K range (the last step of a range may be partial)
+            tile_ok = kw0 + offs_t * 8 < kw_end
+            wmask = n_ok[:, None] & (kw < kw_end)[None, :]
+            tmask = n_ok[:, None] & tile_ok[None, :]
+            x_ok = m_ok[:, None, None] & tile_ok[None, :, None]
+        else:  # whole steps: one flag a step (keeps the loads vectorized)
+            step_ok = kw0 < kw_end
+            wmask = n_ok[:, None] & step_ok
+            tmask = n_ok[:, None] & step_ok
+            x_ok = m_ok[:, None, None] & step_ok
+        words = tl.load(wp + offs_n[:, None] * stride_wn + kw[None, :], mask=wmask, other=0)
         k_base = kw0 * S
         for j in tl.static_range(HS):
             gt = ((kw0 // 8 + offs_t) * TK + j * 16) // GROUP
-            tmask = n_ok[:, None] & step_ok
             scale = _bcast_words(_decode_scale(_load_entries(sp, srow, stride_sn, gt, tmask, SB), SCALE_KIND),
                                  BLOCK_N, NT)
             if HAS_ZP:
@@ -103,10 +112,11 @@ def _grouped_kernel(
             a = tl.reshape(tl.join(lo.to(x_ptr.dtype.element_ty), hi.to(x_ptr.dtype.element_ty)),
                            [BLOCK_N, 2 * BLOCK_KW])
             xk = k_base + j * 16 + xq
+            # (masked words decode to finite values: a zero x there keeps them out of the sums)
             if EVEN_K:
-                xmask = m_ok[:, None, None] & step_ok
+                xmask = x_ok
             else:
-                xmask = m_ok[:, None, None] & step_ok & (xk < K)[None, :, :]
+                xmask = x_ok & (xk < K)[None, :, :]
             xt = tl.load(x_ptr + src[:, None, None] * stride_xm + xk[None, :, :], mask=xmask, other=0.0)
             xt = tl.trans(tl.reshape(xt, [BLOCK_M, 2 * BLOCK_KW]))
             acc = _mma(a, xt, acc, INTERP)
