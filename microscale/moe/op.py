@@ -7,6 +7,7 @@ Triton kernel on CUDA (:mod:`.grouped`), the float64 reference (:mod:`.reference
 """
 from __future__ import annotations
 
+import functools
 import json
 
 import torch
@@ -21,8 +22,14 @@ __all__ = ["grouped_linear", "moe_experts", "route_tokens"]
 _MOE = "microscale.moe_experts"
 
 
+@functools.lru_cache(maxsize=256)
+def _format(fmt_j: str) -> Format:
+    """The format of a custom op's JSON argument, parsed once per string (a parse costs ~15 µs a call)."""
+    return Format.from_dict(json.loads(fmt_j))
+
+
 def _unpack(codes, scales, zp, gs, words, wscales, fmt_j, n, k, specials, mma) -> PackedExperts:
-    fmt = Format.from_dict(json.loads(fmt_j))
+    fmt = _format(fmt_j)
     return PackedExperts(fmt, codes.shape[0], n, k, 4 if fmt.element.bits <= 4 else 8, codes, scales, zp, gs,
                          specials, words, wscales, tuple(mma) if mma else None)
 

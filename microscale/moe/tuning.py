@@ -1,6 +1,7 @@
 """The grouped kernel's config, chosen per row bucket (overridable in code: pass ``config``)."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -46,6 +47,11 @@ def choose_config(rows: int, experts: int, n: int, kw: int, cb: int, device: tor
     :data:`DECODE_PROGRAMS_PER_SM` programs per SM stream the touched experts (N tiles x touched
     experts x splits). Prefill: 64 or 128 rows per tile, each weight tile decoded once per K step
     for all of them. ``pair``: the weight is :func:`pair_eligible` for x's dtype."""
+    return _choose(rows, experts, n, kw, cb, pair, target.num_sms(device))
+
+
+@functools.lru_cache(maxsize=1024)  # a pure function of its arguments, asked twice a call
+def _choose(rows: int, experts: int, n: int, kw: int, cb: int, pair: bool, sms: int) -> GroupedConfig:
     bn = 128 if n >= 128 else 64
     bkw = 32 if cb == 4 else 64
     while kw % bkw:
@@ -54,7 +60,7 @@ def choose_config(rows: int, experts: int, n: int, kw: int, cb: int, device: tor
     per_expert = rows / max(1.0, touched)
     if per_expert <= 16:
         tiles = cdiv(n, bn) * max(1, math.floor(touched))
-        want = DECODE_PROGRAMS_PER_SM * target.num_sms(device)
+        want = DECODE_PROGRAMS_PER_SM * sms
         split = max(1, min(math.ceil(want / tiles), kw // bkw, 16))
         return GroupedConfig(block_n=bn, block_m=16, block_kw=bkw, split_k=split, pair=pair)
     bm = 64 if per_expert <= 96 else 128
