@@ -54,14 +54,14 @@ def _choose(rows: int, experts: int, n: int, kw: int, sms: int) -> DecodeConfig:
     warps = cdiv(n, 16 * c.row_groups) * tiles
     step = 4 * c.words_per_lane
     split = 1
-    while warps * split < 12 * sms and cdiv(kw, step * split * 2) >= 2 and split < 16:
+    while warps * split < 6 * sms and cdiv(kw, step * split * 2) >= 2 and split < 16:
         split *= 2
     return DecodeConfig(c.row_groups, c.words_per_lane, c.num_warps, split)
 
 
 def choose_decode_config(rows: int, experts: int, n: int, k: int, device: torch.device) -> DecodeConfig:
     """Two 16-row groups a warp, 8 words a lane and step, 2 warps a program (the linear op's
-    ``gemv_mma`` choice up to 8 tokens); K split by powers of two until about 12 warps per SM
+    ``gemv_mma`` choice up to 8 tokens); K split by powers of two until about 6 warps per SM
     stream the touched experts' rows (each K range at least two steps)."""
     return _choose(rows, experts, n, k // 8, target.num_sms(device))
 
