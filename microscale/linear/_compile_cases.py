@@ -64,6 +64,9 @@ def _launches(mode: str) -> None:
             q = dataclasses.replace(q0, data=_dev(q0.data), scales=_dev(q0.scales),
                                     global_scale=_dev(q0.global_scale), zero_points=_dev(q0.zero_points))
             pw = prepare(q0)
+            q1 = reference.quantize(torch.randn(256, 1440), name) if 1440 % registry[name].block_size == 0 else None
+            q_odd_k = q1 and dataclasses.replace(q1, data=_dev(q1.data), scales=_dev(q1.scales),
+                                                 global_scale=_dev(q1.global_scale), zero_points=_dev(q1.zero_points))
             for dtype in (torch.bfloat16,) if smoke else (torch.bfloat16, torch.float16):
                 for m in ms_:
                     x = _dev(torch.zeros(m, 1024, dtype=dtype))
@@ -73,6 +76,8 @@ def _launches(mode: str) -> None:
                         _try(gv.gemv, x, q, None, use_asm=True)
                     if gmma.gemv_mma_supported(q, x):
                         _try(gmma.gemv_mma, x, q, None)
+                        if q_odd_k is not None and m <= 16:  # K not a multiple of the step (gpt-oss's 2880: lanes past the row)
+                            _try(gmma.gemv_mma, _dev(torch.zeros(m, 1440, dtype=dtype)), q_odd_k, None)
                     if dt.decode_tma_reason(q, x) is None:
                         dt.decode_tma_run(x, q, None)
                     if pws.prefill_ws_reason(q, x) is None:

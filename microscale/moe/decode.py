@@ -74,6 +74,7 @@ def decode_run(x: torch.Tensor, pe: PackedExperts, offsets: torch.Tensor, bias: 
     epilogues) on the decode kernel; ``tiles``: the tile map for :data:`DECODE_TILE_ROWS`-row tiles.
     ``pe`` must carry its decode view (``pe.mma``) and ``x`` be bf16 with unit last stride."""
     from ..linear._kernels import _gemv_mma as mk
+    from ..linear.backends.gemv_mma import split_words
     from ._kernels import _decode_mma as kern
     from .grouped import max_tiles, tile_map
 
@@ -94,7 +95,9 @@ def decode_run(x: torch.Tensor, pe: PackedExperts, offsets: torch.Tensor, bias: 
     kw = k // 8
     wpg = pe.fmt.block_size // 8
     step = 4 * c.words_per_lane
-    per = cdiv(cdiv(kw, c.split_k), step) * step
+    per = split_words(kw, c)
+    if kw % c.words_per_lane or per is None:
+        raise ValueError(f"{OP}: K={k} does not split into {c.split_k} ranges of {8 * step}-element steps")
     mt = max_tiles(r, pe.e, DECODE_TILE_ROWS)
     te, tb = tiles if tiles is not None else tile_map(offsets, DECODE_TILE_ROWS, mt)
     sk, ke, post = pe.mma

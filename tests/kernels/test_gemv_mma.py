@@ -9,6 +9,8 @@ kernel itself (``bash benchmarks/run_gpu.sh`` runs them on an H100 / H200).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import re
 
 import ml_dtypes
@@ -17,6 +19,7 @@ import pytest
 import torch
 
 import microscale as ms
+from microscale.runtime.launch import cdiv
 from microscale.linear.backends import gemv_mma as gmma
 from microscale.linear import tuning
 from microscale.linear import weight_state as wst
@@ -228,7 +231,8 @@ def emulate(x: torch.Tensor, q, c: gmma.GemvMmaConfig) -> np.ndarray:
     warp = Warp(mem)
     out = np.zeros((m, n))
     g, t = warp.g, warp.t
-    per = kw // c.split_k
+    per = cdiv(cdiv(kw, c.split_k), step) * step  # words a split: whole steps (the host's rule)
+    even = per * c.split_k == kw
     for pid_n in range(-(-n // (16 * rg * c.num_warps))):
         for pid_k in range(c.split_k):
             for wi in range(c.num_warps):
@@ -238,9 +242,13 @@ def emulate(x: torch.Tensor, q, c: gmma.GemvMmaConfig) -> np.ndarray:
                 ss = [s0 + np.minimum(base + 8 * r, n - 1) * (kw // wpg) + k0 // wpg for r in range(2 * rg)]
                 xs = [x0 + np.minimum(g + 8 * qq, m - 1) * (k * 2) + k0 * 16 for qq in range(tg)]
                 accs = [np.zeros(32) for _ in range(4 * rg * tg)]
+                last_w = kw - wpl - k0
                 for i in range(0, per, step):
-                    d = warp.run(lasm, lcons, [a + i * 4 for a in ws] + [a + i // wpg for a in ss])
-                    dx = warp.run(xasm, xcons, [a + i * 16 for a in xs])
+                    off = np.full(32, i) if even else np.minimum(i, last_w)  # past the row: its last words
+                    d = warp.run(lasm, lcons, [a + off * 4 for a in ws] + [a + off // wpg for a in ss])
+                    dx = warp.run(xasm, xcons, [a + off * 16 for a in xs])
+                    if not even:  # (and zeroed activations)
+                        dx = [np.where(k0 + i < kw, v, 0).astype(np.uint32) for v in dx]
                     extra = [np.full(32, ke)] if sk == kern.SK_E8M0 else []
                     accs = warp.run(sasm, scons, d + dx + accs + extra)
                 for i in range(rg):
@@ -317,6 +325,19 @@ def test_generated_ptx_k_not_a_multiple_of_1024(gen):
     _check(emulate(x, q, gmma.GemvMmaConfig(2, 8, 1)), x, q)
 
 
+@pytest.mark.parametrize("name,k,m,cfg", [
+    ("mxfp4", 2880, 1, gmma.GemvMmaConfig(2, 8, 1)),  # gpt-oss hidden size: 11.25 steps
+    ("nvfp4", 576, 3, gmma.GemvMmaConfig(1, 8, 1, split_k=2)),  # split ranges of whole steps, the last short
+    ("mxfp4", 320, 9, gmma.GemvMmaConfig(1, 4, 1, split_k=2)),  # a split past the row's end
+])
+def test_generated_ptx_k_not_a_multiple_of_the_step(name, k, m, cfg, gen):
+    """K a multiple of a lane's words only: lanes past the row re-read its last words with zeroed activations."""
+    q, x = _case(name, 24, k, m, gen)
+    assert gmma.gemv_mma_reason(q, x, cfg) in (None, "needs CUDA tensors")
+    _check(emulate(x, q, cfg), x, q)
+    assert "empty" in gmma.gemv_mma_reason(q, x, dataclasses.replace(cfg, split_k=8))  # a range past the row
+
+
 def test_emulator_catches_a_wrong_pairing(gen, monkeypatch):
     """The check can fail: pairing activations (j, j+1) instead of (j, j+4) is caught."""
     q, x = _case("nvfp4", 16, 512, 1, gen)
@@ -368,8 +389,8 @@ def test_supported_and_config_rules(gen):
                       ((x.half(), q), "needs bfloat16"),
                       ((torch.randn(17, 1024).to(torch.bfloat16), q), "1..16 tokens"),
                       ((x, ms.quantize(torch.randn(64, 1024, generator=gen), "mxfp8_e4m3")), "serves E2M1"),
-                      ((torch.randn(2, 320).to(torch.bfloat16), ms.quantize(torch.randn(8, 320, generator=gen),
-                                                                             "nvfp4")), "multiple of its K step")]:
+                      ((torch.randn(2, 48).to(torch.bfloat16), ms.quantize(torch.randn(8, 48, generator=gen),
+                                                                            "nvfp4")), "multiple of a lane's words")]:
         with pytest.raises(ValueError, match=msg):
             gmma.gemv_mma(*args)
     with pytest.raises(ValueError, match="bias has shape"):
@@ -445,6 +466,33 @@ def test_gpu_kernel_and_routing(name):
         yg = ms.linear(x, q)
     graph.replay()
     torch.testing.assert_close(yg, y, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+def test_gpu_k_not_a_multiple_of_the_step(name):
+    """K a multiple of a lane's words only (gpt-oss's 2880; 576 with a split past the row): the kernel on
+    the GPU over configs and token counts, and ``ms.linear`` routes such a weight here."""
+    from microscale.linear.routing import explain
+
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_capability(dev) < (9, 0):
+        pytest.skip("Hopper or newer")
+    g = torch.Generator(device=dev).manual_seed(5)
+    for k in (2880, 576):
+        q = ms.quantize(torch.randn(136, k, device=dev, generator=g), name)
+        wd = q.dequantize(torch.float64)
+        bias = torch.randn(136, device=dev, generator=g)
+        for m in (1, 5, 16):
+            x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+            ref = x.double() @ wd.T + bias.double()
+            cond = x.double().abs() @ wd.abs().T + bias.double().abs()
+            for cfg in (None, gmma.GemvMmaConfig(1, 4, 1, split_k=2), gmma.GemvMmaConfig(2, 8, 2, split_k=2),
+                        gmma.GemvMmaConfig(2, 8, 2, split_k=4 if k == 2880 else 1)):
+                out = gmma.gemv_mma(x, q, bias, cfg)
+                assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (k, m, cfg)
+        x = torch.randn(1, k, device=dev, generator=g).to(torch.bfloat16)
+        assert explain(x, q)[-1] == ("gemv_mma", None)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")

@@ -224,11 +224,69 @@ def _sum_splits(accs, ws_ptr, cnt_ptr, tile, tiles, pid_k, e, NA: tl.constexpr, 
 
 
 @triton.jit
+def _k_steps(ws, ss, xs, k0, ke, KW, KW_PER_SPLIT: tl.constexpr, RG: tl.constexpr, WPL: tl.constexpr,
+             TG: tl.constexpr, WPG: tl.constexpr, SK: tl.constexpr, EVEN_K: tl.constexpr, LASM: tl.constexpr,
+             LCONS: tl.constexpr, NOUT: tl.constexpr, XASM: tl.constexpr, XCONS: tl.constexpr, NXOUT: tl.constexpr,
+             SASM: tl.constexpr, SCONS: tl.constexpr, NW: tl.constexpr):
+    """The K loop of one K range: ``ws`` / ``ss`` the lane's code and scale addresses of its ``2 * RG``
+    row slots at word ``k0``, ``xs`` its activation addresses; returns the ``4 * RG * TG`` fp32
+    accumulators. Codes and scales of step i+1 are loaded before step i's arithmetic (ptxas moves these
+    loads to the loop's end; loading them ahead into L2 instead measured slower); the activations, L1/L2
+    hits, in their own step (a register prefetch of them measured slower: registers). Without
+    ``EVEN_K`` (K not a multiple of the range's steps) a lane whose words lie past the row (``KW`` words)
+    reads the row's last ``WPL`` words again, in bounds, and zeroes its activations, so they add nothing."""
+    STEP: tl.constexpr = 4 * WPL  # words per row per step
+    accs = ()
+    for c in tl.static_range(4 * RG * TG):
+        accs = accs + (tl.zeros([32 * NW], dtype=tl.float32),)
+    last_w = KW - WPL - k0  # (words from k0 to the row's last WPL words)
+    if EVEN_K:
+        d = _load(ws, ss, (), LASM, LCONS, NOUT)
+    else:
+        o = tl.minimum(0, last_w)
+        ws1 = ()
+        ss1 = ()
+        for r in tl.static_range(2 * RG):
+            ws1 = ws1 + (ws[r] + o * 4,)
+            ss1 = ss1 + (ss[r] + o // WPG,)
+        d = _load(ws1, ss1, (), LASM, LCONS, NOUT)
+    for i in range(0, KW_PER_SPLIT, STEP):
+        nxt = tl.minimum(i + STEP, KW_PER_SPLIT - STEP)  # the last step reloads itself
+        if not EVEN_K:
+            nxt = tl.minimum(nxt, last_w)  # words past the row: its last words again (zeroed activations)
+        ws2 = ()
+        ss2 = ()
+        for r in tl.static_range(2 * RG):
+            ws2 = ws2 + (ws[r] + nxt * 4,)
+            ss2 = ss2 + (ss[r] + nxt // WPG,)
+        d2 = _load(ws2, ss2, (), LASM, LCONS, NOUT)
+        xi = i if EVEN_K else tl.minimum(i, last_w)
+        xs1 = ()
+        for q in tl.static_range(TG):
+            xs1 = xs1 + (xs[q] + xi * 16,)  # bytes per word of the step
+        dx = _load((), (), xs1, XASM, XCONS, NXOUT)
+        if not EVEN_K:
+            live = k0 + i < KW
+            z = ()
+            for v in tl.static_range(NXOUT):
+                z = z + (tl.where(live, dx[v], 0),)
+            dx = z
+        if SK == 1:
+            args = d + dx + accs + (tl.full([32 * NW], 0, tl.int32) + ke,)
+        else:
+            args = d + dx + accs
+        accs = tl.inline_asm_elementwise(SASM, SCONS, args, dtype=(tl.float32,) * (4 * RG * TG), is_pure=True,
+                                         pack=1)
+        d = d2
+    return accs
+
+
+@triton.jit
 def _gemv_mma_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, ke,
-    N, M, stride_x, stride_w, stride_s, stride_o, post,
+    N, M, KW, stride_x, stride_w, stride_s, stride_o, post,
     KW_PER_SPLIT: tl.constexpr, RG: tl.constexpr, WPL: tl.constexpr, TG: tl.constexpr, WPG: tl.constexpr,
-    SK: tl.constexpr, SPLIT_K: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SK: tl.constexpr, SPLIT_K: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     LASM: tl.constexpr, LCONS: tl.constexpr, NOUT: tl.constexpr, XASM: tl.constexpr, XCONS: tl.constexpr,
     NXOUT: tl.constexpr, SASM: tl.constexpr, SCONS: tl.constexpr, NW: tl.constexpr,
 ):
@@ -236,12 +294,8 @@ def _gemv_mma_kernel(
     thread (see the module notes). ``w_ptr``: int32 words of codes; ``s_ptr``: uint8
     scales; ``x_ptr``: bf16. Split-K: each program stores its fp32 partials in the
     workspace ``ws_ptr``; the last of a row tile's splits to arrive (counter ``cnt_ptr[pid_n]``,
-    zero on entry, reset to zero) sums them in split order and writes ``out``.
-    Codes and scales of step i+1 are loaded before step i's arithmetic (ptxas moves these
-    loads to the loop's end; loading them ahead into L2 instead measured slower); the
-    activations, L1/L2 hits, in their own step (a register prefetch of them measured slower:
-    registers)."""
-    STEP: tl.constexpr = 4 * WPL  # words per row per step
+    zero on entry, reset to zero) sums them in split order and writes ``out``. The K loop:
+    :func:`_k_steps` (``KW`` words a row; ``EVEN_K``: the splits cover whole steps)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     e = tl.arange(0, 32 * NW)
@@ -261,29 +315,8 @@ def _gemv_mma_kernel(
     for q in tl.static_range(TG):
         tok = tl.minimum(g + 8 * q, M - 1)
         xs = xs + (_addr(x_ptr + tok.to(tl.int64) * stride_x + k0 * 8),)
-    accs = ()
-    for c in tl.static_range(4 * RG * TG):
-        accs = accs + (tl.zeros([32 * NW], dtype=tl.float32),)
-    d = _load(ws, ss, (), LASM, LCONS, NOUT)
-    for i in range(0, KW_PER_SPLIT, STEP):
-        nxt = tl.minimum(i + STEP, KW_PER_SPLIT - STEP)  # the last step reloads itself
-        ws2 = ()
-        ss2 = ()
-        for r in tl.static_range(2 * RG):
-            ws2 = ws2 + (ws[r] + nxt * 4,)
-            ss2 = ss2 + (ss[r] + nxt // WPG,)
-        d2 = _load(ws2, ss2, (), LASM, LCONS, NOUT)
-        xs1 = ()
-        for q in tl.static_range(TG):
-            xs1 = xs1 + (xs[q] + i * 16,)  # bytes per word of the step
-        dx = _load((), (), xs1, XASM, XCONS, NXOUT)
-        if SK == 1:
-            args = d + dx + accs + (tl.full([32 * NW], 0, tl.int32) + ke,)
-        else:
-            args = d + dx + accs
-        accs = tl.inline_asm_elementwise(SASM, SCONS, args, dtype=(tl.float32,) * (4 * RG * TG), is_pure=True,
-                                         pack=1)
-        d = d2
+    accs = _k_steps(ws, ss, xs, k0, ke, KW, KW_PER_SPLIT, RG, WPL, TG, WPG, SK, EVEN_K, LASM, LCONS, NOUT, XASM,
+                    XCONS, NXOUT, SASM, SCONS, NW)
     scale = post
     if HAS_GS:
         scale = scale * tl.load(gs_ptr)

@@ -9,7 +9,7 @@ import torch
 
 from ...qtensor import QTensor
 from ...runtime import target
-from ...runtime.launch import launch
+from ...runtime.launch import cdiv, launch
 from ...runtime.workspace import workspace
 from .. import tuning
 from ..eligibility import OP, check, e2m1_weight_reason
@@ -41,8 +41,10 @@ def gemv_mma_reason(q: QTensor, x: torch.Tensor, c: GemvMmaConfig) -> str | None
         return f"needs 1..{tuning.get().gemv_mma_max_m} tokens of K={k}"
     if x.dtype != torch.bfloat16:
         return f"needs bfloat16 activations, got {x.dtype}"
-    if c.words_per_lane % 4 or k % (32 * c.words_per_lane):
-        return f"needs K a multiple of its K step ({32 * c.words_per_lane} elements), got K={k}"
+    if c.words_per_lane % 4 or k % (8 * c.words_per_lane):
+        return f"needs K a multiple of a lane's words ({8 * c.words_per_lane} elements), got K={k}"
+    if split_words(k // 8, c) is None:
+        return f"cannot split K={k} into {c.split_k} ranges of whole {32 * c.words_per_lane}-element steps (one would be empty)"
     if not (x.is_cuda and q.data.is_cuda):
         return "needs CUDA tensors"
     if target.capability(x.device) < (9, 0):
@@ -65,8 +67,8 @@ def gemv_mma_default_config(q: QTensor, x: torch.Tensor) -> GemvMmaConfig | None
 def gemv_mma_supported(q: QTensor, x: torch.Tensor, config: GemvMmaConfig | None = None) -> bool:
     """Whether :func:`gemv_mma` serves ``x @ dequant(q)^T``: CUDA (Hopper or newer), bf16
     ``x`` of at most ``tuning.gemv_mma_max_m`` tokens, an unpadded 2-D weight of E2M1 codes with
-    UE4M3 (16) or E8M0 (32) block scales in row-major order, K a multiple of the K step
-    (``32 * words_per_lane`` elements), 16-byte aligned codes and activations; E8M0 scales
+    UE4M3 (16) or E8M0 (32) block scales in row-major order, K a multiple of a lane's words
+    (``8 * words_per_lane`` elements), 16-byte aligned codes and activations; E8M0 scales
     within a 126-binade window (see :func:`e8m0_window`)."""
     c = config or gemv_mma_default_config(q, x)
     return c is not None and gemv_mma_reason(q, x, c) is None
@@ -82,14 +84,14 @@ def choose_gemv_mma_config(n: int, k: int, device: torch.device, m: int = 1) -> 
 @functools.lru_cache(maxsize=1024)  # asked on every call
 def _choose_gemv_mma_config(n: int, k: int, m: int, sms: int) -> GemvMmaConfig:
     d = GemvMmaConfig() if m <= 8 else GemvMmaConfig(words_per_lane=4, num_warps=4)
-    while k % (32 * d.words_per_lane) and d.words_per_lane > 4:
+    while k % (8 * d.words_per_lane) and d.words_per_lane > 4:
         d = replace(d, words_per_lane=d.words_per_lane // 2)
     return _split(d, n, k, sms)
 
 
 def with_gemv_mma_split(c: GemvMmaConfig, n: int, k: int, device: torch.device) -> GemvMmaConfig:
     """``c`` with K split (by powers of two, each slice at least 4 steps) until about 12
-    warps per SM stream the weight."""
+    warps per SM stream the weight; a K of whole steps splits into whole steps only."""
     return _split(c, n, k, target.num_sms(device))
 
 
@@ -99,9 +101,18 @@ def _split(c: GemvMmaConfig, n: int, k: int, sms: int) -> GemvMmaConfig:
     warps = -(-n // (16 * c.row_groups))
     want = 12 * sms
     split = 1
-    while warps * split < want and kw % (step * split * 2) == 0 and kw // (step * split * 2) >= 4:
+    even = kw % step == 0
+    while warps * split < want and (not even or kw % (step * split * 2) == 0) and kw // (step * split * 2) >= 4:
         split *= 2
     return replace(c, split_k=split)
+
+
+def split_words(kw: int, c: GemvMmaConfig) -> int | None:
+    """Words of a row each of ``c.split_k`` K ranges takes (whole steps; the last range may be short),
+    or None when a range would be empty."""
+    step = 4 * c.words_per_lane
+    per = cdiv(cdiv(kw, c.split_k), step) * step
+    return per if per * (c.split_k - 1) < kw else None
 
 
 def gemv_mma_scale_args(q: QTensor) -> tuple[int, int, float]:
@@ -140,8 +151,9 @@ def gemv_mma_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c: Gem
     kw = k // 8
     wpg = f.block_size // 8
     step = 4 * c.words_per_lane
-    if kw % (step * c.split_k):
-        raise ValueError(f"{OP}: K={k} must split into {c.split_k} slices of whole {8 * step}-element steps")
+    per = split_words(kw, c)
+    if kw % c.words_per_lane or per is None:
+        raise ValueError(f"{OP}: K={k} does not split into {c.split_k} ranges of {8 * step}-element steps")
     tg = -(-m // 8)
     sk, ke, post = gemv_mma_scale_args(q)
     lasm, lcons, nout = kern.load_asm(c.row_groups, c.words_per_lane, 0, c.words_per_lane // wpg)
@@ -160,9 +172,9 @@ def gemv_mma_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c: Gem
         ws = cnt = out
     launch(kern._gemv_mma_kernel, (tiles, split),
            x2, wv.words, scales, gs if gs is not None else out, bias if bias is not None else out, out, ws, cnt, ke,
-           n, m, x2.stride(0), kw, scales.stride(0), out.stride(0), post,
-           KW_PER_SPLIT=kw // split, RG=c.row_groups, WPL=c.words_per_lane, TG=tg, WPG=wpg, SK=sk, SPLIT_K=split,
-           HAS_GS=gs is not None, HAS_BIAS=bias is not None, LASM=lasm, LCONS=lcons, NOUT=nout,
+           n, m, kw, x2.stride(0), kw, scales.stride(0), out.stride(0), post,
+           KW_PER_SPLIT=per, RG=c.row_groups, WPL=c.words_per_lane, TG=tg, WPG=wpg, SK=sk, SPLIT_K=split,
+           HAS_GS=gs is not None, HAS_BIAS=bias is not None, EVEN_K=per * split == kw, LASM=lasm, LCONS=lcons, NOUT=nout,
            XASM=xasm, XCONS=xcons, NXOUT=nxout, SASM=sasm, SCONS=scons, NW=c.num_warps,
            num_warps=c.num_warps, num_stages=1)
     return out

@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...linear._kernels._gemv_mma import TID_ASM, _addr, _load, _sum_splits
+from ...linear._kernels._gemv_mma import TID_ASM, _addr, _k_steps, _sum_splits
 
 
 @triton.jit
@@ -51,7 +51,6 @@ def _decode_mma_kernel(
 ):
     """One expert row tile's outputs for ``16 * RG * NW`` weight rows (``8 * RG * NW`` output columns
     with ``ACT``) over one K range."""
-    STEP: tl.constexpr = 4 * WPL  # words per row per step
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_t = tl.program_id(2)
@@ -90,48 +89,8 @@ def _decode_mma_kernel(
         else:
             src = xr
         xs = xs + (_addr(x_ptr + src.to(tl.int64) * stride_x + k0 * 8),)
-    accs = ()
-    for c in tl.static_range(4 * RG * TG):
-        accs = accs + (tl.zeros([32 * NW], dtype=tl.float32),)
-    last_w = KW - WPL - k0  # (words from k0 to the row's last WPL words)
-    if EVEN_K:
-        d = _load(ws, ss, (), LASM, LCONS, NOUT)
-    else:
-        o = tl.minimum(0, last_w)
-        ws1 = ()
-        ss1 = ()
-        for r in tl.static_range(2 * RG):
-            ws1 = ws1 + (ws[r] + o * 4,)
-            ss1 = ss1 + (ss[r] + o // WPG,)
-        d = _load(ws1, ss1, (), LASM, LCONS, NOUT)
-    for i in range(0, KW_PER_SPLIT, STEP):
-        nxt = tl.minimum(i + STEP, KW_PER_SPLIT - STEP)  # the last step reloads itself
-        if not EVEN_K:
-            nxt = tl.minimum(nxt, last_w)  # words past the row: its last words again (zeroed activations)
-        ws2 = ()
-        ss2 = ()
-        for r in tl.static_range(2 * RG):
-            ws2 = ws2 + (ws[r] + nxt * 4,)
-            ss2 = ss2 + (ss[r] + nxt // WPG,)
-        d2 = _load(ws2, ss2, (), LASM, LCONS, NOUT)
-        xi = i if EVEN_K else tl.minimum(i, last_w)
-        xs1 = ()
-        for q in tl.static_range(TG):
-            xs1 = xs1 + (xs[q] + xi * 16,)  # bytes per word of the step
-        dx = _load((), (), xs1, XASM, XCONS, NXOUT)
-        if not EVEN_K:
-            live = k0 + i < KW
-            z = ()
-            for v in tl.static_range(NXOUT):
-                z = z + (tl.where(live, dx[v], 0),)
-            dx = z
-        if SK == 1:
-            args = d + dx + accs + (tl.full([32 * NW], 0, tl.int32) + ke,)
-        else:
-            args = d + dx + accs
-        accs = tl.inline_asm_elementwise(SASM, SCONS, args, dtype=(tl.float32,) * (4 * RG * TG), is_pure=True,
-                                         pack=1)
-        d = d2
+    accs = _k_steps(ws, ss, xs, k0, ke, KW, KW_PER_SPLIT, RG, WPL, TG, WPG, SK, EVEN_K, LASM, LCONS, NOUT, XASM,
+                    XCONS, NXOUT, SASM, SCONS, NW)
     scale = post
     if HAS_GS:
         scale = scale * tl.load(gs_ptr)
