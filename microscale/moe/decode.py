@@ -95,7 +95,7 @@ def decode_run(x: torch.Tensor, pe: PackedExperts, offsets: torch.Tensor, bias: 
     kw = k // 8
     wpg = pe.fmt.block_size // 8
     step = 4 * c.words_per_lane
-    per = split_words(kw, c)
+    per = split_words(kw, c.split_k, c.words_per_lane)
     if kw % c.words_per_lane or per is None:
         raise ValueError(f"{OP}: K={k} does not split into {c.split_k} ranges of {8 * step}-element steps")
     mt = max_tiles(r, pe.e, DECODE_TILE_ROWS)

@@ -19,7 +19,6 @@ import pytest
 import torch
 
 import microscale as ms
-from microscale.runtime.launch import cdiv
 from microscale.linear.backends import gemv_mma as gmma
 from microscale.linear import tuning
 from microscale.linear import weight_state as wst
@@ -231,7 +230,7 @@ def emulate(x: torch.Tensor, q, c: gmma.GemvMmaConfig) -> np.ndarray:
     warp = Warp(mem)
     out = np.zeros((m, n))
     g, t = warp.g, warp.t
-    per = cdiv(cdiv(kw, c.split_k), step) * step  # words a split: whole steps (the host's rule)
+    per = gmma.split_words(kw, c.split_k, wpl)  # words a split (the host's rule)
     even = per * c.split_k == kw
     for pid_n in range(-(-n // (16 * rg * c.num_warps))):
         for pid_k in range(c.split_k):

@@ -15,6 +15,7 @@ import torch
 
 import microscale as ms
 from microscale.linear._kernels import _gemv_mma as mk
+from microscale.linear.backends.gemv_mma import split_words
 from microscale.moe import decode, prepare_experts
 from microscale.moe.grouped import max_tiles, route, tile_map
 from microscale.moe.reference import grouped_linear_reference, swiglu
@@ -35,7 +36,7 @@ def emulate(x, pe, offsets, c: decode.DecodeConfig, rows=None, gather_div=1, act
     kw, wpg = k // 8, pe.fmt.block_size // 8
     rg, wpl, nw, split = c.row_groups, c.words_per_lane, c.num_warps, c.split_k
     step = 4 * wpl
-    per = cdiv(cdiv(kw, split), step) * step
+    per = split_words(kw, split, wpl)  # (the host's rule)
     even = per * split == kw
     sk, ke, post = pe.mma
     codes = pe.words.contiguous().view(torch.uint8).numpy().reshape(-1)
@@ -133,7 +134,7 @@ def _close(got, want, cond):
 @pytest.mark.parametrize("fmt,k,counts,cfg,bias", [
     ("mxfp4", 320, [2, 0, 11], decode.DecodeConfig(2, 8, 2, 1), False),  # K past the step; two tiles of one expert
     ("nvfp4", 512, [1, 3, 0, 2], decode.DecodeConfig(2, 8, 2, 2), True),  # K split, even
-    ("mxfp4", 192, [4, 1], decode.DecodeConfig(1, 8, 1, 2), True),  # the second K range wholly past the row
+    ("mxfp4", 448, [4, 1], decode.DecodeConfig(1, 8, 1, 2), True),  # the second K range partly past the row
 ])
 def test_decode_ptx_grouped_rows_match_float64(fmt, k, counts, cfg, bias, gen):
     n = 40  # a partial row group
@@ -188,7 +189,8 @@ def test_decode_ptx_experts_epilogues(layout, activation, fmt, gen):
 
 def test_decode_view_and_eligibility(gen):
     """E2M1 experts carry the decode view (the QTensor's own bytes); other formats and K not a
-    multiple of 64 do not; the config splits K until ~12 warps per SM stream the touched experts."""
+    multiple of 64 do not; the config splits K until ~6 warps per SM stream the touched experts; a split
+    that would leave a K range empty is refused."""
     from microscale.runtime import target
 
     q = ms.quantize(torch.randn(3, 64, 2880, generator=gen), "mxfp4")
@@ -198,7 +200,11 @@ def test_decode_view_and_eligibility(gen):
     assert prepare_experts(ms.quantize(torch.randn(2, 64, 256, generator=gen), "mxfp8_e4m3")).mma is None
     assert prepare_experts(ms.quantize(torch.randn(2, 64, 96, generator=gen), "nvfp4")).mma is None
     assert not decode.decode_eligible(pe, torch.zeros(4, 2880, dtype=torch.bfloat16), 4)  # (CPU tensors)
+    small = prepare_experts(ms.quantize(torch.randn(2, 16, 192, generator=gen), "mxfp4"))
+    with pytest.raises(ValueError, match="does not split into 2 ranges"):  # 24 words: the second range empty
+        decode.decode_run(torch.randn(1, 192).to(torch.bfloat16), small, torch.tensor([0, 1, 1], dtype=torch.int32),
+                          config=decode.DecodeConfig(1, 8, 1, 2))
     with target.override(num_sms=132):
         c = decode.choose_decode_config(4, 32, 5760, 2880, torch.device("cpu"))
-        assert (5760 // 32) * 4 * c.split_k >= 12 * 132 // 2 and c.split_k <= 16
+        assert (5760 // 32) * 4 * c.split_k >= 6 * 132 and c.split_k <= 16
         assert decode.choose_decode_config(4, 32, 5760, 128, torch.device("cpu")).split_k == 1

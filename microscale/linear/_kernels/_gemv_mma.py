@@ -224,6 +224,18 @@ def _sum_splits(accs, ws_ptr, cnt_ptr, tile, tiles, pid_k, e, NA: tl.constexpr, 
 
 
 @triton.jit
+def _load_at(ws, ss, off, RG: tl.constexpr, WPG: tl.constexpr, LASM: tl.constexpr, LCONS: tl.constexpr,
+             NOUT: tl.constexpr):
+    """Codes and scales of the ``2 * RG`` row slots ``off`` words past ``ws`` / ``ss``."""
+    ws1 = ()
+    ss1 = ()
+    for r in tl.static_range(2 * RG):
+        ws1 = ws1 + (ws[r] + off * 4,)
+        ss1 = ss1 + (ss[r] + off // WPG,)
+    return _load(ws1, ss1, (), LASM, LCONS, NOUT)
+
+
+@triton.jit
 def _k_steps(ws, ss, xs, k0, ke, KW, KW_PER_SPLIT: tl.constexpr, RG: tl.constexpr, WPL: tl.constexpr,
              TG: tl.constexpr, WPG: tl.constexpr, SK: tl.constexpr, EVEN_K: tl.constexpr, LASM: tl.constexpr,
              LCONS: tl.constexpr, NOUT: tl.constexpr, XASM: tl.constexpr, XCONS: tl.constexpr, NXOUT: tl.constexpr,
@@ -243,23 +255,12 @@ def _k_steps(ws, ss, xs, k0, ke, KW, KW_PER_SPLIT: tl.constexpr, RG: tl.constexp
     if EVEN_K:
         d = _load(ws, ss, (), LASM, LCONS, NOUT)
     else:
-        o = tl.minimum(0, last_w)
-        ws1 = ()
-        ss1 = ()
-        for r in tl.static_range(2 * RG):
-            ws1 = ws1 + (ws[r] + o * 4,)
-            ss1 = ss1 + (ss[r] + o // WPG,)
-        d = _load(ws1, ss1, (), LASM, LCONS, NOUT)
+        d = _load_at(ws, ss, tl.minimum(0, last_w), RG, WPG, LASM, LCONS, NOUT)
     for i in range(0, KW_PER_SPLIT, STEP):
         nxt = tl.minimum(i + STEP, KW_PER_SPLIT - STEP)  # the last step reloads itself
         if not EVEN_K:
             nxt = tl.minimum(nxt, last_w)  # words past the row: its last words again (zeroed activations)
-        ws2 = ()
-        ss2 = ()
-        for r in tl.static_range(2 * RG):
-            ws2 = ws2 + (ws[r] + nxt * 4,)
-            ss2 = ss2 + (ss[r] + nxt // WPG,)
-        d2 = _load(ws2, ss2, (), LASM, LCONS, NOUT)
+        d2 = _load_at(ws, ss, nxt, RG, WPG, LASM, LCONS, NOUT)
         xi = i if EVEN_K else tl.minimum(i, last_w)
         xs1 = ()
         for q in tl.static_range(TG):

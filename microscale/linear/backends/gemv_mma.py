@@ -43,7 +43,7 @@ def gemv_mma_reason(q: QTensor, x: torch.Tensor, c: GemvMmaConfig) -> str | None
         return f"needs bfloat16 activations, got {x.dtype}"
     if c.words_per_lane % 4 or k % (8 * c.words_per_lane):
         return f"needs K a multiple of a lane's words ({8 * c.words_per_lane} elements), got K={k}"
-    if split_words(k // 8, c) is None:
+    if split_words(k // 8, c.split_k, c.words_per_lane) is None:
         return f"cannot split K={k} into {c.split_k} ranges of whole {32 * c.words_per_lane}-element steps (one would be empty)"
     if not (x.is_cuda and q.data.is_cuda):
         return "needs CUDA tensors"
@@ -107,12 +107,12 @@ def _split(c: GemvMmaConfig, n: int, k: int, sms: int) -> GemvMmaConfig:
     return replace(c, split_k=split)
 
 
-def split_words(kw: int, c: GemvMmaConfig) -> int | None:
-    """Words of a row each of ``c.split_k`` K ranges takes (whole steps; the last range may be short),
-    or None when a range would be empty."""
-    step = 4 * c.words_per_lane
-    per = cdiv(cdiv(kw, c.split_k), step) * step
-    return per if per * (c.split_k - 1) < kw else None
+def split_words(kw: int, split_k: int, words_per_lane: int) -> int | None:
+    """Words of a ``kw``-word row each of ``split_k`` K ranges takes (whole steps of ``4 * words_per_lane``
+    words; the last range may be short), or None when a range would be empty."""
+    step = 4 * words_per_lane
+    per = cdiv(cdiv(kw, split_k), step) * step
+    return per if per * (split_k - 1) < kw else None
 
 
 def gemv_mma_scale_args(q: QTensor) -> tuple[int, int, float]:
@@ -151,7 +151,7 @@ def gemv_mma_run(x2: torch.Tensor, q: QTensor, bias: torch.Tensor | None, c: Gem
     kw = k // 8
     wpg = f.block_size // 8
     step = 4 * c.words_per_lane
-    per = split_words(kw, c)
+    per = split_words(kw, c.split_k, c.words_per_lane)
     if kw % c.words_per_lane or per is None:
         raise ValueError(f"{OP}: K={k} does not split into {c.split_k} ranges of {8 * step}-element steps")
     tg = -(-m // 8)
