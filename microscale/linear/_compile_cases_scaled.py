@@ -9,6 +9,8 @@ import torch
 from ..reference import quantize
 from ..runtime import target
 from .backends.scaled_exact import choose_scaled_config, fp8_kind, scaled_exact_run
+from .backends.scaled_fp8 import scaled_fp8_launch, scaled_fp8_reason
+from .scaled import prepare_operand
 
 # (activation format, weight format): each element family and scale kind, fp8/FP4/FP6/int/affine
 PAIRS = (("fp8_e4m3_block128", "fp8_e4m3_block128x128"), ("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp8_e4m3", "mxfp4"),
@@ -35,3 +37,5 @@ def launches(mode: str = "full") -> None:
                     scaled_exact_run(a, b, bias, dt, cfg)
                     if fp8_kind(a.fmt, b.fmt):  # the opt-in fp8 path
                         scaled_exact_run(a, b, bias, dt, dataclasses.replace(cfg, fp8=fp8_kind(a.fmt, b.fmt)))
+                    if scaled_fp8_reason(a.fmt, b.fmt) is None:  # fast_accum: fp8 codes straight to the MMA
+                        scaled_fp8_launch(prepare_operand(a), prepare_operand(b), bias, dt)

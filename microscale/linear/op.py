@@ -54,7 +54,7 @@ def _(x, codes, scales, zero_points, global_scale, bias, fmt_json, n, k, special
 
 
 def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.Tensor | None = None, *,
-           act_format: str | Format | None = None) -> torch.Tensor:
+           act_format: str | Format | None = None, fast_accum: bool = False) -> torch.Tensor:
     """``x @ dequant(qweight)^T + bias`` (with ``act_format``: ``quantize(x)`` in place of ``x``).
 
     On CUDA a QTensor weight takes the first backend of :data:`microscale.linear.routing.TABLE` that
@@ -92,12 +92,18 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
             activation scale the weight carries (ModelOpt ``input_scale``, compressed-tensors
             ``input_global_scale``), else x's amax. x may then also be float32; qweight must be a
             QTensor. None (default): weight-only, x stays in its dtype.
+        fast_accum: with ``act_format``, :func:`microscale.scaled_mm`'s ``fast_accum`` (fp8 tensor
+            cores with Hopper's in-instruction sums for fp8-code pairs such as fp8 block-128 W8A8;
+            about 1e-4 relative from the exact result). Refused without ``act_format``.
 
     Returns:
         ``[..., N]`` in x's dtype.
     """
     if act_format is not None:
-        return linear_act(x, qweight, bias, act_format)
+        return linear_act(x, qweight, bias, act_format, fast_accum)
+    if fast_accum:
+        raise ValueError("linear: fast_accum=True needs act_format (it is scaled_mm's allowance; the weight-only "
+                         "kernels are exact)")
     checked = False
     if isinstance(qweight, QTensor):
         plans = key = plan = None

@@ -30,6 +30,10 @@ from .weight_state import INT_VIEW, state
 __all__ = ["scaled_mm", "ScaledOperand", "prepare_operand", "weight_operand", "activation_scale",
            "quantize_activation", "linear_act"]
 
+#: Rows of ``a`` from which ``scaled_mm(..., fast_accum=True)`` takes the fp8 kernel; fewer rows stay on
+#: the exact kernels, which stream the weight at bandwidth (the fp8 MMA's speed only counts beyond).
+FP8_MIN_M = 1
+
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
@@ -95,14 +99,17 @@ def _kernel_device(t: torch.Tensor) -> bool:
 def _scaled_mm_op(a_codes: torch.Tensor, a_scales: torch.Tensor, a_gs: torch.Tensor | None,
                   a_zp: torch.Tensor | None, a_meta: str, b_codes: torch.Tensor, b_scales: torch.Tensor,
                   b_gs: torch.Tensor | None, b_zp: torch.Tensor | None, b_meta: str,
-                  bias: torch.Tensor | None, out_dtype: str) -> torch.Tensor:
+                  bias: torch.Tensor | None, out_dtype: str, fast_accum: bool = False) -> torch.Tensor:
     dt = getattr(torch, out_dtype)
     if _kernel_device(a_codes):
         from .backends import scaled_exact as be
+        from .backends import scaled_fp8
 
         oa = ScaledOperand(a_codes, a_scales, a_zp, a_gs, a_meta)
         ob = ScaledOperand(b_codes, b_scales, b_zp, b_gs, b_meta)
         fa, (m, _), _, _ = parse_meta(a_meta)
+        if fast_accum and scaled_fp8.scaled_fp8_reason(fa, parse_meta(b_meta)[0]) is None:
+            return scaled_fp8.scaled_fp8_launch(oa, ob, bias, dt)
         if m >= be.DEQUANT_GEMM_M and be.bf16_exact(fa) and be.bf16_exact(parse_meta(b_meta)[0]):
             return be.dequant_gemm_launch(oa, ob, bias, dt)
         return be.scaled_exact_launch(oa, ob, bias, dt)
@@ -111,20 +118,22 @@ def _scaled_mm_op(a_codes: torch.Tensor, a_scales: torch.Tensor, a_gs: torch.Ten
 
 
 @_scaled_mm_op.register_fake
-def _(a_codes, a_scales, a_gs, a_zp, a_meta, b_codes, b_scales, b_gs, b_zp, b_meta, bias, out_dtype):
+def _(a_codes, a_scales, a_gs, a_zp, a_meta, b_codes, b_scales, b_gs, b_zp, b_meta, bias, out_dtype,
+      fast_accum=False):
     m = parse_meta(a_meta)[1][0]
     n = parse_meta(b_meta)[1][0]
     return a_codes.new_empty((m, n), dtype=getattr(torch, out_dtype))
 
 
-def _run(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+def _run(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor | None, out_dtype: torch.dtype,
+         fast_accum: bool = False) -> torch.Tensor:
     return torch.ops.microscale.scaled_mm(oa.codes, oa.scales, oa.global_scale, oa.zero_points, oa.meta,
                                           ob.codes, ob.scales, ob.global_scale, ob.zero_points, ob.meta,
-                                          bias, _DTYPE_NAMES[out_dtype])
+                                          bias, _DTYPE_NAMES[out_dtype], fast_accum)
 
 
 def scaled_mm(a: QTensor, b: QTensor, *, bias: torch.Tensor | None = None,
-              out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+              out_dtype: torch.dtype = torch.bfloat16, fast_accum: bool = False) -> torch.Tensor:
     """``a @ b^T (+ bias)`` with both operands quantized.
 
     Each operand's block and global scales are applied as :mod:`microscale.reference_scaled`
@@ -140,6 +149,11 @@ def scaled_mm(a: QTensor, b: QTensor, *, bias: torch.Tensor | None = None,
         b: QTensor ``[N, K]`` (the weight).
         bias: optional float ``[N]``, added in float32 after the scales.
         out_dtype: bfloat16 (default), float16 or float32.
+        fast_accum: allow fp8 tensor cores whose in-instruction sums keep fewer bits than float32
+            (Hopper), for operands whose codes are fp8 bytes (fp8 block-128, MXFP8) from
+            ``FP8_MIN_M`` rows of ``a``: each chunk is promoted to float32 and scaled as DeepGEMM
+            does, and the result may differ from the oracle by about 1e-4 relative (measured on
+            Hopper) instead of float32 ordering. Other pairs, and CPU operands, stay exact.
 
     Returns:
         ``[M, N]`` in ``out_dtype``. On CUDA, formats whose element x block-scale values are exact
@@ -150,6 +164,11 @@ def scaled_mm(a: QTensor, b: QTensor, *, bias: torch.Tensor | None = None,
         operands run the oracle.
     """
     check_operands(a, b, bias, out_dtype)
+    if fast_accum and a.data.is_cuda and int(a.shape[0]) >= FP8_MIN_M:
+        from .backends.scaled_fp8 import scaled_fp8_reason
+
+        if scaled_fp8_reason(a.fmt, b.fmt) is None:
+            return _run(prepare_operand(a), weight_operand(b), bias, out_dtype, True)
     if a.data.is_cuda and not torch.compiler.is_compiling():
         from .backends.scaled_exact import linear_run  # (the linear op's exact kernels where they serve)
 
@@ -192,8 +211,9 @@ def quantize_activation(x2: torch.Tensor, w: QTensor, fmt: Format) -> QTensor:
     return quantize(x2, fmt, global_scale=gs, pad=True)
 
 
-def linear_act(x: torch.Tensor, w: QTensor, bias: torch.Tensor | None, act_format: str | Format) -> torch.Tensor:
-    """``linear(x, w, bias, act_format=...)``: ``scaled_mm(quantize_activation(x), w)``, ``[..., N]`` in
+def linear_act(x: torch.Tensor, w: QTensor, bias: torch.Tensor | None, act_format: str | Format,
+               fast_accum: bool = False) -> torch.Tensor:
+    """``linear(x, w, bias, act_format=..., fast_accum=...)``: ``scaled_mm(quantize_activation(x), w)``, ``[..., N]`` in
     x's dtype."""
     if not isinstance(w, QTensor):
         raise TypeError(f"linear: act_format needs the weight as a QTensor, got {type(w).__name__} (a prepared "
@@ -207,4 +227,4 @@ def linear_act(x: torch.Tensor, w: QTensor, bias: torch.Tensor | None, act_forma
     fmt = get_format(act_format)
     lead = x.shape[:-1]
     a = quantize_activation(x.reshape(-1, x.shape[-1]), w, fmt)
-    return scaled_mm(a, w, bias=bias, out_dtype=x.dtype).reshape(*lead, w.shape[0])
+    return scaled_mm(a, w, bias=bias, out_dtype=x.dtype, fast_accum=fast_accum).reshape(*lead, w.shape[0])

@@ -1,0 +1,117 @@
+"""``a @ b^T`` on fp8 tensor cores for operands whose codes are fp8 bytes (device code:
+``_scaled_fp8._scaled_fp8_kernel``): fp8 block-128 activations x 128x128-block weights (DeepSeek-V3)
+and MXFP8 pairs of one fp8 type. The codes reach the MMA as stored; each chunk of the smaller block
+size is promoted to float32 and scaled, as DeepGEMM does every 128 K.
+
+This is the ``fast_accum`` path of :func:`microscale.scaled_mm`: Hopper's fp8 MMA adds the products
+of one instruction with fewer bits than float32, so the result differs from the exact oracle by more
+than float32 summation order (about 1e-4 relative at 128-element chunks on an H200;
+docs/decisions/scaled-mm-operands.md). Without ``fast_accum`` the exact kernels serve.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from ...formats import Format
+from ...formats.elements import ElementCodec
+from ...runtime import target
+from ...runtime.launch import cdiv, launch
+from ..scaled import ScaledOperand, parse_meta
+from .scaled_exact import operand_constexprs
+
+#: fp8 types whose bytes are the values: the kernel's FP8 constexpr per torch dtype
+_FP8_TYPES = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2}
+
+
+@functools.lru_cache(maxsize=None)
+def _codes_are(el: ElementCodec, dtype: torch.dtype) -> bool:
+    """Whether ``el``'s 8-bit codes decode to exactly the values of the same bytes read as ``dtype``
+    (every code: NaN where that is NaN, Inf where Inf)."""
+    if el.bits != 8:
+        return False
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    mine = el.decode(codes).to(torch.float64)
+    theirs = codes.view(dtype).to(torch.float64)
+    same_nan = torch.isnan(mine) == torch.isnan(theirs)
+    return bool(same_nan.all() and torch.equal(torch.nan_to_num(mine), torch.nan_to_num(theirs)))
+
+
+def fp8_codes_kind(fa: Format, fb: Format) -> int:
+    """The kernel's fp8 type (1 e4m3, 2 e5m2) when both formats' codes are bytes of that type and
+    neither has zero points, else 0."""
+    if fa.zero_point or fb.zero_point:
+        return 0
+    for kind, dt in _FP8_TYPES.items():
+        if _codes_are(fa.element, dt) and _codes_are(fb.element, dt):
+            return kind
+    return 0
+
+
+def scaled_fp8_reason(fa: Format, fb: Format) -> str | None:
+    """Why the fp8 kernel cannot take ``fa`` x ``fb`` (None: it can)."""
+    if not fp8_codes_kind(fa, fb):
+        return (f"needs both operands' codes to be bytes of one fp8 type (e4m3fn or e5m2), got {fa.name} x "
+                f"{fb.name}")
+    if min(fa.block_size, fb.block_size) < 32:
+        return f"needs chunks of >= 32 elements (the fp8 MMA's K step), got {min(fa.block_size, fb.block_size)}"
+    return None
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    """Output tile ``block_m x block_n``; ``group_m`` row tiles share a column tile's weight strip in L2."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+
+
+def choose_fp8_config(m: int, n: int, kb: int) -> Fp8Config:
+    """Tiles by token count: 64-row tiles (the smallest Hopper MMA) up to 64 tokens, 128 x 128 beyond.
+    Stages keep about 64 KiB of operand tiles in flight."""
+    if m <= 64:
+        bm, bn, warps = 64, 64, 4
+    else:
+        bm, bn, warps = 128, 128, 8
+    per_stage = (bm + bn) * kb
+    return Fp8Config(bm, bn, warps, max(2, min(5, (128 * 1024) // per_stage)))
+
+
+def scaled_fp8_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor | None, out_dtype: torch.dtype,
+                      config: Fp8Config | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch the fp8 kernel on prepared operands (formats checked by :func:`scaled_fp8_reason`)."""
+    from .._kernels import _scaled_fp8 as kern
+
+    fa, (m, k), _, _ = parse_meta(oa.meta)
+    fb, (n, _), _, _ = parse_meta(ob.meta)
+    why = scaled_fp8_reason(fa, fb)
+    if why is not None:
+        raise ValueError(f"scaled_mm: the fp8 kernel {why}")
+    dev = oa.codes.device
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=dev)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.copy_(torch.zeros((m, n), device=dev) if bias is None else bias.float().expand(m, n))
+    kb = min(fa.block_size, fb.block_size)
+    c = config if config is not None else choose_fp8_config(m, n, kb)
+    ca, cb = operand_constexprs(fa), operand_constexprs(fb)
+    dummy = oa.codes
+    grid = (cdiv(m, c.block_m) * cdiv(n, c.block_n),)
+    launch(kern._scaled_fp8_kernel, grid,
+           oa.codes, oa.scales, oa.global_scale if oa.global_scale is not None else dummy,
+           ob.codes, ob.scales, ob.global_scale if ob.global_scale is not None else dummy,
+           bias if bias is not None else dummy, out, m, n, k,
+           oa.codes.stride(0), oa.scales.stride(0), ob.codes.stride(0), ob.scales.stride(0), out.stride(0),
+           A_SCALE_KIND=ca["SCALE_KIND"], A_SB=ca["SB"], A_GROUP=ca["GROUP"], A_GROUP_ROWS=ca["GROUP_ROWS"],
+           B_SCALE_KIND=cb["SCALE_KIND"], B_SB=cb["SB"], B_GROUP=cb["GROUP"], B_GROUP_ROWS=cb["GROUP_ROWS"],
+           HAS_GA=oa.global_scale is not None, HAS_GB=ob.global_scale is not None, HAS_BIAS=bias is not None,
+           KB=kb, CHUNKS=cdiv(k, kb), BLOCK_M=c.block_m, BLOCK_N=c.block_n, GROUP_M=c.group_m, FP8=fp8_codes_kind(fa, fb),
+           INTERP=target.interpreting(), num_warps=c.num_warps, num_stages=c.num_stages)
+    return out

@@ -1,0 +1,135 @@
+"""The fp8-codes kernel of ``scaled_mm(..., fast_accum=True)`` (fp8 block-128, MXFP8): vs the oracle
+under the interpreter (exact sums there), its eligibility, and on a GPU within the stated allowance."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import microscale as ms
+from microscale.formats import get_format
+from microscale.linear.backends.scaled_fp8 import (Fp8Config, choose_fp8_config, fp8_codes_kind, scaled_fp8_launch,
+                                                   scaled_fp8_reason)
+from microscale.linear.scaled import prepare_operand
+from microscale.reference_scaled import scaled_mm_reference
+
+INTERP = os.environ.get("TRITON_INTERPRET", "0") == "1"
+needs_interp = pytest.mark.skipif(not INTERP, reason="kernels run on CPU only under TRITON_INTERPRET=1")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+SMALL = Fp8Config(block_m=16, block_n=16, num_warps=1, num_stages=1, group_m=2)
+
+PAIRS = [("fp8_e4m3_block128", "fp8_e4m3_block128x128"), ("mxfp8_e4m3", "mxfp8_e4m3"),
+         ("mxfp8_e5m2", "mxfp8_e5m2"), ("fp8_e4m3_fp32", "fp8_e4m3_block128x128"), ("fp8_e4m3_fp16", "mxfp8_e4m3")]
+
+
+def _q(name: str, rows: int, k: int, gen: torch.Generator, scale: float = 1.0, device: str = "cpu") -> ms.QTensor:
+    return ms.quantize((torch.randn(rows, k, generator=gen) * scale).to(device), name, pad=True)
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return float((out - ref).norm() / ref.norm())
+
+
+def test_which_formats_are_fp8_codes() -> None:
+    """Exhaustive over the 256 codes: E4M3 and E5M2 8-bit elements are their fp8 bytes; others are not."""
+    f = get_format
+    assert fp8_codes_kind(f("fp8_e4m3_block128"), f("fp8_e4m3_block128x128")) == 1
+    assert fp8_codes_kind(f("mxfp8_e5m2"), f("mxfp8_e5m2")) == 2
+    assert fp8_codes_kind(f("mxfp8_e4m3"), f("mxfp8_e5m2")) == 0  # (one fp8 type per MMA here)
+    assert fp8_codes_kind(f("mxfp8_e4m3"), f("mxfp4")) == 0
+    assert fp8_codes_kind(f("mxint8"), f("mxint8")) == 0
+    assert "one fp8 type" in scaled_fp8_reason(f("mxfp8_e4m3"), f("mxfp4"))
+    assert scaled_fp8_reason(f("mxfp8_e4m3"), f("mxfp8_e4m3")) is None
+
+
+def test_tiles_by_token_count() -> None:
+    small, big = choose_fp8_config(1, 8192, 128), choose_fp8_config(4096, 8192, 128)
+    assert (small.block_m, big.block_m) == (64, 128)
+    assert 2 <= big.num_stages <= small.num_stages <= 5
+
+
+@needs_interp
+@pytest.mark.parametrize("fa,fb", PAIRS)
+def test_kernel_equals_oracle(fa: str, fb: str) -> None:
+    """Ragged M and N (not multiples of the tile), K not a multiple of the chunk, bias, grouped tile order
+    over several row tiles. The interpreter's sums are float32, so the bound is float32 ordering."""
+    gen = torch.Generator().manual_seed(0)
+    m, k = 37, 300
+    n = 140 if "128x128" in fb else 21
+    a, b = _q(fa, m, k, gen), _q(fb, n, k, gen, 0.25)
+    bias = torch.randn(n, generator=gen)
+    ref = scaled_mm_reference(a, b, bias, torch.float32)
+    out = torch.full((m, n), float("nan"), dtype=torch.float32)  # poisoned: every element must be written
+    scaled_fp8_launch(prepare_operand(a), prepare_operand(b), bias, torch.float32, SMALL, out)
+    assert _rel(out, ref) <= 1e-5
+
+
+def _nan_operands() -> tuple[ms.QTensor, ms.QTensor]:
+    """fp8 block-128 operands with an E4M3 NaN code in a's row 3 and a NaN block scale of b (rows 128..139,
+    first 128 K)."""
+    gen = torch.Generator().manual_seed(1)
+    a, b = _q("fp8_e4m3_block128", 18, 256, gen), _q("fp8_e4m3_block128x128", 140, 256, gen)
+    a.data[3, 7] = 0x7F  # E4M3 NaN
+    b.scales[1, 0] = float("nan")
+    return a, b
+
+
+@needs_interp
+def test_kernel_nan_scale() -> None:
+    """A NaN fp32 block scale of the weight makes its 128 rows NaN for every token; the rest equals the
+    oracle. (The interpreter converts fp8 NaN codes to numbers, so the NaN code is checked on a GPU.)"""
+    a, b = _nan_operands()
+    a.data[3, 7] = 0
+    ref = scaled_mm_reference(a, b, None, torch.float32)
+    out = scaled_fp8_launch(prepare_operand(a), prepare_operand(b), None, torch.float32, SMALL)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and bool(torch.isnan(ref[:, 128:]).all())
+    fin = torch.isfinite(ref)
+    assert _rel(out[fin], ref[fin]) <= 1e-5
+
+
+@needs_gpu
+def test_gpu_nan_code_and_scale() -> None:
+    """On the GPU the MMA takes the E4M3 NaN code as NaN: row 3 and the NaN scale's rows are NaN, as in the
+    oracle."""
+    a, b = _nan_operands()
+    ref = scaled_mm_reference(a, b, None, torch.float32)
+    out = scaled_fp8_launch(prepare_operand(a.to("cuda")), prepare_operand(b.to("cuda")), None, torch.float32).cpu()
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and bool(torch.isnan(ref[3]).all())
+    fin = torch.isfinite(ref)
+    assert _rel(out[fin], ref[fin]) <= 5e-4
+
+
+def test_kernel_refuses_other_formats() -> None:
+    gen = torch.Generator().manual_seed(2)
+    a, b = _q("mxfp8_e4m3", 4, 64, gen), _q("mxfp4", 8, 64, gen)
+    with pytest.raises(ValueError, match="fp8 kernel needs both operands' codes"):
+        scaled_fp8_launch(prepare_operand(a), prepare_operand(b), None, torch.float32)
+
+
+def test_fast_accum_on_cpu_is_the_oracle() -> None:
+    """CPU operands run the oracle with or without fast_accum (the allowance is the GPU's)."""
+    gen = torch.Generator().manual_seed(3)
+    a, b = _q("fp8_e4m3_block128", 5, 256, gen), _q("fp8_e4m3_block128x128", 130, 256, gen)
+    ref = scaled_mm_reference(a, b, None, torch.bfloat16)
+    assert torch.equal(ms.scaled_mm(a, b, fast_accum=True), ref)
+    x = torch.randn(2, 256, generator=gen)
+    assert torch.equal(ms.linear(x, b, act_format="fp8_e4m3_block128", fast_accum=True),
+                       ms.linear(x, b, act_format="fp8_e4m3_block128"))
+
+
+@needs_gpu
+@pytest.mark.parametrize("m", [1, 70, 512])
+@pytest.mark.parametrize("fa,fb", PAIRS[:3])
+def test_gpu_fast_accum_within_allowance(m: int, fa: str, fb: str) -> None:
+    """On the GPU: fast_accum takes the fp8 kernel and lands within 5e-4 (relative, float32 output) of the
+    exact oracle; Hopper's fp8 MMA measured ~1e-4 at 128-element chunks."""
+    gen = torch.Generator().manual_seed(4)
+    k, n = 1000, 300
+    a, b = _q(fa, m, k, gen, device="cuda"), _q(fb, n, k, gen, 0.25, device="cuda")
+    bias = torch.randn(n, generator=gen).cuda()
+    ref = scaled_mm_reference(a.to("cpu"), b.to("cpu"), bias.cpu(), torch.float32)
+    out = ms.scaled_mm(a, b, bias=bias, out_dtype=torch.float32, fast_accum=True)
+    direct = scaled_fp8_launch(prepare_operand(a), prepare_operand(b), bias, torch.float32)
+    assert _rel(out, ref) <= 5e-4 and torch.equal(out, direct)
