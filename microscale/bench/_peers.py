@@ -184,6 +184,12 @@ def dot_scaled_mxfp4_linear(x: torch.Tensor, data: torch.Tensor, scales: torch.T
     return y
 
 
+def scaled_mm_fp8_tensorwise(x8: torch.Tensor, w8: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """``torch._scaled_mm`` on e4m3 operands with one float32 scale per tensor (cuBLASLt fp8, fast
+    accumulation), bf16 out: the fp8 GEMM anyone on Hopper has without a block-scaled kernel."""
+    return torch._scaled_mm(x8, w8.T, sx, sw, out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
 def cublas_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """cuBLAS bf16 ``F.linear(x, w)`` (the peer every quantized linear is held against)."""
     return F.linear(x, w)

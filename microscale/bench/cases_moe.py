@@ -139,7 +139,9 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
 def build_scaled_mm(spec: CaseSpec, ctx: Context) -> Case:
     """``ms.scaled_mm(a, b)`` with a quantized on the fly outside the timing (the activation format of
     :data:`ACT_FORMAT`), checked against the float64 product of both dequantized operands; bytes:
-    both operands' codes and scales + out; flops 2*M*N*K. Peer: cuBLAS bf16 on dense operands."""
+    both operands' codes and scales + out; flops 2*M*N*K. Peers: cuBLAS bf16 on dense operands,
+    ``torch._scaled_mm`` on e4m3 operands with per-tensor scales, and microscale's own
+    ``fast_accum=True`` where its fp8 kernel takes the pair."""
     scaled_mm = _lookup("scaled_mm")
     quantize = _lookup("quantize")
     _format(spec.format)
@@ -167,8 +169,37 @@ def build_scaled_mm(spec: CaseSpec, ctx: Context) -> Case:
         return Peer("cuBLAS bf16", _peers.cublas_linear, lambda inputs, y: check_matmul(inputs[0], inputs[1], y),
                     make_inputs=make_dense, set_bytes=dense, nbytes=dense)
 
+    def tensorwise_peer() -> Peer:
+        if ctx.cpu or not hasattr(torch, "_scaled_mm"):
+            raise Skip("torch._scaled_mm is CUDA only")
+        if torch.cuda.get_device_capability() < (8, 9):
+            raise Skip("fp8 GEMMs need sm_89 or newer")
+
+        def make_fp8() -> tuple:
+            x, w = random_input((m, k), ctx, torch.bfloat16), random_input((n, k), ctx, torch.bfloat16)
+            sx, sw = (t.abs().amax().float().clamp_min(1e-12) / 448 for t in (x, w))
+            return (x.div(sx).to(torch.float8_e4m3fn), w.div(sw).to(torch.float8_e4m3fn), sx, sw)
+
+        def check_fp8(inputs: tuple, y) -> Check:
+            x8, w8, sx, sw = inputs
+            return check_matmul(x8.float() * sx, w8.float() * sw, y)
+
+        fp8_bytes = m * k + n * k + 2 * m * n
+        return Peer("torch._scaled_mm fp8 per-tensor", _peers.scaled_mm_fp8_tensorwise, check_fp8,
+                    make_inputs=make_fp8, set_bytes=fp8_bytes, nbytes=fp8_bytes)
+
+    def fast_accum_peer() -> Peer:
+        from ..formats import get_format
+        from ..linear.backends.scaled_fp8 import scaled_fp8_reason
+
+        why = scaled_fp8_reason(get_format(afmt), get_format(spec.format))
+        if ctx.cpu or why is not None:
+            raise Skip("CUDA only" if ctx.cpu else f"the fp8 kernel {why}")
+        return Peer("microscale fast_accum", lambda a, b: scaled_mm(a, b, fast_accum=True), check)
+
     a0, b0 = make()
     nbytes = a0.nbytes + b0.nbytes + 2 * m * n
     return Case(spec, fn, make, check, nbytes=nbytes, flops=models.linear_flops(m, n, k), compute_kind="bf16_mm",
-                set_bytes=nbytes, peers=[("cuBLAS bf16", cublas_peer)])
+                set_bytes=nbytes, peers=[("cuBLAS bf16", cublas_peer), ("torch._scaled_mm fp8 per-tensor", tensorwise_peer),
+                                         ("microscale fast_accum", fast_accum_peer)])
 
