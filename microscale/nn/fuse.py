@@ -188,7 +188,7 @@ class FusedQuantLinear(QuantLinear):
 
     @classmethod
     def of(cls, m: QuantLinear) -> "FusedQuantLinear":
-        new = cls.from_qtensor(m.qweight, None, m.act_format)
+        new = cls.from_qtensor(m.qweight, None, m.act_format, m.fast_accum)
         new.bias = m.bias  # the same parameter
         return new
 
@@ -321,7 +321,7 @@ def unfuse_projections(model: nn.Module) -> nn.Module:
             m.__dict__["group"] = None
             _set(parent, child, orig)
         elif isinstance(m, FusedQuantLinear):
-            new = QuantLinear.from_qtensor(m.qweight, None, m.act_format)
+            new = QuantLinear.from_qtensor(m.qweight, None, m.act_format, m.fast_accum)
             new.bias = m.bias
             m.__dict__["group"] = None
             _set(parent, child, new)

@@ -49,16 +49,20 @@ class QuantLinear(QuantWeightModule):
     ``act_format`` (a preset name or Format): the input is quantized on the fly to it and both
     operands run through :func:`microscale.scaled_mm` (``linear(x, W, b, act_format=...)``:
     dynamic block scales; for NVFP4 the static ``input_scale`` the weight carries, as a ModelOpt
-    W4A4 checkpoint does). It travels in the extra state.
+    W4A4 checkpoint does). It travels in the extra state, as does ``fast_accum`` (scaled_mm's opt-in
+    to fp8 tensor cores with Hopper's accumulation for fp8-code pairs such as fp8 block-128 W8A8).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, fmt: str | Format = "nvfp4",
                  device=None, dtype: torch.dtype = torch.float32, meta: dict | None = None,
-                 act_format: str | Format | None = None):
+                 act_format: str | Format | None = None, fast_accum: bool = False):
         super().__init__()
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.fmt = get_format(fmt)
         self.act_format = None if act_format is None else get_format(act_format)
+        if fast_accum and self.act_format is None:
+            raise ValueError("QuantLinear: fast_accum=True needs act_format (it is scaled_mm's allowance)")
+        self.fast_accum = bool(fast_accum)
         self.weight_dtype = dtype
         self.meta = dict(meta or {})
         self._init_weight(self.out_features, self.in_features, self.fmt, device)
@@ -68,21 +72,21 @@ class QuantLinear(QuantWeightModule):
     # ---- construction ----------------------------------------------------------------
     @classmethod
     def from_linear(cls, linear: nn.Linear, fmt: str | Format = "nvfp4", act_format: str | Format | None = None,
-                    **quantize_kwargs) -> "QuantLinear":
+                    fast_accum: bool = False, **quantize_kwargs) -> "QuantLinear":
         """Quantize ``linear.weight`` (K padded to a whole block when needed)."""
         from ..ops import quantize
 
         w = linear.weight.detach()
         q = quantize(w, fmt, pad=True, **quantize_kwargs)
-        return cls.from_qtensor(q, None if linear.bias is None else linear.bias.detach(), act_format)
+        return cls.from_qtensor(q, None if linear.bias is None else linear.bias.detach(), act_format, fast_accum)
 
     @classmethod
     def from_qtensor(cls, q: QTensor, bias: torch.Tensor | None = None,
-                     act_format: str | Format | None = None) -> "QuantLinear":
+                     act_format: str | Format | None = None, fast_accum: bool = False) -> "QuantLinear":
         if len(q.shape) != 2:
             raise ValueError(f"QuantLinear: weight must be 2-D [out, in], got shape {tuple(q.shape)}")
         m = cls(q.shape[1], q.shape[0], bias is not None, q.fmt, device="meta", dtype=q.dtype, meta=q.meta,
-                act_format=act_format)
+                act_format=act_format, fast_accum=fast_accum)
         m.bias = None if bias is None else nn.Parameter(bias.clone(), requires_grad=False)
         m._set_weight(q)
         return m
@@ -96,7 +100,7 @@ class QuantLinear(QuantWeightModule):
         if self.act_format is not None:  # both operands quantized
             from ..linear import linear
 
-            return linear(x, q, self.bias, act_format=self.act_format)
+            return linear(x, q, self.bias, act_format=self.act_format, fast_accum=self.fast_accum)
         fn = _kernel_linear()
         if (fn is not None and x.dtype in (torch.bfloat16, torch.float16)
                 and tuple(q.padded_shape) == tuple(q.shape)):
@@ -106,13 +110,15 @@ class QuantLinear(QuantWeightModule):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"fmt={self.fmt.name}" + ("" if self.act_format is None else f", act_format={self.act_format.name}"))
+                f"fmt={self.fmt.name}" + ("" if self.act_format is None else f", act_format={self.act_format.name}")
+                + (", fast_accum=True" if self.fast_accum else ""))
 
     # ---- state dict --------------------------------------------------------------------
     def get_extra_state(self) -> dict:
         return {"format": self.fmt.to_dict(), "in_features": self.in_features, "out_features": self.out_features,
                 "dtype": str(self.weight_dtype).removeprefix("torch."), "meta": dict(self.meta),
-                "act_format": None if self.act_format is None else self.act_format.to_dict()}
+                "act_format": None if self.act_format is None else self.act_format.to_dict(),
+                "fast_accum": self.fast_accum}
 
     def set_extra_state(self, state: dict) -> None:
         fmt = Format.from_dict(state["format"])
@@ -124,6 +130,7 @@ class QuantLinear(QuantWeightModule):
         self.meta = dict(state.get("meta", {}))
         if "act_format" in state:
             self.act_format = None if state["act_format"] is None else Format.from_dict(state["act_format"])
+        self.fast_accum = bool(state.get("fast_accum", False)) and self.act_format is not None
         self._q = None
 
 
@@ -134,7 +141,7 @@ _ACCURACY_OPTIONS |= {"static_scales"}
 
 def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Iterable[str] = (),
                    inplace: bool = True, method: str = "rtn", experts: bool = True,
-                   act_format: str | Format | None = None, conv2d=False, embedding=False,
+                   act_format: str | Format | None = None, fast_accum: bool = False, conv2d=False, embedding=False,
                    tied_embeddings: bool = False, fuse: bool = False,
                    **quantize_kwargs) -> nn.Module:
     """Replace every ``nn.Linear`` in ``model`` by a :class:`QuantLinear` in ``fmt``, and (``experts``)
@@ -162,6 +169,9 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
         experts: also quantize MoE experts (default; round-to-nearest path).
         act_format: quantize each layer's input on the fly to this format too (see
             :class:`QuantLinear`); None (default): weight-only.
+        fast_accum: with ``act_format``, let each layer's :func:`microscale.scaled_mm` take fp8 tensor
+            cores with Hopper's accumulation where the pair allows (fp8 block-128 W8A8, MXFP8; about
+            1e-4 relative from the exact result; docs/scaled-mm.md). Off by default.
         conv2d: also quantize ``nn.Conv2d`` layers (True, or a predicate ``(name, module) -> bool``);
             off by default: a vision stem / patch embedding is often the most sensitive layer.
         embedding: also quantize ``nn.Embedding`` tables (True or a predicate, as ``conv2d``); one
@@ -181,7 +191,8 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
     if method != "rtn" or _ACCURACY_OPTIONS & set(quantize_kwargs):
         from ..accuracy.model import quantize_model as calibrated  # (same layer; loaded on use)
 
-        asked = {k: v for k, v in (("act_format", act_format), ("conv2d", conv2d), ("embedding", embedding)) if v}
+        asked = {k: v for k, v in (("act_format", act_format), ("fast_accum", fast_accum), ("conv2d", conv2d),
+                                   ("embedding", embedding)) if v}
         if asked:
             raise ValueError(f"quantize_model(method={method!r}, {', '.join(f'{k}={v!r}' for k, v in asked.items())}): "
                              "the calibrated quantizer makes weight-only Linear layers; use method='rtn' for these")
@@ -197,8 +208,8 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
         model = copy.deepcopy(model)
     targets = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear and n and not skip_matches(n, skip)]
     if type(model) is nn.Linear and not skip_matches("", skip):
-        return QuantLinear.from_linear(model, fmt, act_format, **quantize_kwargs)
-    new = [(name, QuantLinear.from_linear(lin, fmt, act_format, **quantize_kwargs)) for name, lin in targets]
+        return QuantLinear.from_linear(model, fmt, act_format, fast_accum, **quantize_kwargs)
+    new = [(name, QuantLinear.from_linear(lin, fmt, act_format, fast_accum, **quantize_kwargs)) for name, lin in targets]
     from ._qweight import extra_targets  # the conv2d / embedding opt-ins
 
     new += extra_targets(model, fmt, skip, conv2d, embedding, tied_embeddings, quantize_kwargs)

@@ -490,7 +490,7 @@ def test_gpu_k_not_a_multiple_of_the_step(name):
                         gmma.GemvMmaConfig(2, 8, 2, split_k=4 if k == 2880 else 1)):
                 out = gmma.gemv_mma(x, q, bias, cfg)
                 assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (k, m, cfg)
-        x = torch.randn(1, k, device=dev, generator=g).to(torch.bfloat16)
+        x = torch.randn(tuning.get().gemv_mma_min_m, k, device=dev, generator=g).to(torch.bfloat16)
         assert explain(x, q)[-1] == ("gemv_mma", None)
 
 

@@ -3,6 +3,7 @@ under the interpreter (exact sums there), its eligibility, and on a GPU within t
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -51,18 +52,20 @@ def test_tiles_by_token_count() -> None:
 
 
 @needs_interp
+@pytest.mark.parametrize("tma", [True, False])
 @pytest.mark.parametrize("fa,fb", PAIRS)
-def test_kernel_equals_oracle(fa: str, fb: str) -> None:
+def test_kernel_equals_oracle(fa: str, fb: str, tma: bool) -> None:
     """Ragged M and N (not multiples of the tile), K not a multiple of the chunk, bias, grouped tile order
-    over several row tiles. The interpreter's sums are float32, so the bound is float32 ordering."""
+    over several row tiles; tiles through TMA descriptors (zero-filled past the ends) or pointer loads.
+    The interpreter's sums are float32, so the bound is float32 ordering."""
     gen = torch.Generator().manual_seed(0)
-    m, k = 37, 300
+    m, k = 37, 304
     n = 140 if "128x128" in fb else 21
     a, b = _q(fa, m, k, gen), _q(fb, n, k, gen, 0.25)
     bias = torch.randn(n, generator=gen)
     ref = scaled_mm_reference(a, b, bias, torch.float32)
     out = torch.full((m, n), float("nan"), dtype=torch.float32)  # poisoned: every element must be written
-    scaled_fp8_launch(prepare_operand(a), prepare_operand(b), bias, torch.float32, SMALL, out)
+    scaled_fp8_launch(prepare_operand(a), prepare_operand(b), bias, torch.float32, replace(SMALL, tma=tma), out)
     assert _rel(out, ref) <= 1e-5
 
 
@@ -133,3 +136,33 @@ def test_gpu_fast_accum_within_allowance(m: int, fa: str, fb: str) -> None:
     out = ms.scaled_mm(a, b, bias=bias, out_dtype=torch.float32, fast_accum=True)
     direct = scaled_fp8_launch(prepare_operand(a), prepare_operand(b), bias, torch.float32)
     assert _rel(out, ref) <= 5e-4 and torch.equal(out, direct)
+
+
+def test_quant_linear_carries_fast_accum(monkeypatch) -> None:
+    """quantize_model(..., fast_accum=True) makes layers that pass the flag to linear; it survives a state_dict
+    round trip; without act_format it is refused."""
+    import sys
+
+    from microscale.nn import QuantLinear, quantize_model
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128))
+    qm = quantize_model(model, "fp8_e4m3_block128x128", act_format="fp8_e4m3_block128", fast_accum=True,
+                        inplace=False)
+    layer = qm[0]
+    assert layer.fast_accum and "fast_accum=True" in repr(layer)
+    seen = []
+    msl = sys.modules["microscale.linear"]  # (the package; ``microscale.linear`` the attribute is the function)
+    real = msl.linear
+    monkeypatch.setattr(msl, "linear", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    x = torch.randn(3, 256)
+    layer(x)
+    assert seen and seen[-1]["fast_accum"] is True
+    fresh = quantize_model(torch.nn.Sequential(torch.nn.Linear(256, 128)), "fp8_e4m3_block128x128",
+                           act_format="fp8_e4m3_block128", inplace=False)
+    assert not fresh[0].fast_accum
+    fresh.load_state_dict(qm.state_dict())
+    assert fresh[0].fast_accum
+    with pytest.raises(ValueError, match="fast_accum=True needs act_format"):
+        QuantLinear(256, 128, fmt="nvfp4", fast_accum=True)
+    with pytest.raises(ValueError, match="fast_accum=True needs act_format"):
+        ms.linear(x.bfloat16(), layer.qweight, fast_accum=True)

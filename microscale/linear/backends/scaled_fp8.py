@@ -62,13 +62,17 @@ def scaled_fp8_reason(fa: Format, fb: Format) -> str | None:
 
 @dataclass(frozen=True)
 class Fp8Config:
-    """Output tile ``block_m x block_n``; ``group_m`` row tiles share a column tile's weight strip in L2."""
+    """Output tile ``block_m x block_n``; ``group_m`` row tiles share a column tile's weight strip in L2;
+    ``warp_specialize``: the compiler's producer/consumer warp split of the K loop; ``tma``: tiles through
+    TMA descriptors where the operands allow (16-byte aligned rows), pointer loads otherwise."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     group_m: int = 8
+    warp_specialize: bool = False
+    tma: bool = True
 
 
 def choose_fp8_config(m: int, n: int, kb: int) -> Fp8Config:
@@ -80,6 +84,11 @@ def choose_fp8_config(m: int, n: int, kb: int) -> Fp8Config:
         bm, bn, warps = 128, 128, 8
     per_stage = (bm + bn) * kb
     return Fp8Config(bm, bn, warps, max(2, min(5, (128 * 1024) // per_stage)))
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """Whether a TMA descriptor can address ``t`` (rows of 1-byte codes): 16-byte aligned base and rows."""
+    return t.stride(1) == 1 and t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0
 
 
 def scaled_fp8_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor | None, out_dtype: torch.dtype,
@@ -102,16 +111,25 @@ def scaled_fp8_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor |
     kb = min(fa.block_size, fb.block_size)
     c = config if config is not None else choose_fp8_config(m, n, kb)
     ca, cb = operand_constexprs(fa), operand_constexprs(fb)
+    dt = _FP8_TYPES[fp8_codes_kind(fa, fb)]
+    a8, b8 = oa.codes.view(dt), ob.codes.view(dt)  # (the codes are the values: the MMA reads them as they are)
+    tma = c.tma and all(_tma_ok(t) for t in (a8, b8))
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        a8 = TensorDescriptor(a8, [m, k], [a8.stride(0), 1], [c.block_m, kb])
+        b8 = TensorDescriptor(b8, [n, k], [b8.stride(0), 1], [c.block_n, kb])
     dummy = oa.codes
     grid = (cdiv(m, c.block_m) * cdiv(n, c.block_n),)
     launch(kern._scaled_fp8_kernel, grid,
-           oa.codes, oa.scales, oa.global_scale if oa.global_scale is not None else dummy,
-           ob.codes, ob.scales, ob.global_scale if ob.global_scale is not None else dummy,
+           a8, oa.scales, oa.global_scale if oa.global_scale is not None else dummy,
+           b8, ob.scales, ob.global_scale if ob.global_scale is not None else dummy,
            bias if bias is not None else dummy, out, m, n, k,
            oa.codes.stride(0), oa.scales.stride(0), ob.codes.stride(0), ob.scales.stride(0), out.stride(0),
            A_SCALE_KIND=ca["SCALE_KIND"], A_SB=ca["SB"], A_GROUP=ca["GROUP"], A_GROUP_ROWS=ca["GROUP_ROWS"],
            B_SCALE_KIND=cb["SCALE_KIND"], B_SB=cb["SB"], B_GROUP=cb["GROUP"], B_GROUP_ROWS=cb["GROUP_ROWS"],
            HAS_GA=oa.global_scale is not None, HAS_GB=ob.global_scale is not None, HAS_BIAS=bias is not None,
-           KB=kb, CHUNKS=cdiv(k, kb), BLOCK_M=c.block_m, BLOCK_N=c.block_n, GROUP_M=c.group_m, FP8=fp8_codes_kind(fa, fb),
+           KB=kb, CHUNKS=cdiv(k, kb), BLOCK_M=c.block_m, BLOCK_N=c.block_n, GROUP_M=c.group_m,
+           WS=c.warp_specialize, TMA=tma,
            INTERP=target.interpreting(), num_warps=c.num_warps, num_stages=c.num_stages)
     return out
