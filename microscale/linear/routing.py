@@ -14,7 +14,7 @@ from ..runtime import launch as _kl
 from . import tuning
 from .backends.decode_tma import decode_tma_reason, decode_tma_run, dt_big, dt_large, dt_min_m, dt_tile, \
     dt_weight_descs
-from .backends.gemv import gemv, gemv_supported
+from .backends.gemv import choose_gemv_config, gemv, gemv_supported
 from .backends.gemv_mma import gemv_mma_default_config, gemv_mma_reason, gemv_mma_run
 from .backends.prefill import prefill, prefill_supported
 from .backends.prefill_ws import prefill_ws_reason, prefill_ws_run
@@ -121,9 +121,21 @@ def _decode_tma(c: Call) -> str | None:
     return "not wanted for this call (tuning.decode_tma and the eager thresholds)"
 
 
+def _gemv_short_steps(c: Call) -> bool:
+    """Whether the f16x2 GEMV would walk ``c``'s K in steps of fewer than ``gemv_mma_short_k_words`` words
+    (K with few powers of two: gpt-oss's 2880 takes 8-word steps, 30-45 µs where gemv_mma took 14-23 µs at
+    one token on an H100)."""
+    if len(c.q.shape) != 2:
+        return False
+    k = c.q.shape[-1]
+    bits = c.q.fmt.element.bits
+    return (k * bits) % 32 == 0 and choose_gemv_config(c.q.shape[0], k, c.x.device, c.m, bits).block_kw \
+        < c.t.gemv_mma_short_k_words
+
+
 def _gemv_mma(c: Call) -> str | None:
-    if c.m < c.t.gemv_mma_min_m:
-        return f"takes at least gemv_mma_min_m={c.t.gemv_mma_min_m} tokens"
+    if c.m < c.t.gemv_mma_min_m and not _gemv_short_steps(c):
+        return f"takes at least gemv_mma_min_m={c.t.gemv_mma_min_m} tokens (fewer where the GEMV's K steps are short)"
     cfg = gemv_mma_default_config(c.q, c.x)
     if cfg is None:
         return "has no config for this shape"

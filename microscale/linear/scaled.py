@@ -30,10 +30,6 @@ from .weight_state import INT_VIEW, state
 __all__ = ["scaled_mm", "ScaledOperand", "prepare_operand", "weight_operand", "activation_scale",
            "quantize_activation", "linear_act"]
 
-#: Rows of ``a`` from which ``scaled_mm(..., fast_accum=True)`` takes the fp8 kernel; fewer rows stay on
-#: the exact kernels, which stream the weight at bandwidth (the fp8 MMA's speed only counts beyond).
-FP8_MIN_M = 1
-
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
@@ -108,7 +104,7 @@ def _scaled_mm_op(a_codes: torch.Tensor, a_scales: torch.Tensor, a_gs: torch.Ten
         oa = ScaledOperand(a_codes, a_scales, a_zp, a_gs, a_meta)
         ob = ScaledOperand(b_codes, b_scales, b_zp, b_gs, b_meta)
         fa, (m, _), _, _ = parse_meta(a_meta)
-        if fast_accum and scaled_fp8.scaled_fp8_reason(fa, parse_meta(b_meta)[0]) is None:
+        if fast_accum and scaled_fp8.fast_accum_takes(fa, parse_meta(b_meta)[0], m):
             return scaled_fp8.scaled_fp8_launch(oa, ob, bias, dt)
         if m >= be.DEQUANT_GEMM_M and be.bf16_exact(fa) and be.bf16_exact(parse_meta(b_meta)[0]):
             return be.dequant_gemm_launch(oa, ob, bias, dt)
@@ -150,10 +146,11 @@ def scaled_mm(a: QTensor, b: QTensor, *, bias: torch.Tensor | None = None,
         bias: optional float ``[N]``, added in float32 after the scales.
         out_dtype: bfloat16 (default), float16 or float32.
         fast_accum: allow fp8 tensor cores whose in-instruction sums keep fewer bits than float32
-            (Hopper), for operands whose codes are fp8 bytes (fp8 block-128, MXFP8) from
-            ``FP8_MIN_M`` rows of ``a``: each chunk is promoted to float32 and scaled as DeepGEMM
-            does, and the result may differ from the oracle by about 1e-4 relative (measured on
-            Hopper) instead of float32 ordering. Other pairs, and CPU operands, stay exact.
+            (Hopper), for operands whose codes are fp8 bytes (fp8 block-128 at any M; MXFP8 beyond
+            the 64 rows where the exact linear kernels already stream the weight at bandwidth): each
+            chunk is promoted to float32 and scaled as DeepGEMM does, and the result may differ from
+            the oracle by about 1e-4 relative (measured on Hopper) instead of float32 ordering.
+            Other pairs, and CPU operands, stay exact.
 
     Returns:
         ``[M, N]`` in ``out_dtype``. On CUDA, formats whose element x block-scale values are exact
@@ -164,10 +161,10 @@ def scaled_mm(a: QTensor, b: QTensor, *, bias: torch.Tensor | None = None,
         operands run the oracle.
     """
     check_operands(a, b, bias, out_dtype)
-    if fast_accum and a.data.is_cuda and int(a.shape[0]) >= FP8_MIN_M:
-        from .backends.scaled_fp8 import scaled_fp8_reason
+    if fast_accum and a.data.is_cuda:
+        from .backends.scaled_fp8 import fast_accum_takes
 
-        if scaled_fp8_reason(a.fmt, b.fmt) is None:
+        if fast_accum_takes(a.fmt, b.fmt, int(a.shape[0])):
             return _run(prepare_operand(a), weight_operand(b), bias, out_dtype, True)
     if a.data.is_cuda and not torch.compiler.is_compiling():
         from .backends.scaled_exact import linear_run  # (the linear op's exact kernels where they serve)

@@ -31,6 +31,7 @@ class Tuning:
     gemv_pdl_chain: bool = True  # the activation prep waits on the previous kernel: calls overlap
     # tensor-core decode of E2M1 weights (docs/decisions/linear-gemv.md)
     gemv_mma_min_m: int = 3
+    gemv_mma_short_k_words: int = 32  # below gemv_mma_min_m too where the GEMV's K step is shorter (K=2880)
     gemv_mma_max_m: int = 16
     gemv_mma_scale_imad: bool = True  # UE4M3 scales by one multiply-add where the weight allows (same bits)
     # eager call plans (docs/decisions/linear-call-plans.md)

@@ -94,7 +94,14 @@ def launch(fn, grid: tuple, *args, **kwargs) -> None:
     # keyword arguments are constexprs / options (by value) or, rarely, tensors
     key = (fn, tuple(map(_spec, args)),
            tuple((k, _spec(v) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()))
-    hit = _CACHE.get(key)
+    try:
+        hit = _CACHE.get(key)
+    except TypeError:  # an argument the cache cannot key (a host-side TMA descriptor): Triton's own launch
+        fn[grid](*args, **kwargs)
+        rec = getattr(_TLS, "record", None)
+        if rec is not None:
+            rec.append(None)
+        return
     if hit is None:
         compiled = fn[grid](*args, **kwargs)
         if compiled is not None and hasattr(compiled, "packed_metadata"):  # a compiled kernel, not a future

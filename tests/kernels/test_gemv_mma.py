@@ -401,6 +401,21 @@ def test_supported_and_config_rules(gen):
     assert c.words_per_lane == 4 and 512 // 8 % (16 * c.split_k) == 0
 
 
+def test_short_rows_split_finer_and_take_one_token():
+    """Rows of fewer than 16 K steps (gpt-oss's 2880) split into 2-step slices up to 1.5x the warps wanted
+    (an H100 sweep: [5120, 2880] best at 4, [23040, 2880] at 2); longer rows keep the 4-step rule. Where the
+    f16x2 GEMV would take 8-word steps, gemv_mma serves one token too."""
+    from microscale.linear.backends.gemv_mma import _choose_gemv_mma_config
+    from microscale.linear.routing import Call, _gemv_short_steps
+
+    assert [_choose_gemv_mma_config(n, 2880, 1, 132).split_k for n in (5120, 23040)] == [4, 2]
+    assert _choose_gemv_mma_config(28672, 8192, 1, 132).split_k == 2  # (16+ steps: as before)
+    gen = torch.Generator().manual_seed(0)
+    for k, short in ((2880, True), (4096, False)):
+        q = ms.quantize(torch.randn(64, k, generator=gen), "nvfp4")
+        assert _gemv_short_steps(Call(torch.randn(1, k).to(torch.bfloat16), q, None)) is short
+
+
 @pytest.mark.parametrize("m,cfg", [(1, gmma.GemvMmaConfig(2, 8, 2)), (5, gmma.GemvMmaConfig(1, 4, 1, split_k=2)),
                                    (16, gmma.GemvMmaConfig(2, 4, 1))])
 def test_multiply_add_scales_match_float64(m, cfg, gen, monkeypatch):
@@ -490,8 +505,9 @@ def test_gpu_k_not_a_multiple_of_the_step(name):
                         gmma.GemvMmaConfig(2, 8, 2, split_k=4 if k == 2880 else 1)):
                 out = gmma.gemv_mma(x, q, bias, cfg)
                 assert ((out.double() - ref).abs() <= 2.0 ** -8 * ref.abs() + 2.0 ** -16 * cond).all(), (k, m, cfg)
-        x = torch.randn(tuning.get().gemv_mma_min_m, k, device=dev, generator=g).to(torch.bfloat16)
-        assert explain(x, q)[-1] == ("gemv_mma", None)
+        for m in (1, tuning.get().gemv_mma_min_m):  # (one token too: the GEMV's K steps would be short)
+            x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+            assert explain(x, q)[-1] == ("gemv_mma", None)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Hopper)")
