@@ -185,3 +185,17 @@ def test_fast_accum_route_by_rows() -> None:
     assert not fast_accum_takes(f("mxfp8_e4m3"), f("mxfp8_e4m3"), 64)
     assert fast_accum_takes(f("mxfp8_e4m3"), f("mxfp8_e4m3"), 65)
     assert not fast_accum_takes(f("mxfp8_e4m3"), f("mxfp4"), 4096)
+
+
+def test_custom_op_takes_fast_accum() -> None:
+    """The registered op's schema carries fast_accum (opcheck: schema, fake kernel, autograd registration), and
+    scaled_mm with fast_accum=True runs under torch.compile (eager backend; the operand's JSON meta is a graph
+    break) to the same result."""
+    gen = torch.Generator().manual_seed(5)
+    a, b = _q("fp8_e4m3_block128", 4, 256, gen), _q("fp8_e4m3_block128x128", 130, 256, gen)
+    oa, ob = prepare_operand(a), prepare_operand(b)
+    args = (oa.codes, oa.scales, oa.global_scale, oa.zero_points, oa.meta, ob.codes, ob.scales, ob.global_scale,
+            ob.zero_points, ob.meta, None, "float32", True)
+    torch.library.opcheck(torch.ops.microscale.scaled_mm.default, args)
+    f = torch.compile(lambda x, w: ms.scaled_mm(x, w, fast_accum=True), backend="eager")
+    assert torch.equal(f(a, b), ms.scaled_mm(a, b, fast_accum=True))
