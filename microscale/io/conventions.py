@@ -126,7 +126,7 @@ def register_convention(c: Convention) -> Convention:
 
 def get_convention(name: str | Convention) -> Convention:
     """Look up a convention by name (``native``, ``modelopt``, ``compressed-tensors``,
-    ``gpt-oss``, ``gguf``; ``_`` may stand for ``-``) or pass one through."""
+    ``gpt-oss``, ``fp8-block``, ``gguf``; ``_`` may stand for ``-``) or pass one through."""
     if isinstance(name, Convention):
         return name
     key = str(name).lower().replace("_", "-")
@@ -534,11 +534,85 @@ class Gguf(Convention):
         return super().quantizable(name, shape, fmt) and (fmt is None or not fmt.global_scale or shape[-1] % 64 == 0)
 
 
+# ---------------------------------------------------------------------------------
+# fp8 block-128 (DeepSeek-V3, transformers' FineGrainedFP8: quant_method "fp8")
+# ---------------------------------------------------------------------------------
+class Fp8Block(Convention):
+    """``<m>.weight`` E4M3 ``[N, K]`` beside ``<m>.weight_scale_inv`` float32 ``[ceil(N/128), ceil(K/128)]``,
+    the decode multiplier of each 128 x 128 block (despite its name); activations quantized per token and
+    128 K on the fly (``activation_scheme: dynamic``)."""
+
+    selects = "2-D weights named '*.weight' (any shape: partial 128 x 128 blocks at the edges)"
+
+    def detect(self, names, metadata, files):
+        qc = (files.get("config.json") or {}).get("quantization_config") or {}
+        return qc.get("quant_method") == "fp8" and qc.get("weight_block_size") is not None \
+            or bool(self.groups(names, metadata))
+
+    def groups(self, names, metadata):
+        have = set(names)
+        out = []
+        for k in names:
+            if k.endswith(".weight_scale_inv"):
+                m = k[: -len("_scale_inv")]
+                if m not in have:
+                    raise ValueError(f"{self.name}: {k!r} has no sibling {m!r}")
+                out.append(Group(m, {"weight": m, "weight_scale_inv": k}))
+        return out
+
+    def check_format(self, fmt):
+        if not (fmt.element.name == "e4m3" and fmt.block_size == 128 and fmt.block_rows == 128
+                and fmt.scale.name == "fp32" and not fmt.zero_point and not fmt.global_scale):
+            raise ValueError(f"convention {self.name!r} stores fp8_e4m3_block128x128 only, not {fmt.name!r}")
+        return fmt
+
+    def quantizable(self, name, shape, fmt=None):
+        return len(shape) == 2 and name.endswith(".weight")
+
+    def activation_format(self, q, files):
+        qc = (files.get("config.json") or {}).get("quantization_config") or {}
+        return "fp8_e4m3_block128" if qc.get("activation_scheme") == "dynamic" else None
+
+    def decode(self, g, tensors, metadata):
+        w = _need(tensors, "weight", torch.float8_e4m3fn, g, self.name)
+        s = _need(tensors, "weight_scale_inv", torch.float32, g, self.name)
+        if w.dim() != 2:
+            raise ValueError(f"{self.name}: {g.members['weight']!r} has shape {tuple(w.shape)}; expected [N, K]")
+        n, k = w.shape
+        want = (-(-n // 128), -(-k // 128))
+        if tuple(s.shape) != want:
+            raise ValueError(f"{self.name}: {g.members['weight_scale_inv']!r} has shape {tuple(s.shape)}; expected "
+                             f"{list(want)} (one scale per 128 x 128 block of the [{n}, {k}] weight)")
+        codes = w.view(torch.uint8)
+        if (n, k) != (want[0] * 128, want[1] * 128):  # QTensor codes cover whole blocks: zero-padded copy
+            codes = torch.nn.functional.pad(codes, (0, want[1] * 128 - k, 0, want[0] * 128 - n))
+        q = QTensor(codes, s, get_format("fp8_e4m3_block128x128"), torch.Size((n, k)), torch.bfloat16, None, None, {})
+        q.validate()
+        return q
+
+    def encode(self, base, q):
+        self.check_format(q.fmt)
+        n, k = (int(v) for v in q.shape)
+        codes = q.data if tuple(q.padded_shape) == (n, k) else q.data[:n, :k].contiguous()
+        return {base: codes.view(torch.float8_e4m3fn), base + "_scale_inv": q.scales.to(torch.float32)}, {}
+
+    def config_files(self, fmt, quantized, skipped, config, activation_scales=False):
+        if config is None:
+            return {}
+        c = dict(config)
+        c["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                    "weight_block_size": [128, 128],
+                                    "modules_to_not_convert": sorted({_stem(s) for s in skipped})}
+        return {"config.json": c}
+
+
 register_convention(Native("native", "microscale safetensors: QTensor fields + JSON metadata, every format"))
 register_convention(ModelOpt("modelopt", "NVIDIA ModelOpt HF export (NVFP4)", ("nvfp4",)))
 register_convention(CompressedTensors("compressed-tensors", "compressed-tensors nvfp4/mxfp4-pack-quantized",
                                       ("nvfp4", "mxfp4")))
 register_convention(GptOss("gpt-oss", "gpt-oss MXFP4 *_blocks / *_scales", ("mxfp4",)))
+register_convention(Fp8Block("fp8-block", "DeepSeek-V3 / transformers FineGrainedFP8: *.weight E4M3 + "
+                                          "*.weight_scale_inv per 128x128", ("fp8_e4m3_block128x128",)))
 register_convention(Gguf("gguf", "GGUF file, MXFP4 (type 39) and NVFP4 (type 40) tensors", ("nvfp4", "mxfp4")))
 
 def quantizable_tensors(convention: str | Convention, shapes: dict[str, tuple[int, ...]],
@@ -554,7 +628,7 @@ def quantizable_tensors(convention: str | Convention, shapes: dict[str, tuple[in
 
 
 # Detection order: the most specific first.
-DETECT_ORDER = ("native", "modelopt", "compressed-tensors", "gpt-oss")
+DETECT_ORDER = ("native", "modelopt", "compressed-tensors", "gpt-oss", "fp8-block")
 
 
 def json_dumps(obj) -> str:

@@ -290,7 +290,7 @@ def _mapped(key: str, how: tuple[str, str]) -> str | None:
     return key[len(p):] if key.startswith(p) else None
 
 
-def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -> nn.Module:
+def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True, fast_accum: bool = False) -> nn.Module:
     """Load ``tensors`` (e.g. ``microscale.io.load(path)``) into ``model``: every
     ``nn.Linear``/``QuantLinear`` whose ``<name>.weight`` is a QTensor becomes a
     QuantLinear holding it, every MoE experts module (transformers' 3-D ``gate_up_proj`` /
@@ -301,7 +301,9 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
     QuantConv2d (geometry from the module, 4-D shape and K order from the QTensor's conv2d meta) /
     QuantEmbedding; the remaining tensors go through ``load_state_dict``. A weight whose meta
     names an ``act_format`` (a W4A4 checkpoint, e.g. ModelOpt NVFP4 with ``input_scale``) makes
-    its QuantLinear quantize activations to it.
+    its QuantLinear quantize activations to it; ``fast_accum=True`` lets those layers take
+    :func:`microscale.scaled_mm`'s fp8 allowance (an fp8 block-128 checkpoint such as DeepSeek-V3's
+    runs W8A8 on fp8 tensor cores).
 
     Everything is checked before the model is touched (names, shapes, missing and
     unexpected tensors), so on error the model is unchanged. Names may differ from the
@@ -396,7 +398,8 @@ def load_quantized_state(model: nn.Module, tensors: dict, strict: bool = True) -
         for name, q, bias in plan:
             m = linears[name]
             dev = m.weight_data.device if isinstance(m, QuantLinear) else m.weight.device
-            new = QuantLinear.from_qtensor(q.to(dev), bias, q.meta.get("act_format"))  # (set by checkpoint import)
+            act = q.meta.get("act_format")  # (set by checkpoint import)
+            new = QuantLinear.from_qtensor(q.to(dev), bias, act, fast_accum and act is not None)
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             undo.append((parent, child, getattr(parent, child)))
