@@ -146,11 +146,11 @@ def scaled_mm(a: QTensor, b: QTensor, *, bias: torch.Tensor | None = None,
         bias: optional float ``[N]``, added in float32 after the scales.
         out_dtype: bfloat16 (default), float16 or float32.
         fast_accum: allow fp8 tensor cores whose in-instruction sums keep fewer bits than float32
-            (Hopper), for operands whose codes are fp8 bytes (fp8 block-128 at any M; MXFP8 beyond
-            the 64 rows where the exact linear kernels already stream the weight at bandwidth): each
-            chunk is promoted to float32 and scaled as DeepGEMM does, and the result may differ from
-            the oracle by about 1e-4 relative (measured on Hopper) instead of float32 ordering.
-            Other pairs, and CPU operands, stay exact.
+            (Hopper), for operands whose codes are fp8 bytes and whose scales are float32 / float16
+            (fp8 block-128): each chunk is promoted to float32 and scaled as DeepGEMM does, and the
+            result may differ from the oracle by about 1e-4 relative (measured on Hopper) instead of
+            float32 ordering. Other pairs (MXFP8 included: its exact kernels are fast), and CPU
+            operands, stay exact.
 
     Returns:
         ``[M, N]`` in ``out_dtype``. On CUDA, formats whose element x block-scale values are exact

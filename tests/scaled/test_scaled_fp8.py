@@ -142,7 +142,7 @@ def test_gpu_fast_accum_within_allowance(m: int, fa: str, fb: str) -> None:
     assert _rel(direct, ref) <= 5e-4
     if fast_accum_takes(a.fmt, b.fmt, m):
         assert torch.equal(out, direct)
-    else:  # (few rows of MXFP8: the exact kernels)
+    else:  # (MXFP8: the exact kernels)
         assert _rel(out, ref) <= 1e-5
 
 
@@ -176,14 +176,15 @@ def test_quant_linear_carries_fast_accum(monkeypatch) -> None:
         ms.linear(x.bfloat16(), layer.qweight, fast_accum=True)
 
 
-def test_fast_accum_route_by_rows() -> None:
-    """fp8 block-128 takes the fp8 kernel at any M; MXFP8 only past the decode kernels' 64 rows; others never."""
+def test_fast_accum_route() -> None:
+    """fp8 block-128 (float32 scales) takes the fp8 kernel at any M; MXFP8 (exact in bf16) keeps the exact
+    kernels; pairs the kernel cannot take never go there."""
     from microscale.linear.backends.scaled_fp8 import fast_accum_takes
 
     f = get_format
     assert fast_accum_takes(f("fp8_e4m3_block128"), f("fp8_e4m3_block128x128"), 1)
-    assert not fast_accum_takes(f("mxfp8_e4m3"), f("mxfp8_e4m3"), 64)
-    assert fast_accum_takes(f("mxfp8_e4m3"), f("mxfp8_e4m3"), 65)
+    assert fast_accum_takes(f("fp8_e4m3_fp16"), f("fp8_e4m3_block128x128"), 4096)
+    assert not fast_accum_takes(f("mxfp8_e4m3"), f("mxfp8_e4m3"), 4096)
     assert not fast_accum_takes(f("mxfp8_e4m3"), f("mxfp4"), 4096)
 
 
