@@ -190,11 +190,10 @@ def build_scaled_mm(spec: CaseSpec, ctx: Context) -> Case:
 
     def fast_accum_peer() -> Peer:
         from ..formats import get_format
-        from ..linear.backends.scaled_fp8 import scaled_fp8_reason
+        from ..linear.backends.scaled_fp8 import fast_accum_takes
 
-        why = scaled_fp8_reason(get_format(afmt), get_format(spec.format))
-        if ctx.cpu or why is not None:
-            raise Skip("CUDA only" if ctx.cpu else f"the fp8 kernel {why}")
+        if ctx.cpu or not fast_accum_takes(get_format(afmt), get_format(spec.format), m):
+            raise Skip("CUDA only" if ctx.cpu else "fast_accum keeps this pair on its exact kernels")
         return Peer("microscale fast_accum", lambda a, b: scaled_mm(a, b, fast_accum=True), check)
 
     a0, b0 = make()

@@ -538,9 +538,10 @@ class Gguf(Convention):
 # fp8 block-128 (DeepSeek-V3, transformers' FineGrainedFP8: quant_method "fp8")
 # ---------------------------------------------------------------------------------
 class Fp8Block(Convention):
-    """``<m>.weight`` E4M3 ``[N, K]`` beside ``<m>.weight_scale_inv`` float32 ``[ceil(N/128), ceil(K/128)]``,
-    the decode multiplier of each 128 x 128 block (despite its name); activations quantized per token and
-    128 K on the fly (``activation_scheme: dynamic``)."""
+    """``<m>.weight`` E4M3 ``[N, K]`` beside ``<m>.weight_scale_inv`` ``[ceil(N/128), ceil(K/128)]`` (float32;
+    bf16 / fp16 in some exports, widened exactly and written back as they came), the decode multiplier of each
+    128 x 128 block (despite its name); activations quantized per token and 128 K on the fly
+    (``activation_scheme: dynamic``)."""
 
     selects = "2-D weights named '*.weight' (any shape: partial 128 x 128 blocks at the edges)"
 
@@ -571,22 +572,32 @@ class Fp8Block(Convention):
 
     def activation_format(self, q, files):
         qc = (files.get("config.json") or {}).get("quantization_config") or {}
+        block = qc.get("weight_block_size")
+        if block is not None and list(block) != [128, 128]:
+            raise ValueError(f"{self.name}: config.json quantization_config.weight_block_size={block}; microscale reads "
+                             "fp8 block checkpoints with [128, 128] blocks only")
         return "fp8_e4m3_block128" if qc.get("activation_scheme") == "dynamic" else None
 
     def decode(self, g, tensors, metadata):
         w = _need(tensors, "weight", torch.float8_e4m3fn, g, self.name)
-        s = _need(tensors, "weight_scale_inv", torch.float32, g, self.name)
+        s = tensors["weight_scale_inv"]
+        if s.dtype not in (torch.float32, torch.bfloat16, torch.float16):  # (Qwen3 FP8 ships bf16 scales)
+            raise ValueError(f"{self.name}: {g.members['weight_scale_inv']!r} has dtype {s.dtype}; expected float32, "
+                             "bfloat16 or float16")
         if w.dim() != 2:
             raise ValueError(f"{self.name}: {g.members['weight']!r} has shape {tuple(w.shape)}; expected [N, K]")
         n, k = w.shape
         want = (-(-n // 128), -(-k // 128))
         if tuple(s.shape) != want:
             raise ValueError(f"{self.name}: {g.members['weight_scale_inv']!r} has shape {tuple(s.shape)}; expected "
-                             f"{list(want)} (one scale per 128 x 128 block of the [{n}, {k}] weight)")
+                             f"{list(want)} (one scale per 128 x 128 block of the [{n}, {k}] weight; microscale reads "
+                             "weight_block_size [128, 128] only)")
         codes = w.view(torch.uint8)
         if (n, k) != (want[0] * 128, want[1] * 128):  # QTensor codes cover whole blocks: zero-padded copy
             codes = torch.nn.functional.pad(codes, (0, want[1] * 128 - k, 0, want[0] * 128 - n))
-        q = QTensor(codes, s, get_format("fp8_e4m3_block128x128"), torch.Size((n, k)), torch.bfloat16, None, None, {})
+        meta = {} if s.dtype == torch.float32 else {"scale_dtype": str(s.dtype).removeprefix("torch.")}
+        q = QTensor(codes, s.to(torch.float32), get_format("fp8_e4m3_block128x128"), torch.Size((n, k)),
+                    torch.bfloat16, None, None, meta)  # (bf16 / fp16 scales widen exactly)
         q.validate()
         return q
 
@@ -594,7 +605,12 @@ class Fp8Block(Convention):
         self.check_format(q.fmt)
         n, k = (int(v) for v in q.shape)
         codes = q.data if tuple(q.padded_shape) == (n, k) else q.data[:n, :k].contiguous()
-        return {base: codes.view(torch.float8_e4m3fn), base + "_scale_inv": q.scales.to(torch.float32)}, {}
+        sdt = getattr(torch, q.meta.get("scale_dtype", "float32"))
+        scales = q.scales.to(sdt)
+        if sdt != torch.float32 and not torch.equal(scales.to(torch.float32), q.scales):
+            raise ValueError(f"{self.name}: {base!r} came with {sdt} scales but now holds scales {sdt} cannot hold "
+                             "exactly; drop its meta 'scale_dtype' to write float32 scales")
+        return {base: codes.view(torch.float8_e4m3fn), base + "_scale_inv": scales}, {}
 
     def config_files(self, fmt, quantized, skipped, config, activation_scales=False):
         if config is None:

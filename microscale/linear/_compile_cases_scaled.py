@@ -9,7 +9,7 @@ import torch
 from ..reference import quantize
 from ..runtime import target
 from .backends.scaled_exact import choose_scaled_config, fp8_kind, scaled_exact_run
-from .backends.scaled_fp8 import scaled_fp8_launch, scaled_fp8_reason
+from .backends.scaled_fp8 import Fp8Config, scaled_fp8_launch, scaled_fp8_reason
 from .scaled import prepare_operand
 
 # (activation format, weight format): each element family and scale kind, fp8/FP4/FP6/int/affine
@@ -27,7 +27,8 @@ def launches(mode: str = "full") -> None:
     gen = torch.Generator().manual_seed(0)
     n, k = 256, 256
     with target.override(interpreting=True):
-        for fa, fb in [("mxfp8_e4m3", "mxfp4")] if mode == "smoke" else PAIRS:  # (an fp8 MMA pair)
+        smoke = [("mxfp8_e4m3", "mxfp4"), ("fp8_e4m3_block128", "fp8_e4m3_block128x128")]  # (fp8 MMA pairs)
+        for fa, fb in smoke if mode == "smoke" else PAIRS:
             b = quantize(torch.randn(n, k, generator=gen), fb)
             for m in TOKENS:
                 a = quantize(torch.randn(m, k, generator=gen), fa)
@@ -39,3 +40,6 @@ def launches(mode: str = "full") -> None:
                         scaled_exact_run(a, b, bias, dt, dataclasses.replace(cfg, fp8=fp8_kind(a.fmt, b.fmt)))
                     if scaled_fp8_reason(a.fmt, b.fmt) is None:  # fast_accum: fp8 codes straight to the MMA
                         scaled_fp8_launch(prepare_operand(a), prepare_operand(b), bias, dt)
+                        if m == TOKENS[-1] and mode != "smoke":  # (the compiler's warp specialization, opt-in)
+                            scaled_fp8_launch(prepare_operand(a), prepare_operand(b), bias, dt,
+                                              Fp8Config(128, 128, 8, 3, warp_specialize=True))

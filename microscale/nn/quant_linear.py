@@ -170,8 +170,8 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
         act_format: quantize each layer's input on the fly to this format too (see
             :class:`QuantLinear`); None (default): weight-only.
         fast_accum: with ``act_format``, let each layer's :func:`microscale.scaled_mm` take fp8 tensor
-            cores with Hopper's accumulation where the pair allows (fp8 block-128 W8A8, MXFP8; about
-            1e-4 relative from the exact result; docs/scaled-mm.md). Off by default.
+            cores with Hopper's accumulation where the pair allows (fp8 block-128 W8A8; about 1e-4
+            relative from the exact result; docs/scaled-mm.md). Off by default.
         conv2d: also quantize ``nn.Conv2d`` layers (True, or a predicate ``(name, module) -> bool``);
             off by default: a vision stem / patch embedding is often the most sensitive layer.
         embedding: also quantize ``nn.Embedding`` tables (True or a predicate, as ``conv2d``); one
@@ -188,6 +188,9 @@ def quantize_model(model: nn.Module, fmt: str | Format = "nvfp4", *, skip: Itera
     """
     import copy
 
+    if fast_accum and act_format is None:
+        raise ValueError("quantize_model: fast_accum=True needs act_format (it is scaled_mm's allowance for layers "
+                         "whose activations are quantized)")
     if method != "rtn" or _ACCURACY_OPTIONS & set(quantize_kwargs):
         from ..accuracy.model import quantize_model as calibrated  # (same layer; loaded on use)
 

@@ -103,3 +103,28 @@ def test_bad_scale_shape_names_the_tensor(tmp_path):
 def test_refuses_other_formats():
     with pytest.raises(ValueError, match="stores fp8_e4m3_block128x128 only"):
         msio.get_convention("fp8-block").check_format(ms.get_format("mxfp8_e4m3"))
+
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+def test_half_precision_scales_load_exactly_and_write_back(tmp_path, dt):
+    """Qwen3 FP8 exports carry bf16 weight_scale_inv: widened exactly on load, written back in their dtype."""
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator().manual_seed(3)
+    w, s = _block_fp8(torch.randn(256, 384, generator=g) * 0.05)
+    s = s.to(dt)
+    (tmp_path / "q").mkdir()
+    save_file({"proj.weight": w, "proj.weight_scale_inv": s}, str(tmp_path / "q" / "model.safetensors"))
+    (tmp_path / "q" / "config.json").write_text(json.dumps(CONFIG))
+    q = msio.load(tmp_path / "q")["proj.weight"]
+    assert q.scales.dtype == torch.float32 and torch.equal(q.scales, s.float())
+    msio.save({"proj.weight": q}, tmp_path / "out", convention="fp8-block", config=CONFIG)
+    raw = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert raw["proj.weight_scale_inv"].dtype == dt and torch.equal(raw["proj.weight_scale_inv"], s)
+
+
+def test_other_block_sizes_are_refused_by_name(tmp_path):
+    cfg = {"quantization_config": dict(CONFIG["quantization_config"], weight_block_size=[64, 64])}
+    _write(tmp_path / "ds", 128, 128, cfg)  # (scales of 128 x 128 blocks: decoding succeeds, the config is refused)
+    with pytest.raises(ValueError, match=r"weight_block_size=\[64, 64\]"):
+        msio.load(tmp_path / "ds")

@@ -172,6 +172,8 @@ def test_quant_linear_carries_fast_accum(monkeypatch) -> None:
     assert fresh[0].fast_accum
     with pytest.raises(ValueError, match="fast_accum=True needs act_format"):
         QuantLinear(256, 128, fmt="nvfp4", fast_accum=True)
+    with pytest.raises(ValueError, match="quantize_model: fast_accum=True needs act_format"):
+        quantize_model(torch.nn.Sequential(), "nvfp4", fast_accum=True)
     with pytest.raises(ValueError, match="fast_accum=True needs act_format"):
         ms.linear(x.bfloat16(), layer.qweight, fast_accum=True)
 
@@ -200,3 +202,20 @@ def test_custom_op_takes_fast_accum() -> None:
     torch.library.opcheck(torch.ops.microscale.scaled_mm.default, args)
     f = torch.compile(lambda x, w: ms.scaled_mm(x, w, fast_accum=True), backend="eager")
     assert torch.equal(f(a, b), ms.scaled_mm(a, b, fast_accum=True))
+
+
+@needs_gpu
+def test_gpu_fast_accum_in_a_cuda_graph() -> None:
+    """fast_accum at 1 and 256 rows (pointer loads, TMA descriptors) captured in a CUDA graph replays the eager
+    result bit for bit."""
+    gen = torch.Generator().manual_seed(6)
+    b = _q("fp8_e4m3_block128x128", 384, 512, gen, device="cuda")
+    for m in (1, 256):
+        a = _q("fp8_e4m3_block128", m, 512, gen, device="cuda")
+        want = ms.scaled_mm(a, b, fast_accum=True)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = ms.scaled_mm(a, b, fast_accum=True)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)

@@ -60,6 +60,7 @@ def scaled_fp8_reason(fa: Format, fb: Format) -> str | None:
     return None
 
 
+@torch.compiler.disable  # (a host-side rule on formats: cached, not traced)
 def fast_accum_takes(fa: Format, fb: Format, m: int) -> bool:
     """Whether ``scaled_mm(..., fast_accum=True)`` runs ``m`` rows of ``fa`` x ``fb`` here: pairs the kernel
     takes whose values are not exact in bf16 (float32 / float16 block scales: fp8 block-128). Pairs exact in
@@ -133,6 +134,8 @@ def scaled_fp8_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor |
         a8 = TensorDescriptor(a8, [m, k], [a8.stride(0), 1], [c.block_m, kb])
         b8 = TensorDescriptor(b8, [n, k], [b8.stride(0), 1], [c.block_n, kb])
     dummy = oa.codes
+    if bias is not None:
+        bias = bias.contiguous()  # (read as [N] with unit stride)
     grid = (cdiv(m, c.block_m) * cdiv(n, c.block_n),)
     launch(kern._scaled_fp8_kernel, grid,
            a8, oa.scales, oa.global_scale if oa.global_scale is not None else dummy,
