@@ -592,6 +592,8 @@ class Fp8Block(Convention):
             raise ValueError(f"{self.name}: {g.members['weight_scale_inv']!r} has shape {tuple(s.shape)}; expected "
                              f"{list(want)} (one scale per 128 x 128 block of the [{n}, {k}] weight; microscale reads "
                              "weight_block_size [128, 128] only)")
+        if w.device != s.device:  # (a lazy read: large members are meta tensors, small ones real)
+            s = s.to(w.device)
         codes = w.view(torch.uint8)
         if (n, k) != (want[0] * 128, want[1] * 128):  # QTensor codes cover whole blocks: zero-padded copy
             codes = torch.nn.functional.pad(codes, (0, want[1] * 128 - k, 0, want[0] * 128 - n))

@@ -128,3 +128,15 @@ def test_other_block_sizes_are_refused_by_name(tmp_path):
     _write(tmp_path / "ds", 128, 128, cfg)  # (scales of 128 x 128 blocks: decoding succeeds, the config is refused)
     with pytest.raises(ValueError, match=r"weight_block_size=\[64, 64\]"):
         msio.load(tmp_path / "ds")
+
+
+def test_inspect_reads_headers_only(tmp_path):
+    """``inspect`` decodes lazily (the weight a meta tensor, the small scale tensor read): format and shape."""
+    g = torch.Generator().manual_seed(4)
+    w, s = _block_fp8(torch.randn(200, 300, generator=g))
+    (tmp_path / "i").mkdir()
+    from safetensors.torch import save_file
+
+    save_file({"proj.weight": w, "proj.weight_scale_inv": s}, str(tmp_path / "i" / "model.safetensors"))
+    conv, rows = msio.inspect(tmp_path / "i")
+    assert conv == "fp8-block" and [r[:3] for r in rows] == [("proj.weight", "fp8_e4m3_block128x128", (200, 300))]
