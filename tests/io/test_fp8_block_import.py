@@ -140,3 +140,19 @@ def test_inspect_reads_headers_only(tmp_path):
     save_file({"proj.weight": w, "proj.weight_scale_inv": s}, str(tmp_path / "i" / "model.safetensors"))
     conv, rows = msio.inspect(tmp_path / "i")
     assert conv == "fp8-block" and [r[:3] for r in rows] == [("proj.weight", "fp8_e4m3_block128x128", (200, 300))]
+
+
+def test_quantizers_match_deepseek_recipe():
+    """microscale's quantizers give DeepSeek's bytes: weights per 128 x 128 block and activations per token and
+    128 K (``act_quant``: s = amax / 448, codes = e4m3(x / s)), on data whose rows span several binades."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(256, 384, generator=g) * torch.rand(256, 1, generator=g) * 4
+    codes, s = _block_fp8(w)
+    q = ms.quantize(w, "fp8_e4m3_block128x128")
+    assert torch.equal(q.scales, s) and torch.equal(q.data, codes.view(torch.uint8))
+    x = torch.randn(64, 512, generator=g) * torch.rand(64, 1, generator=g) * 10
+    xb = x.reshape(64, 4, 128)
+    sx = xb.abs().amax(-1, keepdim=True) / 448.0
+    a = ms.quantize(x, "fp8_e4m3_block128")
+    assert torch.equal(a.scales, sx.squeeze(-1))
+    assert torch.equal(a.data, (xb / sx).to(torch.float8_e4m3fn).view(torch.uint8).reshape(64, 512))
