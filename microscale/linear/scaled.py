@@ -103,6 +103,8 @@ def _scaled_mm_op(a_codes: torch.Tensor, a_scales: torch.Tensor, a_gs: torch.Ten
 
         oa = ScaledOperand(a_codes, a_scales, a_zp, a_gs, a_meta)
         ob = ScaledOperand(b_codes, b_scales, b_zp, b_gs, b_meta)
+        if bias is not None:
+            bias = bias.contiguous()  # (the kernels read it as [N] with unit stride)
         fa, (m, _), _, _ = parse_meta(a_meta)
         if fast_accum and scaled_fp8.fast_accum_takes(fa, parse_meta(b_meta)[0], m):
             return scaled_fp8.scaled_fp8_launch(oa, ob, bias, dt)

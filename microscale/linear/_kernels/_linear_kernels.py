@@ -196,6 +196,17 @@ def _mma(a, b, acc, INTERP: tl.constexpr):
 
 
 @triton.jit
+def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """``(pid_m, pid_n)`` of program ``pid`` in groups of GROUP_M row tiles, so that neighbouring programs
+    share each column tile (the weight's) while it is in L2."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    per_group = GROUP_M * tl.cdiv(N, BLOCK_N)
+    first_m = (pid // per_group) * GROUP_M
+    rows_here = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % rows_here, (pid % per_group) // rows_here
+
+
+@triton.jit
 def _bcast_words(v, BLOCK_N: tl.constexpr, NT: tl.constexpr):
     """[BLOCK_N, NT] per-layout-tile values -> [BLOCK_N, NT*8] per word."""
     return tl.reshape(tl.broadcast_to(v[:, :, None], [BLOCK_N, NT, 8]), [BLOCK_N, NT * 8])
@@ -362,14 +373,7 @@ def _linear_prefill_kernel(
     split order (deterministic) and writes the output."""
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    n_m = tl.cdiv(M, BLOCK_M)
-    n_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * n_n
-    g = pid // per_group
-    first_m = g * GROUP_M
-    size_m = tl.minimum(n_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
+    pid_m, pid_n = _grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M

@@ -15,17 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._linear_kernels import _decode_scale, _mma
-
-
-@triton.jit
-def _chunk_scale(s_ptr, rows, row_ok, blk, stride_s, SCALE_KIND: tl.constexpr, SB: tl.constexpr,
-                 GROUP_ROWS: tl.constexpr):
-    """float32 block scales ``[R]`` of ``rows`` at K block ``blk``."""
-    raw = tl.load(s_ptr + (rows // GROUP_ROWS) * stride_s + blk, mask=row_ok, other=0).to(tl.int32)
-    if SB < 4:  # (an int16 view sign-extends)
-        raw = raw & ((1 << (SB * 8)) - 1)
-    return _decode_scale(raw, SCALE_KIND)
+from ._linear_kernels import _grouped_tile, _mma
+from ._scaled_kernels import _chunk_scale, _epilogue
 
 
 @triton.jit
@@ -51,15 +42,7 @@ def _scaled_fp8_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
     WS: tl.constexpr, TMA: tl.constexpr, INTERP: tl.constexpr,
 ):
-    # grouped tile order: GROUP_M row tiles share each column tile's weight strip while it is in L2
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    rows_here = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % rows_here
-    pid_n = (pid % per_group) // rows_here
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -74,14 +57,4 @@ def _scaled_fp8_kernel(
         sb = _chunk_scale(bs_ptr, offs_n, n_ok, k0 // B_GROUP, stride_bs, B_SCALE_KIND, B_SB, B_GROUP_ROWS)
         part = _mma(a, tl.trans(b), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), INTERP)
         acc += part * (sa[:, None] * sb[None, :])  # promotion: float32 from here on
-    if HAS_GA:  # fp32(g_a * g_b), as the oracle rounds it
-        if HAS_GB:
-            acc = acc * (tl.load(ag_ptr) * tl.load(bg_ptr))
-        else:
-            acc = acc * tl.load(ag_ptr)
-    elif HAS_GB:
-        acc = acc * tl.load(bg_ptr)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    mask = m_ok[:, None] & n_ok[None, :]
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    _epilogue(acc, ag_ptr, bg_ptr, bias_ptr, out_ptr, offs_m, offs_n, m_ok, n_ok, stride_om, HAS_GA, HAS_GB, HAS_BIAS)

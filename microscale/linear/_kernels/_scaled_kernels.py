@@ -47,6 +47,16 @@ def _load_codes(c_ptr, rows, row_ok, k0, K, stride_c, R: tl.constexpr, KB: tl.co
 
 
 @triton.jit
+def _chunk_scale(s_ptr, rows, row_ok, blk, stride_s, SCALE_KIND: tl.constexpr, SB: tl.constexpr,
+                 GROUP_ROWS: tl.constexpr):
+    """float32 block scales ``[R]`` of ``rows`` at K block ``blk`` (raw bits in their storage width)."""
+    raw = tl.load(s_ptr + (rows // GROUP_ROWS) * stride_s + blk, mask=row_ok, other=0).to(tl.int32)
+    if SB < 4:  # (an int16 view sign-extends)
+        raw = raw & ((1 << (SB * 8)) - 1)
+    return _decode_scale(raw, SCALE_KIND)
+
+
+@triton.jit
 def _operand_chunk(c_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_c, stride_s, stride_z,
                    R: tl.constexpr, KB: tl.constexpr, BITS: tl.constexpr, IS_FLOAT: tl.constexpr,
                    MBITS: tl.constexpr, SIGNED: tl.constexpr, ELEM_C: tl.constexpr, SPECIALS: tl.constexpr,
@@ -58,13 +68,9 @@ def _operand_chunk(c_ptr, s_ptr, z_ptr, rows, row_ok, k0, K, stride_c, stride_s,
     m2 = row_ok[:, None] & (offs_k < K)[None, :]
     codes = _load_codes(c_ptr, rows, row_ok, k0, K, stride_c, R, KB, BITS)
     blk = k0 // GROUP
-    srow = rows // GROUP_ROWS
-    raw = tl.load(s_ptr + srow * stride_s + blk, mask=row_ok, other=0).to(tl.int32)
-    if SB < 4:  # (an int16 view sign-extends)
-        raw = raw & ((1 << (SB * 8)) - 1)
-    scale = _decode_scale(raw, SCALE_KIND)
+    scale = _chunk_scale(s_ptr, rows, row_ok, blk, stride_s, SCALE_KIND, SB, GROUP_ROWS)
     if HAS_ZP:
-        zp = tl.load(z_ptr + srow * stride_z + blk, mask=row_ok, other=0).to(tl.float32)
+        zp = tl.load(z_ptr + (rows // GROUP_ROWS) * stride_z + blk, mask=row_ok, other=0).to(tl.float32)
         v = _decode_elem(codes, 1.0, zp[:, None], BITS, IS_FLOAT, MBITS, SIGNED, ELEM_C, SPECIALS,
                          INF_MAG, NAN_MAG, HAS_ZP)
     else:
@@ -84,6 +90,24 @@ def _mma_operand(v, FP8: tl.constexpr):
     else:
         out = v.to(tl.bfloat16)
     return out
+
+
+@triton.jit
+def _epilogue(acc, ag_ptr, bg_ptr, bias_ptr, out_ptr, offs_m, offs_n, m_ok, n_ok, stride_om,
+              HAS_GA: tl.constexpr, HAS_GB: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """After the last chunk, as the oracle orders it: ``acc * fp32(g_a * g_b)``, ``+ bias`` in float32, one
+    rounding to the output's dtype, stored where the tile is in bounds."""
+    if HAS_GA:
+        if HAS_GB:
+            acc = acc * (tl.load(ag_ptr) * tl.load(bg_ptr))
+        else:
+            acc = acc * tl.load(ag_ptr)
+    elif HAS_GB:
+        acc = acc * tl.load(bg_ptr)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    mask = m_ok[:, None] & n_ok[None, :]
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -118,14 +142,4 @@ def _scaled_mm_kernel(
                                 B_INF_MAG, B_NAN_MAG, B_HAS_ZP, B_SCALE_KIND, B_SB, B_GROUP, B_GROUP_ROWS)
         part = _mma(_mma_operand(va, FP8), tl.trans(_mma_operand(vb, FP8)), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), INTERP)
         acc += part * (sa[:, None] * sb[None, :])
-    if HAS_GA:  # fp32(g_a * g_b), as the oracle rounds it
-        if HAS_GB:
-            acc = acc * (tl.load(ag_ptr) * tl.load(bg_ptr))
-        else:
-            acc = acc * tl.load(ag_ptr)
-    elif HAS_GB:
-        acc = acc * tl.load(bg_ptr)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    mask = m_ok[:, None] & n_ok[None, :]
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    _epilogue(acc, ag_ptr, bg_ptr, bias_ptr, out_ptr, offs_m, offs_n, m_ok, n_ok, stride_om, HAS_GA, HAS_GB, HAS_BIAS)

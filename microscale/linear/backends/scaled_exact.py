@@ -226,20 +226,31 @@ def scaled_exact_run(a: QTensor, b: QTensor, bias: torch.Tensor | None, out_dtyp
     return scaled_exact_launch(prepare_operand(a), ob, bias, out_dtype, config, out)
 
 
-def scaled_exact_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor | None, out_dtype: torch.dtype,
-                        config: ScaledConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Launch the kernel on prepared operands (whose formats nest: checked by the caller)."""
-    from .._kernels import _scaled_kernels as kern
-
+def launch_output(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor | None, out_dtype: torch.dtype,
+                  out: torch.Tensor | None) -> tuple[Format, Format, tuple[int, int, int], torch.Tensor, bool]:
+    """What a kernel launch on prepared operands starts from: both formats, ``(M, N, K)`` and the output
+    (``out`` or a new one); ``done`` when nothing is left to launch (an empty output, or K = 0: bias or zeros
+    written)."""
     fa, (m, k), _, _ = parse_meta(oa.meta)
     fb, (n, _), _, _ = parse_meta(ob.meta)
     dev = oa.codes.device
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=dev)
-    if m == 0 or n == 0:
+    done = m == 0 or n == 0 or k == 0
+    if k == 0 and not (m == 0 or n == 0):
+        out.copy_(torch.zeros((m, n), device=dev) if bias is None else bias.float().expand(m, n))
+    return fa, fb, (m, n, k), out, done
+
+
+def scaled_exact_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor | None, out_dtype: torch.dtype,
+                        config: ScaledConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch the kernel on prepared operands (whose formats nest: checked by the caller)."""
+    from .._kernels import _scaled_kernels as kern
+
+    fa, fb, (m, n, k), out, done = launch_output(oa, ob, bias, out_dtype, out)
+    if done:
         return out
-    if k == 0:
-        return out.copy_(torch.zeros((m, n), device=dev) if bias is None else bias.float().expand(m, n))
+    dev = oa.codes.device
     kb = min(fa.block_size, fb.block_size)
     c = config if config is not None else choose_scaled_config(m, n, fa, fb)
     if kb < 16 or (c.fp8 and kb < 32):

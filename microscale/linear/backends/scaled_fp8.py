@@ -20,7 +20,7 @@ from ...formats.elements import ElementCodec
 from ...runtime import target
 from ...runtime.launch import cdiv, launch
 from ..scaled import ScaledOperand, parse_meta
-from .scaled_exact import operand_constexprs
+from .scaled_exact import launch_output, operand_constexprs
 
 #: fp8 types whose bytes are the values: the kernel's FP8 constexpr per torch dtype
 _FP8_TYPES = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2}
@@ -110,18 +110,13 @@ def scaled_fp8_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor |
     """Launch the fp8 kernel on prepared operands (formats checked by :func:`scaled_fp8_reason`)."""
     from .._kernels import _scaled_fp8 as kern
 
-    fa, (m, k), _, _ = parse_meta(oa.meta)
-    fb, (n, _), _, _ = parse_meta(ob.meta)
-    why = scaled_fp8_reason(fa, fb)
+    why = scaled_fp8_reason(parse_meta(oa.meta)[0], parse_meta(ob.meta)[0])
     if why is not None:
         raise ValueError(f"scaled_mm: the fp8 kernel {why}")
-    dev = oa.codes.device
-    if out is None:
-        out = torch.empty((m, n), dtype=out_dtype, device=dev)
-    if m == 0 or n == 0:
+    fa, fb, (m, n, k), out, done = launch_output(oa, ob, bias, out_dtype, out)
+    if done:
         return out
-    if k == 0:
-        return out.copy_(torch.zeros((m, n), device=dev) if bias is None else bias.float().expand(m, n))
+    dev = oa.codes.device
     kb = min(fa.block_size, fb.block_size)
     c = config if config is not None else choose_fp8_config(m, n, kb, target.num_sms(dev))
     ca, cb = operand_constexprs(fa), operand_constexprs(fb)
@@ -134,8 +129,6 @@ def scaled_fp8_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor |
         a8 = TensorDescriptor(a8, [m, k], [a8.stride(0), 1], [c.block_m, kb])
         b8 = TensorDescriptor(b8, [n, k], [b8.stride(0), 1], [c.block_n, kb])
     dummy = oa.codes
-    if bias is not None:
-        bias = bias.contiguous()  # (read as [N] with unit stride)
     grid = (cdiv(m, c.block_m) * cdiv(n, c.block_n),)
     launch(kern._scaled_fp8_kernel, grid,
            a8, oa.scales, oa.global_scale if oa.global_scale is not None else dummy,
