@@ -292,10 +292,11 @@ def _none_quantized(ck: Checkpoint, names: list[str], conv: Convention, fmt: For
     return "; ".join(parts)
 
 
-def _dequantize_chunked(q: QTensor, dtype: torch.dtype, chunk: int = 1 << 20) -> torch.Tensor:
+def _dequantize_chunked(q: QTensor, dtype: torch.dtype, chunk: int = 1 << 18) -> torch.Tensor:
     """``q.dequantize(dtype)`` computed ``chunk`` elements of rows at a time into one
     output tensor, so the float32 temporaries of the decode stay small (bit-identical:
-    every block is decoded by the same code)."""
+    every block is decoded by the same code). 256K elements keeps them ~1 MiB each:
+    at 1M, freed multi-MiB temporaries raise glibc's mmap threshold and stay resident."""
     pshape = q.padded_shape
     if (q.data.dim() < 2 or q.numel == 0 or q.data.device.type != "cpu"
             or tuple(pshape[:-1]) != tuple(q.shape[:-1])):  # padded rows (2-D blocks): whole tensor
