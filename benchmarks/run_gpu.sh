@@ -16,6 +16,8 @@
 #   families      benchmarks/run_gpu_families.py: the MoE, scaled_mm, attention, fused-op, conv2d and
 #                 Hadamard kernels on CUDA against their references, every format they take
 #   host_time     benchmarks/host_time_gpu.py: CPU time per eager ms.linear call, per route
+#   sweep_fp8     benchmarks/sweep_scaled_fp8.py: fast_accum's Triton and Gluon fp8 kernels over their
+#                 configs, each checked against float64, then timed beside cuBLAS bf16 (OUT/sweep_fp8.json)
 #   moe, scaled_mm, kv, ops
 #                 the op families' suites (OUT/<suite>/), each case checked before it is timed
 # Each step's output goes to OUT/<step>.log; OUT/summary.txt lists every step's exit status and
@@ -43,12 +45,13 @@ step() {  # name, seconds, command...
 
 step tests_kernels 1200 python -m pytest -q tests/kernels --ignore=tests/kernels/test_quantize_kernels.py
 step tests_quantize 600 python -m pytest -q tests/kernels/test_quantize_kernels.py
-step tests_other 600 python -m pytest -q tests/nn tests/bench tests/reference/test_quantize.py
+step tests_other 600 python -m pytest -q tests/nn tests/bench tests/scaled tests/reference/test_quantize.py
 step quantize 600 env SWEEP=0 python benchmarks/run_gpu_quantize.py
 step bench 900 python -m microscale.bench --out "$OUT/bench" --md "$OUT/bench/RESULTS.md"
 step matrix 1200 python -m microscale.bench --suite matrix --out "$OUT/matrix" --md "$OUT/matrix/RESULTS.md"
 step families 600 python benchmarks/run_gpu_families.py
 step host_time 120 python benchmarks/host_time_gpu.py --json "$OUT/host_time.json"
+step sweep_fp8 600 python benchmarks/sweep_scaled_fp8.py --json "$OUT/sweep_fp8.json"
 for suite in moe scaled_mm kv ops; do
   step "$suite" 900 python -m microscale.bench --suite "$suite" --time-budget "${BUDGET:-600}" --out "$OUT/$suite" \
     --md "$OUT/$suite/RESULTS.md"

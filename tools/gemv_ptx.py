@@ -1,12 +1,13 @@
 """Compile the decode GEMV and its activation prep (or, ``--mma``, the tensor-core decode
 kernel; ``--ws``, the warp-specialized Gluon prefill, ``--dtma`` the TMA-fed Gluon decode kernel,
-with ptxas's register / spill report)
+``--fp8`` the fp8 kernel of ``scaled_mm(..., fast_accum=True)`` (Triton or, with ``gluon`` in
+``--config``, warp-specialized Gluon), with ptxas's register / spill report)
 for sm_90 without a GPU, as ``ms.linear`` launches them on an H200 for a weight's second call
 (config from ``choose_gemv_config`` / ``choose_gemv_mma_config`` unless overridden), and
 write their PTX / SASS.
 
     python tools/gemv_ptx.py OUTDIR [--fmt nvfp4] [--m 1] [--n 28672] [--k 8192]
-                             [--config "{'pdl': True}"] [--sass] [--mma | --ws | --dtma]
+                             [--config "{'pdl': True}"] [--sass] [--mma | --ws | --dtma | --fp8]
                              [--set "{'gemv_early_w': False}"]
 
 Writes ``OUTDIR/<kernel>.ptx`` for each launch (``.sass`` too with ``--sass``) and prints
@@ -112,6 +113,29 @@ def compile_gluon(fmt: str, m: int, n: int, k: int, overrides: dict, op: str = "
     return out
 
 
+def compile_fp8(fa: str, fb: str, m: int, n: int, k: int, overrides: dict) -> dict:
+    """``{kernel name: compiled kernel}`` of one fast_accum launch (``fa`` activations x ``fb`` weights) with
+    ``choose_fp8_config``'s config and ``overrides`` (Fp8Config fields), sm_90 (a Hopper stood in)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from microscale.linear._compile_cases import _dev
+    from microscale.linear.backends import scaled_fp8 as sf
+    from microscale.linear.scaled import prepare_operand
+
+    a, b = ms.quantize(torch.randn(m, k), fa), ms.quantize(torch.randn(n, k), fb)
+    oa, ob = (replace(o, codes=_dev(o.codes)) for o in (prepare_operand(a), prepare_operand(b)))
+    cfg = replace(sf.choose_fp8_config(m, n, min(a.fmt.block_size, b.fmt.block_size), 132), **overrides)
+    cc.SPECS.clear()
+    with cc.intercept(interpreting=False), target.override(capability=(9, 0), num_sms=132):
+        sf.scaled_fp8_launch(oa, ob, None, torch.bfloat16, cfg)
+    out = {}
+    for s in cc.SPECS.values():
+        cls = GluonASTSource if type(s["fn"]).__name__ == "GluonJITFunction" else ASTSource
+        src = cls(fn=s["fn"], signature=s["signature"], constexprs=s["constexprs"], attrs=s["attrs"])
+        out[s["kernel"]] = triton.compile(src, target=cc.TARGET, options=s["options"])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("outdir")
@@ -126,6 +150,9 @@ def main() -> None:
                     "--config then takes its keyword arguments")
     ap.add_argument("--dtma", action="store_true", help="the TMA-fed Gluon decode kernel (decode_tma) instead; "
                     "--config then takes its keyword arguments")
+    ap.add_argument("--fp8", action="store_true", help="the fp8 kernel of scaled_mm(..., fast_accum=True) instead "
+                    "(--fmt the weight's format, --act the activations'); --config then takes Fp8Config fields")
+    ap.add_argument("--act", default="fp8_e4m3_block128", help="the activations' format (--fp8)")
     ap.add_argument("--fp16", action="store_true", help="float16 activations (--ws / --dtma)")
     ap.add_argument("--set", default="{}", help="fields of microscale.linear.tuning to set first, a Python dict "
                     "literal (e.g. \"{'gemv_early_w': False}\")")
@@ -137,7 +164,10 @@ def main() -> None:
     os.makedirs(a.outdir, exist_ok=True)
     cfg = ast.literal_eval(a.config)
     gluon_main = "_prefill_ws_kernel" if a.ws else "_decode_tma_kernel" if a.dtma else None
-    if gluon_main:
+    if a.fp8:
+        kernels = compile_fp8(a.act, a.fmt, a.m, a.n, a.k, cfg)
+        gluon_main = "_scaled_fp8_ws_kernel" if cfg.get("gluon") else "_scaled_fp8_kernel"
+    elif gluon_main:
         kernels = compile_gluon(a.fmt, a.m, a.n, a.k, cfg, "prefill_ws" if a.ws else "decode_tma",
                                 torch.float16 if a.fp16 else torch.bfloat16)
     else:
@@ -158,12 +188,14 @@ def main() -> None:
     for name, c in kernels.items():
         with open(os.path.join(a.outdir, name + ".ptx"), "w") as f:
             f.write(c.asm["ptx"])
-        if a.sass or name in ("_gemv_kernel", "_gemv_mma_kernel", "_prefill_ws_kernel", "_decode_tma_kernel"):
+        if a.sass or name in ("_gemv_kernel", "_gemv_mma_kernel", "_prefill_ws_kernel", "_decode_tma_kernel",
+                              "_scaled_fp8_kernel", "_scaled_fp8_ws_kernel"):
             text = dump_compiled(c, "-sass")
             if a.sass:
                 with open(os.path.join(a.outdir, name + ".sass"), "w") as f:
                     f.write(text)
-            if name in ("_gemv_kernel", "_gemv_mma_kernel", "_prefill_ws_kernel"):
+            if name in ("_gemv_kernel", "_gemv_mma_kernel", "_prefill_ws_kernel", "_scaled_fp8_kernel",
+                        "_scaled_fp8_ws_kernel"):
                 print(name, loop_counts(text))
 
 

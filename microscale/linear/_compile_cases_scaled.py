@@ -9,7 +9,7 @@ import torch
 from ..reference import quantize
 from ..runtime import target
 from .backends.scaled_exact import choose_scaled_config, fp8_kind, scaled_exact_run
-from .backends.scaled_fp8 import Fp8Config, scaled_fp8_launch, scaled_fp8_reason
+from .backends.scaled_fp8 import Fp8Config, scaled_fp8_launch, scaled_fp8_reason, scaled_fp8_ws_reason
 from .scaled import prepare_operand
 
 # (activation format, weight format): each element family and scale kind, fp8/FP4/FP6/int/affine
@@ -19,6 +19,19 @@ PAIRS = (("fp8_e4m3_block128", "fp8_e4m3_block128x128"), ("mxfp8_e4m3", "mxfp8_e
          ("fp8_e4m3_block128", "mxfp4"), ("nvfp8", "nvfp4"), ("mxfp8_e4m3", "nvfp4"),
          ("mxint5", "int3_fp16"))  # (3- and 5-bit codes span two bytes)
 TOKENS = (1, 32, 256)  # one per tile config of choose_scaled_config
+
+
+def _gluon_launches(a, b, bias, dt, mode: str) -> None:
+    """The warp-specialized Gluon kernel on operands standing in for CUDA ones (on a Hopper), where it takes
+    the pair: both tile widths (smoke: 128)."""
+    from ._compile_cases import _dev
+
+    oa, ob = (dataclasses.replace(o, codes=_dev(o.codes)) for o in (prepare_operand(a), prepare_operand(b)))
+    with target.override(capability=(9, 0), num_sms=132):
+        for bn in (128,) if mode == "smoke" else (64, 128):
+            cfg = Fp8Config(128, bn, 4, 4, gluon=True)
+            if scaled_fp8_ws_reason(oa, ob, cfg) is None:
+                scaled_fp8_launch(oa, ob, bias, dt, cfg)
 
 
 def launches(mode: str = "full") -> None:
@@ -43,3 +56,5 @@ def launches(mode: str = "full") -> None:
                         if m == TOKENS[-1] and mode != "smoke":  # (the compiler's warp specialization, opt-in)
                             scaled_fp8_launch(prepare_operand(a), prepare_operand(b), bias, dt,
                                               Fp8Config(128, 128, 8, 3, warp_specialize=True))
+                        if m == TOKENS[-1]:
+                            _gluon_launches(a, b, bias, dt, mode)

@@ -11,7 +11,7 @@ import torch
 import microscale as ms
 from microscale.formats import get_format
 from microscale.linear.backends.scaled_fp8 import (Fp8Config, choose_fp8_config, fp8_codes_kind, scaled_fp8_launch,
-                                                   scaled_fp8_reason)
+                                                   scaled_fp8_reason, scaled_fp8_ws_reason)
 from microscale.linear.scaled import prepare_operand
 from microscale.reference_scaled import scaled_mm_reference
 
@@ -219,3 +219,78 @@ def test_gpu_fast_accum_in_a_cuda_graph() -> None:
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want)
+
+
+def test_gluon_kernel_reasons() -> None:
+    """The warp-specialized Gluon kernel takes 128-multiple K blocks on a Hopper, 16-byte code rows and its own
+    tile shapes; each refusal says why, and the launcher refuses with it."""
+    import dataclasses
+
+    from microscale.linear._compile_cases import _dev
+    from microscale.runtime import target
+
+    gen = torch.Generator().manual_seed(7)
+    a, b = _q("fp8_e4m3_block128", 4, 256, gen), _q("fp8_e4m3_block128x128", 130, 256, gen)
+    oa, ob = prepare_operand(a), prepare_operand(b)
+    assert "Hopper" in scaled_fp8_ws_reason(oa, ob)
+    with pytest.raises(ValueError, match="fp8 kernel needs a Hopper"):
+        scaled_fp8_launch(oa, ob, None, torch.float32, Fp8Config(128, 128, 4, 4, gluon=True))
+    da, db = (dataclasses.replace(o, codes=_dev(o.codes)) for o in (oa, ob))
+    with target.override(capability=(9, 0)):
+        assert scaled_fp8_ws_reason(da, db) is None
+        assert scaled_fp8_ws_reason(da, db, Fp8Config(128, 128, 4, 4, gluon=True)) is None
+        assert "block_n 64 / 128" in scaled_fp8_ws_reason(da, db, Fp8Config(128, 256, 4, 3, gluon=True))
+        assert "stages" in scaled_fp8_ws_reason(da, db, Fp8Config(128, 128, 4, 7, gluon=True))
+        assert "block_m 128" in scaled_fp8_ws_reason(da, db, Fp8Config(64, 128, 4, 4, gluon=True))
+        mx = [prepare_operand(_q(f, 4, 256, gen)) for f in ("mxfp8_e4m3", "mxfp8_e4m3")]
+        assert "multiples of 128" in scaled_fp8_ws_reason(*(dataclasses.replace(o, codes=_dev(o.codes)) for o in mx))
+        rows = torch.zeros(4, 264, dtype=torch.uint8)[:, :256]  # rows 264 bytes apart: no TMA
+        rows.copy_(oa.codes)
+        assert "16-byte" in scaled_fp8_ws_reason(dataclasses.replace(oa, codes=_dev(rows)), db)
+    with target.override(capability=(8, 0)):
+        assert "Hopper" in scaled_fp8_ws_reason(da, db)
+
+
+@pytest.mark.parametrize("bn,act", [(128, "fp8_e4m3_block128"), (64, "fp8_e4m3_block128")])
+def test_gluon_kernel_compiles_for_sm90(bn: int, act: str, tmp_path, run_tool) -> None:
+    """Compiled for sm_90 as launched: no spills, the fp8 wgmma at the tile's width, and a K loop with no
+    CTA-wide barrier and three scale loads per chunk (two activation rows a thread, one weight scale for the
+    whole 128 x 128 block)."""
+    sys_path = __import__("sys").path
+    tools = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "tools")
+    if tools not in sys_path:
+        sys_path.insert(0, tools)
+    from sass import instructions, loop_counts
+
+    r = run_tool("gemv_ptx.py", str(tmp_path), "--fp8", "--act", act, "--fmt", "fp8_e4m3_block128x128", "--m", "512",
+                 "--n", "512", "--k", "1024", "--config", f"{{'gluon': True, 'block_n': {bn}, 'num_stages': 4}}",
+                 "--sass")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "0 bytes spill stores" in r.stdout and "C7512" not in r.stdout, r.stdout[-2000:]
+    sass = (tmp_path / "_scaled_fp8_ws_kernel.sass").read_text()
+    assert f"QGMMA.64x{bn}x32.F32.E4M3.E4M3" in sass
+    k_loop = min((lp for lp in loop_counts(sass) if lp["hist"].get("QGMMA", 0)), key=lambda lp: lp["count"])
+    assert k_loop["hist"]["LDG"] == 3 and k_loop["hist"]["QGMMA"] == 4, k_loop
+    body = "\n".join(line for addr, _, line in instructions(sass) if k_loop["start"] <= addr < k_loop["end"])
+    assert "BAR.SYNC.DEFER_BLOCKING 0x0" not in body
+
+
+@needs_gpu
+@pytest.mark.parametrize("m,n,k", [(70, 300, 1040), (512, 384, 1024), (300, 256, 4096)])
+@pytest.mark.parametrize("fb", ["fp8_e4m3_block128x128", "fp8_e4m3_block128"])
+@pytest.mark.parametrize("bn,stages", [(128, 4), (64, 5)])
+def test_gpu_gluon_kernel_within_allowance(m: int, n: int, k: int, fb: str, bn: int, stages: int) -> None:
+    """The Gluon kernel on the GPU: within 5e-4 of the exact oracle (as the Triton kernel), ragged M and N, K not a
+    multiple of the chunk, 128 x 128 and 1 x 128 weight blocks, bias, both output dtypes, more tiles than SMs."""
+    gen = torch.Generator().manual_seed(8)
+    a, b = _q("fp8_e4m3_block128", m, k, gen, device="cuda"), _q(fb, n, k, gen, 0.25, device="cuda")
+    bias = torch.randn(n, generator=gen).cuda()
+    ref = scaled_mm_reference(a.to("cpu"), b.to("cpu"), bias.cpu(), torch.float32)
+    cfg = Fp8Config(128, bn, 4, stages, gluon=True)
+    assert scaled_fp8_ws_reason(prepare_operand(a), prepare_operand(b), cfg) is None
+    out = scaled_fp8_launch(prepare_operand(a), prepare_operand(b), bias, torch.float32, cfg)
+    assert _rel(out, ref) <= 5e-4
+    triton_out = scaled_fp8_launch(prepare_operand(a), prepare_operand(b), bias, torch.float32)
+    assert _rel(out, triton_out) <= 5e-4
+    bf = scaled_fp8_launch(prepare_operand(a), prepare_operand(b), bias, torch.bfloat16, cfg)
+    assert bf.dtype == torch.bfloat16 and _rel(bf.float(), out) <= 1e-2

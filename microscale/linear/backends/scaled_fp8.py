@@ -77,7 +77,10 @@ def fast_accum_takes(fa: Format, fb: Format, m: int) -> bool:
 class Fp8Config:
     """Output tile ``block_m x block_n``; ``group_m`` row tiles share a column tile's weight strip in L2;
     ``warp_specialize``: the compiler's producer/consumer warp split of the K loop; ``tma``: tiles through
-    TMA descriptors where the operands allow (16-byte aligned rows), pointer loads otherwise."""
+    TMA descriptors where the operands allow (16-byte aligned rows), pointer loads otherwise. ``gluon``: the
+    warp-specialized Gluon kernel instead (:func:`scaled_fp8_ws_reason` says where it runs; ``block_m``
+    128, ``block_n`` 64 or 128 (256 spills: two float32 tiles per thread), ``num_stages`` ring slots,
+    ``num_warps`` unused)."""
 
     block_m: int
     block_n: int
@@ -86,6 +89,7 @@ class Fp8Config:
     group_m: int = 8
     warp_specialize: bool = False
     tma: bool = True
+    gluon: bool = False
 
 
 def choose_fp8_config(m: int, n: int, kb: int, sms: int = 132) -> Fp8Config:
@@ -105,12 +109,68 @@ def _tma_ok(t: torch.Tensor) -> bool:
     return t.stride(1) == 1 and t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0
 
 
+#: K elements per chunk of the Gluon kernel (its ring slot and promotion)
+_WS_BK = 128
+
+
+def scaled_fp8_ws_reason(oa: ScaledOperand, ob: ScaledOperand, config: Fp8Config | None = None) -> str | None:
+    """Why the warp-specialized Gluon kernel cannot run ``oa x ob`` (formats the fp8 kernel takes), or None."""
+    fa, fb = parse_meta(oa.meta)[0], parse_meta(ob.meta)[0]
+    if fa.block_size % _WS_BK or fb.block_size % _WS_BK:
+        return f"needs block sizes that are multiples of {_WS_BK} along K, got {fa.block_size} x {fb.block_size}"
+    if not (oa.codes.is_cuda and ob.codes.is_cuda) or target.capability(oa.codes.device) != (9, 0):
+        return "needs a Hopper GPU (sm_90: wgmma, TMA)"
+    if not all(_tma_ok(t) for t in (oa.codes, ob.codes)):
+        return "needs 16-byte aligned code rows (TMA)"
+    if config is not None and (config.block_m != 128 or config.block_n not in (64, 128)
+                               or not 2 <= config.num_stages <= (200 * 1024) // ((128 + config.block_n) * _WS_BK)):
+        return (f"needs block_m 128, block_n 64 / 128 and 2..{(200 * 1024) // ((128 + config.block_n) * _WS_BK)}"
+                f" stages, got {config.block_m} x {config.block_n}, {config.num_stages} stages")
+    return None
+
+
+#: scale kinds of :func:`operand_constexprs` -> the dtype the Gluon kernel reads them as (E8M0: bytes)
+_WS_SCALE_DTYPES = {1: torch.uint8, 3: torch.float16, 4: torch.bfloat16, 5: torch.float32}
+
+
+def _ws_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor | None, out: torch.Tensor, m: int, n: int,
+               k: int, dt: torch.dtype, ca: dict, cb: dict, c: Fp8Config) -> None:
+    """Launch :mod:`microscale.linear._kernels._scaled_fp8_ws` (one persistent program per SM)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .._kernels import _scaled_fp8_ws as kern
+    from .prefill_ws import launch_direct
+
+    gdt = gl.float8e4nv if dt == torch.float8_e4m3fn else gl.float8e5
+    a8, b8 = oa.codes.view(dt), ob.codes.view(dt)
+    # (the logical [rows, K]: code columns past K, a padded operand's, are never read; TMA fills zeros there)
+    a_desc = TensorDescriptor(a8, [m, k], [a8.stride(0), 1], [128, _WS_BK],
+                              gl.NVMMASharedLayout.get_default_for([128, _WS_BK], gdt))
+    b_desc = TensorDescriptor(b8, [n, k], [b8.stride(0), 1], [c.block_n, _WS_BK],
+                              gl.NVMMASharedLayout.get_default_for([c.block_n, _WS_BK], gdt))
+    sa, sb = (o.scales.view(_WS_SCALE_DTYPES[ce["SCALE_KIND"]]) for o, ce in ((oa, ca), (ob, cb)))
+    dummy = out
+    tiles = cdiv(m, 128) * cdiv(n, c.block_n)
+    launch_direct(kern._scaled_fp8_ws_kernel, (min(tiles, target.num_sms(out.device)),), a_desc, b_desc, sa, sb,
+                  oa.global_scale if oa.global_scale is not None else dummy,
+                  ob.global_scale if ob.global_scale is not None else dummy,
+                  bias if bias is not None else dummy, out, m, n, k, sa.stride(0), sb.stride(0), out.stride(0),
+                  A_KIND=ca["SCALE_KIND"], A_GROUP=ca["GROUP"], A_GROUP_ROWS=ca["GROUP_ROWS"],
+                  B_KIND=cb["SCALE_KIND"], B_GROUP=cb["GROUP"], B_GROUP_ROWS=cb["GROUP_ROWS"],
+                  HAS_GA=oa.global_scale is not None, HAS_GB=ob.global_scale is not None, HAS_BIAS=bias is not None,
+                  STAGES=c.num_stages, GROUP_M=c.group_m, num_warps=4)
+
+
 def scaled_fp8_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor | None, out_dtype: torch.dtype,
                       config: Fp8Config | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Launch the fp8 kernel on prepared operands (formats checked by :func:`scaled_fp8_reason`)."""
+    """Launch the fp8 kernel on prepared operands (formats checked by :func:`scaled_fp8_reason`; the Gluon
+    kernel where ``config.gluon``, checked by :func:`scaled_fp8_ws_reason`)."""
     from .._kernels import _scaled_fp8 as kern
 
     why = scaled_fp8_reason(parse_meta(oa.meta)[0], parse_meta(ob.meta)[0])
+    if why is None and config is not None and config.gluon:
+        why = scaled_fp8_ws_reason(oa, ob, config)
     if why is not None:
         raise ValueError(f"scaled_mm: the fp8 kernel {why}")
     fa, fb, (m, n, k), out, done = launch_output(oa, ob, bias, out_dtype, out)
@@ -119,6 +179,10 @@ def scaled_fp8_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor |
     dev = oa.codes.device
     kb = min(fa.block_size, fb.block_size)
     c = config if config is not None else choose_fp8_config(m, n, kb, target.num_sms(dev))
+    if c.gluon:
+        _ws_launch(oa, ob, bias, out, m, n, k, _FP8_TYPES[fp8_codes_kind(fa, fb)], operand_constexprs(fa),
+                   operand_constexprs(fb), c)
+        return out
     ca, cb = operand_constexprs(fa), operand_constexprs(fb)
     dt = _FP8_TYPES[fp8_codes_kind(fa, fb)]
     a8, b8 = oa.codes.view(dt), ob.codes.view(dt)  # (the codes are the values: the MMA reads them as they are)
