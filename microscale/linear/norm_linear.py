@@ -13,10 +13,13 @@ from __future__ import annotations
 import torch
 
 from ..qtensor import QTensor
+from ..runtime import launch as _kl
 from ..runtime import target
 from ..runtime.launch import cdiv, launch, next_pow2
+from . import tuning
 from .batched import linear_batched
 from .eligibility import check
+from .plans import REFUSED, SEEN, Plan, plannable
 
 __all__ = ["rmsnorm_linear", "rmsnorm_linear_reference"]
 
@@ -114,12 +117,45 @@ def _norm_rows(x2: torch.Tensor, nw: torch.Tensor, gate: torch.Tensor | None, ep
     return out
 
 
+_NORM_PLANS: dict = {}  # key -> SEEN | REFUSED | Plan of the norm launch (see _norm_planned)
+_MAX_NORM_PLANS = 256
+
+
+def _norm_planned(x2: torch.Tensor, nw: torch.Tensor, gate: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """:func:`_norm_rows` through a call plan in eager mode, as :func:`linear` does (recorded on a key's second
+    call, replayed from its third: the launch's arguments bound once; the key: the shapes, dtypes, devices and
+    16-byte alignment of x, gate and the norm weight, eps, the stream and the tuning record in force)."""
+    if not (plannable(x2) and nw.is_contiguous()
+            and (gate is None or (gate.is_contiguous() and gate.data_ptr() != x2.data_ptr()))):  # (x as its gate:
+        return _norm_rows(x2, nw, gate, eps)  # one address, which a replay could not tell apart)
+    key = (x2.shape, x2.dtype, x2.device, x2.data_ptr() % 16, nw.shape, nw.dtype, nw.device, nw.data_ptr() % 16,
+           None if gate is None else (gate.shape, gate.dtype, gate.data_ptr() % 16), eps, _kl.current_stream(),
+           tuning.serial())
+    plan = _NORM_PLANS.get(key)
+    if type(plan) is Plan:
+        return plan(x2, nw, gate)
+    if plan is None:
+        if len(_NORM_PLANS) >= _MAX_NORM_PLANS:
+            _NORM_PLANS.clear()
+        _NORM_PLANS[key] = SEEN
+    elif plan is SEEN:  # the second call: recorded
+        rec: list = []
+        _kl.record(rec)
+        try:
+            h = _norm_rows(x2, nw, gate, eps)
+        finally:
+            _kl.record(None)
+        _NORM_PLANS[key] = Plan.build(rec, (x2, nw, gate), h) or REFUSED
+        return h
+    return _norm_rows(x2, nw, gate, eps)
+
+
 def _fused_run(x, norm_weight, ws, bs, eps, gate, many):
     """The kernel route of :func:`rmsnorm_linear` (arguments checked)."""
     k = x.shape[-1]
     lead = x.shape[:-1]
     g2 = None if gate is None else gate.reshape(-1, k).contiguous()
-    h = _norm_rows(x.reshape(-1, k).contiguous(), norm_weight.contiguous(), g2, eps)
+    h = _norm_planned(x.reshape(-1, k).contiguous(), norm_weight.contiguous(), g2, float(eps))
     ys = linear_batched(h, ws, bs if any(b is not None for b in bs) else None)
     outs = ys if len(lead) == 1 else [y.reshape(*lead, y.shape[-1]) for y in ys]
     return outs if many else outs[0]

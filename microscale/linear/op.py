@@ -134,7 +134,7 @@ def linear(x: torch.Tensor, qweight: QTensor | PackedLinearWeight, bias: torch.T
                 y, plannable = route(x, qweight, bias, cache=False)
             finally:
                 _kl.record(None)
-            plans[key] = (Plan.build(rec, x, bias, y) if plannable else None) or REFUSED
+            plans[key] = (Plan.build(rec, (x, bias), y) if plannable else None) or REFUSED
         if y is not None:
             return y
     pw = qweight if isinstance(qweight, PackedLinearWeight) else cached_prepare(qweight)

@@ -13,13 +13,19 @@ from . import tuning
 SEEN, REFUSED = object(), object()  # a key's first call (recorded on its second); no plan
 
 
+def plannable(x: torch.Tensor) -> bool:
+    """Whether a call on ``x`` may replay a plan: plans on, a contiguous CUDA x, no graph capture, no launch
+    hooks, no tracing."""
+    return (tuning.get().plans and x.is_cuda and x.is_contiguous() and not torch.cuda.is_current_stream_capturing()
+            and not _kl.hooked() and not torch.compiler.is_compiling())
+
+
 def plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple | None:
     """What a plan of ``linear(x, q, bias)`` depends on besides the weight's version (plans live in
     its state), or None when no plan may serve it (CPU, non-contiguous x or bias, graph capture,
     launch hooks, tracing, plans off): x's and bias's shape, dtype, device and 16-byte alignment,
     the current stream and the tuning record in force."""
-    if (not tuning.get().plans or not x.is_cuda or not x.is_contiguous() or torch.cuda.is_current_stream_capturing()
-            or _kl.hooked() or torch.compiler.is_compiling()):
+    if not plannable(x):
         return None
     if bias is None:
         bk = None
@@ -28,7 +34,6 @@ def plan_key(x: torch.Tensor, q: QTensor, bias: torch.Tensor | None) -> tuple | 
     else:
         return None
     return (x.shape, x.dtype, x.device, x.data_ptr() % 16, bk, _kl.current_stream(), tuning.serial())
-
 
 
 def tensor_slots(rec: list, subs: list, match) -> list | None:
@@ -59,8 +64,9 @@ def tensor_slots(rec: list, subs: list, match) -> list | None:
 
 
 class Plan:
-    """The launches of one :func:`linear` call, replayed with a new x, bias and output; bound
-    once (:func:`microscale.runtime.launch.bind`: TMA descriptors encoded, tensors as addresses)."""
+    """The launches of one call, replayed with new input tensors and a new output; bound once
+    (:func:`microscale.runtime.launch.bind`: TMA descriptors encoded, tensors as addresses). The inputs
+    are :func:`linear`'s x and bias, or another op's own (its key fixes which of them are None)."""
 
     __slots__ = ("launches", "shape", "dtype", "device")
 
@@ -68,39 +74,39 @@ class Plan:
         self.launches, self.shape, self.dtype, self.device = launches, shape, dtype, device
 
     @staticmethod
-    def build(rec: list, x: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> "Plan | None":
-        """The plan of a recorded call, or None: every launch took the cached path; a tensor
-        argument at x's, bias's or the output's address is that tensor (or a same-sized view
-        of it), every other one is the call's own (the weight's views, workspaces, scratch);
-        x and bias are each read and the output written by some launch (not a converted copy,
-        as the split-K GEMV's fp32 sums); no TMA descriptor
-        covers x, bias or the output."""
+    def build(rec: list, ins: tuple, y: torch.Tensor) -> "Plan | None":
+        """The plan of a recorded call on inputs ``ins`` (tensors or None) with output ``y``, or None:
+        every launch took the cached path; a tensor argument at an input's or the output's address is
+        that tensor (or a same-sized view of it), every other one is the call's own (the weight's views,
+        workspaces, scratch: kept alive, and reused by every replay); each input is read and the output
+        written by some launch (not a converted copy, as the split-K GEMV's fp32 sums); no TMA descriptor
+        covers an input or the output."""
         if not rec or any(r is None for r in rec) or not y.is_contiguous():
             return None
-        subs = [x, y] + ([bias] if bias is not None else [])
+        subs = [y] + [t for t in ins if t is not None]
         per = tensor_slots(rec, subs, lambda v, t: v.dtype.itemsize * v.numel() == t.dtype.itemsize * t.numel())
         if per is None:
             return None
         launches = []
         for (compiled, grid, vals), found in zip(rec, per):
             slots = [(i, j, None if v.dtype == subs[j].dtype else v.dtype) for i, j, v in found]
-            # the recorded call's x, bias and output are not kept alive by the plan
+            # the recorded call's inputs and output are not kept alive by the plan
             kept = [None if any(i == sl[0] for sl in slots) else v for i, v in enumerate(vals)]
             fn, args, pos, ptrs = _kl.bind(compiled, tuple(grid), kept)  # (descriptors encoded once)
             slots = tuple((pos[i], j, None if ptrs else dt) for i, j, dt in slots)  # (an address needs no view)
             launches.append((fn, args, slots, ptrs, kept))  # (kept: what args address stays alive)
         return Plan(launches, y.shape, y.dtype, y.device)
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def __call__(self, *ins: torch.Tensor | None) -> torch.Tensor:
         out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-        subs = (x, out, bias)
+        subs = (out,) + tuple(t for t in ins if t is not None)
         addrs = None
         stream = _kl.current_stream()  # (part of the plan's key)
         for fn, args, slots, ptrs, _ in self.launches:
             args = args.copy()
-            if ptrs:  # a bound launch takes addresses (x, bias: CUDA tensors of the key's device)
+            if ptrs:  # a bound launch takes addresses (inputs: CUDA tensors of the key's device)
                 if addrs is None:
-                    addrs = tuple(t.data_ptr() if t is not None else None for t in subs)
+                    addrs = tuple(t.data_ptr() for t in subs)
                 for i, j, _ in slots:
                     args[i] = addrs[j]
             else:

@@ -149,3 +149,22 @@ def test_errors():
         join_weights([q, ms.quantize(torch.randn(16, 32) * 5, "nvfp4")])
     assert torch.equal(rmsnorm_linear_reference(x, torch.ones(k), q, eps=1e-6),
                        ms.rmsnorm_linear(x, torch.ones(k), q, eps=1e-6))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("gated", [False, True])
+def test_gpu_eager_replays_equal_unplanned_calls(gated):
+    """From the third call with the same shapes the norm launch is a replayed plan: each call's x (and gate)
+    reaches it, and the outputs equal those of the same calls with plans off, bit for bit."""
+    from microscale.linear import tuning
+
+    gen = torch.Generator().manual_seed(11)
+    ws = [ms.quantize(torch.randn(n, 512, generator=gen), "mxfp4").to("cuda") for n in (256, 128, 128)]
+    nw = torch.randn(512, generator=gen).cuda().bfloat16()
+    for _ in range(5):
+        x = torch.randn(2, 512, generator=gen).cuda().bfloat16()
+        gate = torch.randn(2, 512, generator=gen).cuda().bfloat16() if gated else None
+        got = ms.rmsnorm_linear(x, nw, ws, eps=1e-6, gate=gate)
+        with tuning.override(plans=False):
+            want = ms.rmsnorm_linear(x, nw, ws, eps=1e-6, gate=gate)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))

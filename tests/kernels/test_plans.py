@@ -81,7 +81,7 @@ def test_plan_substitutes_x_bias_and_output(stub_driver):
     x, b, y = torch.randn(2, 8), torch.randn(4), torch.empty(2, 4)
     const = torch.ones(3)
     rec = [(c1, (5,), [x, const, 8, 2.5]), (c2, (1, 2), [x, y.view(torch.int32), b, y, const])]
-    plan = plans.Plan.build(rec, x, b, y)
+    plan = plans.Plan.build(rec, (x, b), y)
     assert plan is not None
     x2, b2 = torch.randn(2, 8), torch.randn(4)
     out = plan(x2, b2)
@@ -102,14 +102,14 @@ def test_plan_refusals():
     descriptor covers x."""
     c = _Compiled([])
     x, b, y = torch.randn(2, 8), torch.randn(4), torch.empty(2, 4)
-    assert plans.Plan.build([(c, (1,), [x, y]), None], x, None, y) is None
-    assert plans.Plan.build([(c, (1,), [x.clone(), y])], x, None, y) is None
-    assert plans.Plan.build([(c, (1,), [x, y, b.clone()])], x, b, y) is None
-    assert plans.Plan.build([(c, (1,), [x, y[:1]])], x, None, y) is None
+    assert plans.Plan.build([(c, (1,), [x, y]), None], (x, None), y) is None
+    assert plans.Plan.build([(c, (1,), [x.clone(), y])], (x, None), y) is None
+    assert plans.Plan.build([(c, (1,), [x, y, b.clone()])], (x, b), y) is None
+    assert plans.Plan.build([(c, (1,), [x, y[:1]])], (x, None), y) is None
     desc = type("Desc", (), {"block_shape": [16, 64], "base": x})()
-    assert plans.Plan.build([(c, (1,), [x, y, desc])], x, None, y) is None
-    assert plans.Plan.build([], x, None, y) is None
-    assert plans.Plan.build([(c, (1,), [x, y])], x, None, y) is not None
+    assert plans.Plan.build([(c, (1,), [x, y, desc])], (x, None), y) is None
+    assert plans.Plan.build([], (x, None), y) is None
+    assert plans.Plan.build([(c, (1,), [x, y])], (x, None), y) is not None
 
 
 def _descriptor_kernel(raw_launch):
@@ -205,6 +205,41 @@ def test_linear_marks_records_then_replays(stub_driver, monkeypatch):
     for _ in range(3):
         op.linear(torch.randn(5, 64), q)
     assert len(routed) == 7  # refused: the route every time
+
+
+def test_rmsnorm_linear_plans_its_norm_launch(stub_driver, monkeypatch):
+    """rmsnorm_linear's norm launch: marked, recorded, then replayed with each call's x, norm weight and gate
+    (a new output each time); a gate where there was none is another key; plans off: the launch every time."""
+    from microscale.linear import norm_linear as nl
+
+    log: list = []
+    fn = _Fn(log)
+    launched = []
+
+    def norm_rows(x2, nw, gate, eps):
+        launched.append(x2)
+        out = torch.empty_like(x2)
+        _launch.launch(fn, (x2.shape[0],), x2, out, nw, gate if gate is not None else x2)  # (as the kernel's)
+        return out
+
+    monkeypatch.setattr(nl, "_norm_rows", norm_rows)
+    monkeypatch.setattr(nl, "plannable", lambda x: tuning.get().plans)
+    monkeypatch.setattr(nl, "_NORM_PLANS", {})
+    nw = torch.ones(64)
+    xs = [torch.randn(3, 64) for _ in range(4)]
+    outs = [nl._norm_planned(x, nw, None, 1e-5) for x in xs]
+    assert len(launched) == 2  # marked, recorded; then two replays
+    replays = [v for _, v in (e for e in log if e[0] != "miss")][-2:]
+    assert replays[0][0] is xs[2] and replays[1][0] is xs[3] and replays[1][1] is outs[3]
+    assert replays[1][2] is nw and replays[1][3] is xs[3] and outs[2].data_ptr() != outs[3].data_ptr()
+    gate = torch.randn(3, 64)
+    for _ in range(3):
+        nl._norm_planned(xs[0], nw, gate, 1e-5)
+    assert len(launched) == 4 and [v for _, v in log if _ != "miss"][-1][3] is gate
+    with tuning.override(plans=False):
+        for _ in range(2):
+            nl._norm_planned(xs[0], nw, None, 1e-5)
+    assert len(launched) == 6
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
