@@ -45,7 +45,7 @@ step() {  # name, seconds, command...
 
 step tests_kernels 1200 python -m pytest -q tests/kernels --ignore=tests/kernels/test_quantize_kernels.py
 step tests_quantize 600 python -m pytest -q tests/kernels/test_quantize_kernels.py
-step tests_other 600 python -m pytest -q tests/nn tests/bench tests/scaled tests/reference/test_quantize.py
+step tests_other 600 python -m pytest -q tests/nn tests/bench tests/scaled tests/moe tests/fusedops tests/reference/test_quantize.py
 step quantize 600 env SWEEP=0 python benchmarks/run_gpu_quantize.py
 step bench 900 python -m microscale.bench --out "$OUT/bench" --md "$OUT/bench/RESULTS.md"
 step matrix 1200 python -m microscale.bench --suite matrix --out "$OUT/matrix" --md "$OUT/matrix/RESULTS.md"

@@ -1,13 +1,14 @@
 """Compile the decode GEMV and its activation prep (or, ``--mma``, the tensor-core decode
 kernel; ``--ws``, the warp-specialized Gluon prefill, ``--dtma`` the TMA-fed Gluon decode kernel,
 ``--fp8`` the fp8 kernel of ``scaled_mm(..., fast_accum=True)`` (Triton or, with ``gluon`` in
-``--config``, warp-specialized Gluon), with ptxas's register / spill report)
+``--config``, warp-specialized Gluon), ``--moe MODE`` the MoE prefill path's Gluon kernel (``plain``, ``act``:
+the gate/up GEMM's activation epilogue, ``scatter``: the down GEMM's), with ptxas's register / spill report)
 for sm_90 without a GPU, as ``ms.linear`` launches them on an H200 for a weight's second call
 (config from ``choose_gemv_config`` / ``choose_gemv_mma_config`` unless overridden), and
 write their PTX / SASS.
 
     python tools/gemv_ptx.py OUTDIR [--fmt nvfp4] [--m 1] [--n 28672] [--k 8192]
-                             [--config "{'pdl': True}"] [--sass] [--mma | --ws | --dtma | --fp8]
+                             [--config "{'pdl': True}"] [--sass] [--mma | --ws | --dtma | --fp8 | --moe MODE]
                              [--set "{'gemv_early_w': False}"]
 
 Writes ``OUTDIR/<kernel>.ptx`` for each launch (``.sass`` too with ``--sass``) and prints
@@ -136,6 +137,29 @@ def compile_fp8(fa: str, fb: str, m: int, n: int, k: int, overrides: dict) -> di
     return out
 
 
+def compile_moe(fmt: str, m: int, n: int, k: int, mode: str, overrides: dict) -> dict:
+    """``{kernel name: compiled kernel}`` of one MoE prefill-path call (3 experts, ``m`` grouped rows) in ``mode``
+    (``plain``, ``act``, ``scatter``) with ``PrefillConfig`` fields ``overrides``, sm_90 (a Hopper stood in)."""
+    from microscale.linear._compile_cases import _dev
+    from microscale.moe import prepare_experts
+    from microscale.moe.prefill import PrefillConfig, prefill_run
+
+    pe = prepare_experts(ms.quantize(torch.randn(3, n, k), fmt))
+    x = _dev(torch.zeros(m, k, dtype=torch.bfloat16))
+    offs = torch.tensor([0, m // 3, m // 2, m], dtype=torch.int32)
+    rows = torch.arange(m, dtype=torch.int32)
+    cfg = replace(PrefillConfig(), **overrides)
+    cc.SPECS.clear()
+    with cc.intercept(interpreting=True), target.override(capability=(9, 0), num_sms=132):
+        if mode == "act":
+            prefill_run(x, pe, offs, None, rows=rows, config=cfg, act=("swiglu", None, None, "concat"))
+        elif mode == "scatter":
+            prefill_run(x, pe, offs, None, rows=rows, config=cfg, scatter=torch.rand(m))
+        else:
+            prefill_run(x, pe, offs, None, config=cfg)
+    return {s["kernel"]: cc.compile_spec(s) for s in cc.SPECS.values()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("outdir")
@@ -153,6 +177,8 @@ def main() -> None:
     ap.add_argument("--fp8", action="store_true", help="the fp8 kernel of scaled_mm(..., fast_accum=True) instead "
                     "(--fmt the weight's format, --act the activations'); --config then takes Fp8Config fields")
     ap.add_argument("--act", default="fp8_e4m3_block128", help="the activations' format (--fp8)")
+    ap.add_argument("--moe", choices=("plain", "act", "scatter"), help="the MoE prefill path's Gluon kernel instead, "
+                    "with this epilogue; --config then takes PrefillConfig fields")
     ap.add_argument("--fp16", action="store_true", help="float16 activations (--ws / --dtma)")
     ap.add_argument("--set", default="{}", help="fields of microscale.linear.tuning to set first, a Python dict "
                     "literal (e.g. \"{'gemv_early_w': False}\")")
@@ -164,7 +190,10 @@ def main() -> None:
     os.makedirs(a.outdir, exist_ok=True)
     cfg = ast.literal_eval(a.config)
     gluon_main = "_prefill_ws_kernel" if a.ws else "_decode_tma_kernel" if a.dtma else None
-    if a.fp8:
+    if a.moe:
+        kernels = compile_moe(a.fmt, a.m, a.n, a.k, a.moe, cfg)
+        gluon_main = "_moe_prefill_ws_kernel"
+    elif a.fp8:
         kernels = compile_fp8(a.act, a.fmt, a.m, a.n, a.k, cfg)
         gluon_main = "_scaled_fp8_ws_kernel" if cfg.get("gluon") else "_scaled_fp8_kernel"
     elif gluon_main:
@@ -189,13 +218,13 @@ def main() -> None:
         with open(os.path.join(a.outdir, name + ".ptx"), "w") as f:
             f.write(c.asm["ptx"])
         if a.sass or name in ("_gemv_kernel", "_gemv_mma_kernel", "_prefill_ws_kernel", "_decode_tma_kernel",
-                              "_scaled_fp8_kernel", "_scaled_fp8_ws_kernel"):
+                              "_scaled_fp8_kernel", "_scaled_fp8_ws_kernel", "_moe_prefill_ws_kernel"):
             text = dump_compiled(c, "-sass")
             if a.sass:
                 with open(os.path.join(a.outdir, name + ".sass"), "w") as f:
                     f.write(text)
             if name in ("_gemv_kernel", "_gemv_mma_kernel", "_prefill_ws_kernel", "_scaled_fp8_kernel",
-                        "_scaled_fp8_ws_kernel"):
+                        "_scaled_fp8_ws_kernel", "_moe_prefill_ws_kernel"):
                 print(name, loop_counts(text))
 
 

@@ -295,6 +295,8 @@ PEERS["F.embedding bf16"] = "F.embedding on a dense bf16 table of the same shape
 PEERS["bf16 experts (transformers loop)"] = ("dense bf16 experts, a Python loop over the touched experts (as "
                                              "transformers runs dequantized experts)")
 PEERS["torch._grouped_mm bf16"] = "dense bf16 experts, both projections as torch._grouped_mm grouped GEMMs"
+PEERS["microscale Gluon prefill path"] = ("ms.moe_experts with its Gluon prefill path switched on for the call "
+                                          "(microscale.moe.tuning.PREFILL_WS_MIN_PER_EXPERT; off by default)")
 
 
 def _lazy(module: str, name: str) -> Callable[[CaseSpec, Context], Case]:

@@ -80,7 +80,8 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
     """``ms.moe_experts`` (plain SwiGLU, concatenated gate/up) with weights already packed, checked
     against the float64 reference; bytes: the touched experts' weights + x + out; flops 6*T*top_k*H*I.
     Peers: the same forward on dense bf16 weights as transformers' loop over touched experts, and over
-    ``torch._grouped_mm`` (the bf16 grouped GEMM)."""
+    ``torch._grouped_mm`` (the bf16 grouped GEMM); and microscale's own Gluon prefill path
+    (:mod:`microscale.moe.prefill`) switched on for the call, while it is off by default."""
     moe_experts = _lookup("moe_experts")
     quantize = _lookup("quantize")
     _format(spec.format)
@@ -127,13 +128,38 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
         return Peer("torch._grouped_mm bf16", _grouped_bf16, dense_check, make_inputs=dense_inputs,
                     set_bytes=dense_bytes)
 
+    def prefill_peer() -> Peer:
+        from ..moe import tuning as moe_tuning
+        from ..moe.prefill import prefill_takes
+
+        if ctx.cpu:
+            raise Skip("the Gluon prefill path is CUDA only")
+        if moe_tuning.PREFILL_WS_MIN_PER_EXPERT is not None:
+            raise Skip("the Gluon prefill path is already microscale's own route here")
+
+        def on(x, wgu, wd, idx, wts):
+            moe_tuning.PREFILL_WS_MIN_PER_EXPERT = 1  # (for this call only)
+            try:
+                return moe_experts(x, wgu, wd, idx, wts)
+            finally:
+                moe_tuning.PREFILL_WS_MIN_PER_EXPERT = None
+        moe_tuning.PREFILL_WS_MIN_PER_EXPERT = 1
+        try:
+            takes = prefill_takes(wgu0, random_input((1, h), ctx), t * top_k)  # (the op's own weights)
+        finally:
+            moe_tuning.PREFILL_WS_MIN_PER_EXPERT = None
+        if not takes:
+            raise Skip("the Gluon prefill path does not take this format or GPU")
+        return Peer("microscale Gluon prefill path", on, check)
+
     _, wgu0, wd0, idx0, _ = make()
     touched = int(torch.unique(idx0).numel())
     per_expert = wgu0.nbytes_per_expert + wd0.nbytes_per_expert
     nbytes = touched * per_expert + 2 * t * h * 2
     return Case(spec, fn, make, check, nbytes=nbytes, flops=6 * t * top_k * h * i, compute_kind="bf16_mm",
                 set_bytes=e * per_expert + 2 * t * h * 2,
-                peers=[("bf16 experts (transformers loop)", loop_peer), ("torch._grouped_mm bf16", grouped_peer)])
+                peers=[("bf16 experts (transformers loop)", loop_peer), ("torch._grouped_mm bf16", grouped_peer),
+                       ("microscale Gluon prefill path", prefill_peer)])
 
 
 def build_scaled_mm(spec: CaseSpec, ctx: Context) -> Case:

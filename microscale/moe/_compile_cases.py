@@ -13,6 +13,7 @@ from .decode import DecodeConfig, decode_run
 from .grouped import grouped_run, pair_eligible
 from .op import _experts_forward
 from .packed import prepare_experts
+from .prefill import PrefillConfig, prefill_run
 from .tuning import GroupedConfig
 
 
@@ -20,7 +21,8 @@ def launches(mode: str = "full") -> None:
     """Each registry format through the decode (split-K) and prefill configs, bias and the
     routing gather, bf16 and fp16 activations; the decode path's tensor-core kernel (E2M1 experts:
     K a multiple of its step or not, K split, gather, both epilogues); and the composed experts
-    forward (``mode`` "smoke": MXFP4)."""
+    forward; the Gluon prefill path (E2M1 experts on a Hopper stood in: each tile height, plain, gathered with
+    both activations, scattered) (``mode`` "smoke": MXFP4)."""
     e, n, k = 3, 128, 256
     offsets = torch.tensor([0, 2, 2, 5], dtype=torch.int32)
     configs = (GroupedConfig(block_n=128, block_m=16, block_kw=32, split_k=4),
@@ -57,3 +59,21 @@ def launches(mode: str = "full") -> None:
                     for act in (("swiglu_clamped", 1.702, 7.0, "interleaved"), ("swiglu", None, None, "concat")):
                         decode_run(x, pe, offsets, None, rows=rows, gather_div=2, config=c, act=act)
                     decode_run(x, pe, offsets, torch.randn(e, n), rows=rows, config=c, scatter=torch.rand(5))
+
+    _prefill_launches(mode, offsets, rows)
+
+
+def _prefill_launches(mode: str, offsets: torch.Tensor, rows: torch.Tensor) -> None:
+    from ..linear._compile_cases import _dev
+
+    e, n, k = 3, 256, 1024
+    with target.override(interpreting=True, capability=(9, 0), num_sms=132):
+        for name in ("mxfp4",) if mode == "smoke" else ("mxfp4", "nvfp4"):
+            pe = prepare_experts(quantize(torch.randn(e, n, k), name))
+            x = _dev(torch.randn(5, k).to(torch.bfloat16))
+            for bt, st in ((128, 4),) if mode == "smoke" else ((64, 6), (128, 4)):
+                c = PrefillConfig(block_t=bt, stages=st)
+                prefill_run(x, pe, offsets, None, config=c)
+                for act in (("swiglu_clamped", 1.702, 7.0, "interleaved"), ("swiglu", None, None, "concat")):
+                    prefill_run(x, pe, offsets, torch.randn(e, n), rows=rows, gather_div=2, config=c, act=act)
+                prefill_run(x, pe, offsets, torch.randn(e, n), rows=rows, config=c, scatter=torch.rand(5))

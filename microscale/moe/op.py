@@ -62,11 +62,16 @@ def _packed(w: QTensor | PackedExperts) -> PackedExperts:
 def _grouped_cuda(x, pe, offsets, bias, rows=None):
     from .decode import decode_eligible, decode_run
     from .grouped import grouped_run
+    from .prefill import choose_prefill_config, prefill_run, prefill_takes
+    from .tuning import expected_touched
 
     if x.stride(-1) != 1:
         x = x.contiguous()
-    if rows is None and decode_eligible(pe, x, x.shape[0]):
+    r = x.shape[0]
+    if rows is None and decode_eligible(pe, x, r):
         return decode_run(x, pe, offsets, bias)
+    if rows is None and prefill_takes(pe, x, r):
+        return prefill_run(x, pe, offsets, bias, config=choose_prefill_config(r / max(1.0, expected_touched(r, pe.e))))
     return grouped_run(x, pe, offsets, bias, rows=rows)
 
 
@@ -139,10 +144,12 @@ def _experts_forward(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_b
     GEMM with the activation in its epilogue, the down GEMM with the routing weight and the
     un-sort in its epilogue (fp32), and each token's sum of its top_k slots in slot order
     (deterministic). Each GEMM runs the decode kernel where :func:`~.decode.decode_eligible` says
-    so (few rows per expert, E2M1 experts), else the grouped kernel."""
+    so (few rows per expert, E2M1 experts), the Gluon prefill path where :func:`~.prefill.prefill_takes` does
+    (many rows per expert, E2M1 experts, when switched on), else the grouped kernel."""
     from .decode import DECODE_TILE_ROWS, decode_eligible, decode_run
     from .grouped import grouped_run, pair_eligible, route
-    from .tuning import choose_config
+    from .prefill import choose_prefill_config, prefill_run, prefill_takes
+    from .tuning import choose_config, expected_touched
 
     t, top_k = idx.shape
     if x.stride(-1) != 1:
@@ -155,18 +162,25 @@ def _experts_forward(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_b
     d_gu = decode_eligible(gu, x, r)
     # (the down GEMM's input is the gate/up GEMM's bf16 output [r, I]: eligible alike)
     d_dn = dn.mma is not None and d_gu
-    bm_gu = DECODE_TILE_ROWS if d_gu else c_gu.block_m
-    bm_dn = DECODE_TILE_ROWS if d_dn else c_dn.block_m
+    p_gu = not d_gu and prefill_takes(gu, x, r)
+    p_dn = p_gu and prefill_takes(dn, x, r)
+    c_pf = choose_prefill_config(r / max(1.0, expected_touched(r, gu.e))) if p_gu else None
+    bm_gu = DECODE_TILE_ROWS if d_gu else c_pf.block_t if p_gu else c_gu.block_m
+    bm_dn = DECODE_TILE_ROWS if d_dn else c_pf.block_t if p_dn else c_dn.block_m
     perm, offsets, te, tb = route(idx, gu.e, bm_gu)
     act = (activation, alpha, limit, layout)
     if d_gu:
         h = decode_run(x, gu, offsets, gu_bias, rows=perm, gather_div=top_k, tiles=(te, tb), act=act)
+    elif p_gu:
+        h = prefill_run(x, gu, offsets, gu_bias, rows=perm, config=c_pf, gather_div=top_k, tiles=(te, tb), act=act)
     else:
         h = grouped_run(x, gu, offsets, gu_bias, rows=perm, config=c_gu, gather_div=top_k, tiles=(te, tb), act=act)
     # (the same rows and experts: the same tile map where the tile heights agree)
     tiles = (te, tb) if bm_dn == bm_gu else None
     if d_dn:
         y = decode_run(h, dn, offsets, dn_bias, rows=perm, tiles=tiles, scatter=wflat)
+    elif p_dn:
+        y = prefill_run(h, dn, offsets, dn_bias, rows=perm, config=c_pf, tiles=tiles, scatter=wflat)
     else:
         y = grouped_run(h, dn, offsets, dn_bias, rows=perm, config=c_dn, tiles=tiles, scatter=wflat)
     return y.view(t, top_k, -1).sum(1).to(x.dtype)

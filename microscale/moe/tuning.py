@@ -31,6 +31,11 @@ DECODE_PROGRAMS_PER_SM = 4
 #: grouped rows (tokens x top_k) up to which the routing runs as one single-program kernel (a
 #: counting sort and the tile map in one launch); above it, torch's sort and a few elementwise ops
 ROUTE_KERNEL_MAX_ROWS = 1024
+#: grouped rows expected per touched expert from which the experts' GEMMs take the Gluon prefill path
+#: (:mod:`microscale.moe.prefill`: the linear op's warp-specialized prefill with an expert axis); None keeps the
+#: grouped kernel. Off until timed on a GPU: it compiles for sm_90 and its GPU tests check it against the
+#: reference, but no run has measured it against the grouped kernel yet
+PREFILL_WS_MIN_PER_EXPERT: int | None = None
 
 
 def expected_touched(rows: int, experts: int) -> float:

@@ -83,15 +83,21 @@ MAX_SPLIT = gl.constexpr(8)
 
 
 @triton.jit
-def _xperm_kernel(x_ptr, xp_ptr, M, stride_x, K: tl.constexpr, BLOCK_R: tl.constexpr, CB: tl.constexpr = 4):
+def _xperm_kernel(x_ptr, xp_ptr, M, stride_x, K: tl.constexpr, BLOCK_R: tl.constexpr, CB: tl.constexpr = 4,
+                  rows_ptr=None, gather_div=1, GATHER: tl.constexpr = False):
     """x [M, K] -> xp [M, K] in the consumers' K order: in each 64-element chunk, element
     ``16 t + 8 a + j + 4 e`` goes to slot ``16 j + 8 a + 2 t + e`` (4-bit codes, ``CB`` 4), or
     element ``16 t + 4 a + 2 h + e`` to slot ``16 a + 8 h + 2 t + e`` (8-bit codes). One program
-    per ``BLOCK_R`` rows and 64-element chunk."""
+    per ``BLOCK_R`` rows and 64-element chunk. ``GATHER``: row ``r`` of xp is row ``rows[r] // gather_div``
+    of x (the MoE routing gather; ``M`` rows of xp)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = tl.program_id(1)
     ok = (r < M)[:, None]
-    v = tl.load(x_ptr + r[:, None].to(tl.int64) * stride_x + c * 64 + tl.arange(0, 64)[None, :], mask=ok)
+    if GATHER:
+        src = tl.load(rows_ptr + r, mask=r < M, other=0).to(tl.int64) // gather_div
+    else:
+        src = r.to(tl.int64)
+    v = tl.load(x_ptr + src[:, None] * stride_x + c * 64 + tl.arange(0, 64)[None, :], mask=ok)
     if CB == 8:
         v = tl.permute(tl.reshape(v, [BLOCK_R, 4, 4, 2, 2]), (0, 2, 3, 1, 4))  # (t, a, h, e) -> (a, h, t, e)
     else:
@@ -531,12 +537,19 @@ def _tile_codes(w_ptr, s_ptr, z_ptr, off_n, k_lo, nk, r_w, w_col, s_col, tq, N, 
     """Offsets of this warpgroup's code words and scales in the row tile at ``off_n`` from K
     step ``k_lo`` on (rows clamped: reads of a ragged last tile stay in bounds, its stores are
     masked) and the codes and scales of the first two of its ``nk`` steps."""
-    rows = gl.minimum(off_n + r_w, N - 1)
-    w_off = rows[:, None, None].to(gl.int64) * stride_wn + (w_col + k_lo * (BK * CB // 32))
+    return _row_codes(w_ptr, s_ptr, z_ptr, gl.minimum(off_n + r_w, N - 1).to(gl.int64), k_lo, nk, w_col, s_col, tq,
+                      stride_wn, stride_sn, TPS, SK, CB)
+
+
+@gluon.jit
+def _row_codes(w_ptr, s_ptr, z_ptr, rows, k_lo, nk, w_col, s_col, tq, stride_wn, stride_sn, TPS: gl.constexpr,
+               SK: gl.constexpr, CB: gl.constexpr):
+    """:func:`_tile_codes` for explicit (int64, in-bounds) weight ``rows``, one per row of the warpgroup's tile."""
+    w_off = rows[:, None, None] * stride_wn + (w_col + k_lo * (BK * CB // 32))
     if SK == _SKZ or SK == _SKS:
-        s_off = rows[:, None].to(gl.int64) * stride_sn
+        s_off = rows[:, None] * stride_sn
     else:
-        s_off = rows[:, None].to(gl.int64) * stride_sn + (s_col + k_lo * (4 // TPS))
+        s_off = rows[:, None] * stride_sn + (s_col + k_lo * (4 // TPS))
     words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, 0, k_lo, tq, TPS, SK, CB)
     words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(1, nk - 1), k_lo, tq, TPS, SK, CB)
     return w_off, s_off, words, sraw, words_n, sraw_n
@@ -749,6 +762,30 @@ def _epilogue(acc, ok, e_t, e_n, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, N, M,
 
 
 @gluon.jit
+def _k_loop(acc, it, nk, words, sraw, words_n, sraw_n, w_ptr, s_ptr, z_ptr, w_off, s_off, k_lo, tq2, ke, x_bufs, ready,
+            empty, TPS: gl.constexpr, SK: gl.constexpr, s_l: gl.constexpr, a_l: gl.constexpr, CB: gl.constexpr,
+            EI: gl.constexpr, F16: gl.constexpr):
+    """``nk`` K steps of one tile from ring step ``it`` on: each step's codes decoded into the wgmma operand
+    and multiplied into ``acc`` (``words`` / ``sraw`` and ``words_n`` / ``sraw_n``: the first two steps',
+    loaded by :func:`_tile_codes`). Returns ``(acc, it)``."""
+    # two steps per iteration, so that each step's codes load into the registers its
+    # predecessor two steps back has just decoded (no register moves that wait for a load
+    # issued one step earlier): loads land two steps ahead (~1 us at 256 tokens)
+    for i in range(0, nk, 2):
+        a = _decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI, F16)
+        words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 2, nk - 1), k_lo, tq2, TPS, SK, CB)
+        acc = _mma_step(a, x_bufs, ready, empty, acc, it)
+        it += 1
+        if i + 1 < nk:
+            a = _decode(words_n, sraw_n, ke, SK, s_l, a_l, CB, False, EI, F16)
+            words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 3, nk - 1), k_lo, tq2, TPS,
+                                     SK, CB)
+            acc = _mma_step(a, x_bufs, ready, empty, acc, it)
+            it += 1
+    return acc, it
+
+
+@gluon.jit
 def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_bufs, ready, empty, ws_ptr, cnt_ptr, n_t,
               n_n, n_steps, N, M, stride_wn, stride_sn, stride_om, ke, post, WG: gl.constexpr, BT: gl.constexpr,
               GROUP_T: gl.constexpr, SK: gl.constexpr, TPS: gl.constexpr, HAS_GS: gl.constexpr,
@@ -784,21 +821,8 @@ def _consumer(w_ptr, s_ptr, z_ptr, gs_ptr, b_ptr, out_ptr, out_desc, c_bufs, x_b
     while j < n_seg:
         nk = k_hi - k_lo
         acc = gl.zeros([WG_ROWS, BT], gl.float32, acc_l)
-        # two steps per iteration, so that each step's codes load into the registers its
-        # predecessor two steps back has just decoded (no register moves that wait for a load
-        # issued one step earlier): loads land two steps ahead (~1 us at 256 tokens)
-        for i in range(0, nk, 2):
-            a = _decode(words, sraw, ke, SK, s_l, a_l, CB, False, EI, F16)
-            words, sraw = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 2, nk - 1), k_lo, tq2, TPS, SK,
-                                 CB)
-            acc = _mma_step(a, x_bufs, ready, empty, acc, it)
-            it += 1
-            if i + 1 < nk:
-                a = _decode(words_n, sraw_n, ke, SK, s_l, a_l, CB, False, EI, F16)
-                words_n, sraw_n = _codes(w_ptr, s_ptr, z_ptr, w_off, s_off, gl.minimum(i + 3, nk - 1), k_lo, tq2,
-                                         TPS, SK, CB)
-                acc = _mma_step(a, x_bufs, ready, empty, acc, it)
-                it += 1
+        acc, it = _k_loop(acc, it, nk, words, sraw, words_n, sraw_n, w_ptr, s_ptr, z_ptr, w_off, s_off, k_lo, tq2, ke,
+                          x_bufs, ready, empty, TPS, SK, s_l, a_l, CB, EI, F16)
         # the next segment's first two steps of codes and scales, in flight during the epilogue
         # (past the last segment: this one's again, never used)
         e_t = off_t
