@@ -67,7 +67,9 @@ def scale_args(pe: PackedExperts) -> tuple[int, int, float]:
     imad = linear_tuning.get().gluon_scale_imad
     if sk == gk.SK_E8M0:  # E2M1 under E8M0: the window's D, the same placement as gemv_mma's
         return (pg.SK_E8M0N if imad else pg.SK_E8M0), 126 - d, 2.0 ** d
-    normal = sk == gk.SK_UE4M3N  # (gemv_mma scanned the UE4M3 bytes: all normal but in zero blocks)
+    # (the decode view records the UE4M3 scan as gemv_mma's kind: SK_UE4M3N where the bytes were all normal but in
+    # zero blocks and gemv_mma_scale_imad was on at prepare time; otherwise the general decode, as exact)
+    normal = sk == gk.SK_UE4M3N
     return (pg.SK_UE4M3N if imad and normal else pg.SK_UE4M3), 0, 2.0 ** 7
 
 

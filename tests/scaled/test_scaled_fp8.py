@@ -247,6 +247,9 @@ def test_gluon_kernel_reasons() -> None:
         rows = torch.zeros(4, 264, dtype=torch.uint8)[:, :256]  # rows 264 bytes apart: no TMA
         rows.copy_(oa.codes)
         assert "16-byte" in scaled_fp8_ws_reason(dataclasses.replace(oa, codes=_dev(rows)), db)
+        ue = get_format("fp8_e4m3_block128").replace(scale="ue4m3", name="e4m3_ue4m3_block128")  # (no UE4M3 read)
+        u = [prepare_operand(ms.quantize(torch.randn(r, 256, generator=gen), ue)) for r in (4, 128)]
+        assert "not ue4m3 x ue4m3" in scaled_fp8_ws_reason(*(dataclasses.replace(o, codes=_dev(o.codes)) for o in u))
     with target.override(capability=(8, 0)):
         assert "Hopper" in scaled_fp8_ws_reason(da, db)
 

@@ -79,8 +79,8 @@ class Fp8Config:
     ``warp_specialize``: the compiler's producer/consumer warp split of the K loop; ``tma``: tiles through
     TMA descriptors where the operands allow (16-byte aligned rows), pointer loads otherwise. ``gluon``: the
     warp-specialized Gluon kernel instead (:func:`scaled_fp8_ws_reason` says where it runs; ``block_m``
-    128, ``block_n`` 64 or 128 (256 spills: two float32 tiles per thread), ``num_stages`` ring slots,
-    ``num_warps`` unused)."""
+    128, ``block_n`` 64 or 128 (256 spills: two float32 tiles per thread; 128 also spills a little with
+    per-row weight scales, 32 of them a thread and chunk), ``num_stages`` ring slots, ``num_warps`` unused)."""
 
     block_m: int
     block_n: int
@@ -111,6 +111,8 @@ def _tma_ok(t: torch.Tensor) -> bool:
 
 #: K elements per chunk of the Gluon kernel (its ring slot and promotion)
 _WS_BK = 128
+#: scale kinds of :func:`operand_constexprs` -> the dtype the Gluon kernel reads them as (E8M0: bytes)
+_WS_SCALE_DTYPES = {1: torch.uint8, 3: torch.float16, 4: torch.bfloat16, 5: torch.float32}
 
 
 def scaled_fp8_ws_reason(oa: ScaledOperand, ob: ScaledOperand, config: Fp8Config | None = None) -> str | None:
@@ -122,15 +124,14 @@ def scaled_fp8_ws_reason(oa: ScaledOperand, ob: ScaledOperand, config: Fp8Config
         return "needs a Hopper GPU (sm_90: wgmma, TMA)"
     if not all(_tma_ok(t) for t in (oa.codes, ob.codes)):
         return "needs 16-byte aligned code rows (TMA)"
+    kinds = [operand_constexprs(f)["SCALE_KIND"] for f in (fa, fb)]
+    if any(k not in _WS_SCALE_DTYPES for k in kinds):
+        return f"reads float32 / float16 / bfloat16 / E8M0 block scales, not {fa.scale.name} x {fb.scale.name}"
     if config is not None and (config.block_m != 128 or config.block_n not in (64, 128)
                                or not 2 <= config.num_stages <= (200 * 1024) // ((128 + config.block_n) * _WS_BK)):
         return (f"needs block_m 128, block_n 64 / 128 and 2..{(200 * 1024) // ((128 + config.block_n) * _WS_BK)}"
                 f" stages, got {config.block_m} x {config.block_n}, {config.num_stages} stages")
     return None
-
-
-#: scale kinds of :func:`operand_constexprs` -> the dtype the Gluon kernel reads them as (E8M0: bytes)
-_WS_SCALE_DTYPES = {1: torch.uint8, 3: torch.float16, 4: torch.bfloat16, 5: torch.float32}
 
 
 def _ws_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor | None, out: torch.Tensor, m: int, n: int,
