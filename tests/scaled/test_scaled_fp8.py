@@ -297,3 +297,28 @@ def test_gpu_gluon_kernel_within_allowance(m: int, n: int, k: int, fb: str, bn: 
     assert _rel(out, triton_out) <= 5e-4
     bf = scaled_fp8_launch(prepare_operand(a), prepare_operand(b), bias, torch.bfloat16, cfg)
     assert bf.dtype == torch.bfloat16 and _rel(bf.float(), out) <= 1e-2
+
+
+def test_gluon_kernel_switch(monkeypatch) -> None:
+    """tuning.fp8_gluon_min_m sends calls of at least that many rows to the Gluon kernel where it takes them
+    (128 columns on 128-row weight blocks, 64 on per-row ones); 0, the default, never does."""
+    import dataclasses
+
+    from microscale.linear import tuning
+    from microscale.linear._compile_cases import _dev
+    from microscale.linear.backends import scaled_fp8 as sf
+    from microscale.runtime import target
+
+    seen = []
+    monkeypatch.setattr(sf, "_ws_launch", lambda *a: seen.append(a[-1]))
+    monkeypatch.setattr(sf, "launch", lambda fn, grid, *a, **kw: seen.append("triton"))
+    gen = torch.Generator().manual_seed(9)
+    for wfmt, bn in (("fp8_e4m3_block128x128", 128), ("fp8_e4m3_block128", 64)):
+        b = prepare_operand(_q(wfmt, 256, 512, gen))
+        b = dataclasses.replace(b, codes=_dev(b.codes))
+        for m, limit, want in ((128, 0, "triton"), (128, 64, bn), (32, 64, "triton")):
+            a = prepare_operand(_q("fp8_e4m3_block128", m, 512, gen))
+            with target.override(capability=(9, 0)), tuning.override(fp8_gluon_min_m=limit):
+                sf.scaled_fp8_launch(dataclasses.replace(a, codes=_dev(a.codes)), b, None, torch.bfloat16)
+            got = seen.pop()
+            assert (got == "triton") if want == "triton" else (got.gluon and got.block_n == want), (wfmt, m, got)

@@ -19,6 +19,7 @@ from ...formats import Format
 from ...formats.elements import ElementCodec
 from ...runtime import target
 from ...runtime.launch import cdiv, launch
+from .. import tuning
 from ..scaled import ScaledOperand, parse_meta
 from .scaled_exact import launch_output, operand_constexprs
 
@@ -180,6 +181,9 @@ def scaled_fp8_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor |
     dev = oa.codes.device
     kb = min(fa.block_size, fb.block_size)
     c = config if config is not None else choose_fp8_config(m, n, kb, target.num_sms(dev))
+    if config is None and 0 < tuning.get().fp8_gluon_min_m <= m:  # (opt-in until timed)
+        ws = Fp8Config(128, 128 if operand_constexprs(fb)["GROUP_ROWS"] % 128 == 0 else 64, 4, 4, gluon=True)
+        c = ws if scaled_fp8_ws_reason(oa, ob, ws) is None else c
     if c.gluon:
         _ws_launch(oa, ob, bias, out, m, n, k, _FP8_TYPES[fp8_codes_kind(fa, fb)], operand_constexprs(fa),
                    operand_constexprs(fb), c)
