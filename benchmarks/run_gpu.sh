@@ -21,7 +21,7 @@
 #   moe, scaled_mm, kv, ops
 #                 the op families' suites (OUT/<suite>/), each case checked before it is timed
 # Each step's output goes to OUT/<step>.log; OUT/summary.txt lists every step's exit status and
-# seconds. SKIP="tests_kernels matrix" leaves steps out.
+# seconds. SKIP="tests_kernels matrix" leaves steps out; ONLY="tests_other sweep_fp8 moe" runs just those.
 #
 # To update the committed results from a run (the summary above the generated part is kept):
 #     cp OUT/bench/results.json OUT/bench/roofline.png benchmarks/
@@ -37,6 +37,9 @@ step() {  # name, seconds, command...
   local name=$1 secs=$2
   shift 2
   case " ${SKIP:-} " in *" $name "*) echo "$name: skipped" | tee -a "$OUT/summary.txt"; return;; esac
+  if [ -n "${ONLY:-}" ]; then
+    case " $ONLY " in *" $name "*) ;; *) echo "$name: skipped (ONLY)" | tee -a "$OUT/summary.txt"; return;; esac
+  fi
   local t0=$SECONDS
   timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
