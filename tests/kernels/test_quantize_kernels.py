@@ -530,6 +530,28 @@ def test_markstein_division_keeps_the_sign_of_zero(monkeypatch):
         assert bool((want.data == 0x80).any())
 
 
+@pytest.mark.parametrize("name", ["int4_affine_g128", "int8_affine_g32", "int4_affine_g32"])
+def test_affine_markstein_path_is_the_reference(name, monkeypatch):
+    """Affine formats divide by Markstein's sequence in tiles where it is RN(x / s) (finite |x| < 2^60, scales not
+    saturated), by IEEE division elsewhere: both paths give the reference's codes, zero points and scales, with
+    tiles of each kind in one tensor (a huge value, +-Inf, NaN, an all-zero block, subnormal-sized blocks). A
+    fixed seed: the interpreter's fma rounds twice, so only values within an ulp of a rounding tie could tell it
+    from the GPU's, and the GPU tests cover the kernel as compiled."""
+    monkeypatch.setattr(params, "_MARKSTEIN", True)
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(64, 512, generator=g) * 3
+    x[1:17] *= 1e-30  # (tiles of tiny values: s far below 2^-40 in fp16 terms: zero / subnormal scales)
+    x[20, 5] = 3e20  # a value past 2^60's check: its tile takes IEEE division
+    x[40, 7], x[41, 9], x[42, 11] = float("inf"), float("-inf"), float("nan")
+    x[50] = 0.0
+    for dt in (torch.bfloat16, torch.float32):
+        xx = x.to(dt).to(DEV)
+        got = kq.quantize(xx, name)
+        want = reference.quantize(xx.cpu(), name)
+        assert torch.equal(got.data.cpu(), want.data) and torch.equal(got.zero_points.cpu(), want.zero_points)
+        assert torch.equal(got.scales.cpu().view(torch.int16), want.scales.view(torch.int16))
+
+
 def _encode_mag_rne_p2_model(a: torch.Tensor, bb: torch.Tensor, e) -> torch.Tensor:
     """``_ke._encode_mag_rne_p2`` operation for operation (float32 / int32 torch on CPU: the
     fma's product is a power of two times 2^(23 - mbits), exact, so mul + add round once)."""

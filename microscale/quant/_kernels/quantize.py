@@ -219,9 +219,24 @@ def _quantize_kernel(
             zf = _round_int(tl.minimum(tl.where(zt != zt, 0.0, zt), 4194304.0), 0)
             znan = zt != zt  # the reference's zero point is NaN: all codes become 0, zp 0
             zf = tl.where(znan, 0.0, tl.minimum(tl.maximum(zf, 0.0), MAX_CODE * 1.0))
-            q = tl.math.div_rn(xb, s[:, None, :, None])
-            qn = q != q
-            q = _round_int(tl.minimum(tl.maximum(tl.where(qn, 0.0, q), -4194304.0), 4194304.0), ROUNDING)
+            # x / s by Markstein's sequence where it is RN(x / s) for the whole tile: every x finite with |x| < 2^60,
+            # s in [2^-40, 2^60] (a smaller nonzero |x| gives |x / s| < 2^-20, which rounds to the same integer, 0,
+            # whatever its last bit), and s not saturated (s >= range / (2 MAX): |x / s| <= 2 MAX, so no NaN and no
+            # clamp before the rounding); elsewhere IEEE division, NaN -> 0, clamped
+            sbits = _bits(s)
+            sbad = (tl.max(tl.max(ab, axis=3), axis=1) >= 0x5D800000) | (sbits < 0x2B800000) | \
+                (sbits > 0x5D800000) | (s * (2.0 * MAX_CODE) < hi - lo)
+            tile_ok = tl.max(tl.reshape(sbad.to(tl.int32), [RB * NB], can_reorder=True), axis=0) == 0
+            if MARKSTEIN & tile_ok:
+                if ASM:
+                    r = _rcp_rn_normal(s)
+                else:
+                    r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+                q = _round_int(_markstein_div(xb, r[:, None, :, None], (0.0 - s)[:, None, :, None]), ROUNDING)
+            else:
+                q = tl.math.div_rn(xb, s[:, None, :, None])
+                qn = q != q
+                q = _round_int(tl.minimum(tl.maximum(tl.where(qn, 0.0, q), -4194304.0), 4194304.0), ROUNDING)
             q = q + zf[:, None, :, None]
             q = tl.minimum(tl.maximum(q, 0.0), MAX_CODE * 1.0)
             codes = tl.where(znan[:, None, :, None], 0, q.to(tl.int32))
