@@ -5,8 +5,9 @@
 * :func:`decode_attention` / :func:`extend_attention` — flash decoding and causal
   prefill/extend over the pages (Triton on CUDA; :func:`attention_reference` on CPU), with
   GQA, softmax scale, sliding window, attention sinks and logits soft-cap.
-* :func:`from_engine_fp8` / :func:`to_engine_fp8` — vLLM / FlashInfer fp8 KV pages to and from a cache
-  (import lossless; export lossless for one-scale-a-layer fp8 caches, else requantized on request).
+* :func:`from_engine_fp8` / :func:`to_engine_fp8` — serving engines' fp8 KV pages to and from a cache
+  (vLLM, FlashInfer, SGLang layouts; import lossless; export lossless for one-scale-a-layer fp8 caches, else
+  requantized on request).
 
 Importing this package does not import Triton.
 """

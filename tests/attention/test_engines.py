@@ -1,5 +1,6 @@
-"""Engine fp8 KV pages (vLLM / FlashInfer layouts) to and from PagedKVCache: lossless import (bytes and decoded
-values), lossless round trip, attention over imported pages, lossy export only when asked, and refusals."""
+"""Engine fp8 KV pages (vLLM / FlashInfer / SGLang layouts) to and from PagedKVCache: lossless import (bytes and
+decoded values), shared prefix blocks copied, lossless round trip, attention over imported pages, lossy export
+only when asked, and refusals."""
 import pytest
 import torch
 
@@ -101,10 +102,6 @@ def test_export_requantizes_only_when_asked(gen):
 
 def test_refusals(gen):
     caches, ks, vs, table, lens, _ = _engine(gen)
-    shared = table.clone()
-    shared[2, 0] = shared[0, 0]
-    with pytest.raises(ValueError, match="shared by sequences 0 and 2"):
-        from_engine_fp8(caches, ks, vs, shared, lens)
     bad = table.clone()
     bad[0, 0] = 99
     with pytest.raises(ValueError, match="block 99, outside"):
@@ -118,9 +115,54 @@ def test_refusals(gen):
     with pytest.raises(ValueError, match="holds 4 blocks"):
         from_engine_fp8(caches, ks, vs, table, [7, 0, 99])
     with pytest.raises(ValueError, match="layout="):
-        from_engine_fp8(caches, ks, vs, table, lens, layout="sglang")
+        from_engine_fp8(caches, ks, vs, table, lens, layout="tgi")
     cache = from_engine_fp8(caches, ks, vs, table, lens)
     cache.append(1, torch.randn(1, 2, 32, generator=gen), torch.randn(1, 2, 32, generator=gen), seqs=[0])
     with pytest.raises(ValueError, match="one length per sequence"):
         to_engine_fp8(cache)
     assert ms.get_format("fp8_e4m3_fp32").element.name == "e4m3"
+
+
+def test_shared_prefix_blocks_are_copied(gen):
+    """Prefix caching: a block two sequences share stays with the first and is copied for the second into a block
+    no sequence uses; both read the engine's values; with no block free the import says so."""
+    caches, ks, vs, table, lens, _ = _engine(gen, lens=(7, 0, 9))
+    table[2, 0] = table[0, 0]  # sequence 2's first block is sequence 0's (the same prefix)
+    cache = from_engine_fp8(caches, ks, vs, table, lens)
+    rows = [cache.page_table[s, :n].tolist() for s, n in ((0, 2), (2, 3))]
+    assert rows[0][0] == int(table[0, 0]) and rows[1][0] != rows[0][0] and rows[1][1:] == table[2, 1:3].tolist()
+    assert rows[1][0] not in table[0, :2].tolist() + table[2, :3].tolist()
+    for s in (0, 2):
+        k, _ = cache.dequantize(0, s)
+        pos = torch.arange(lens[s])
+        blocks = table[s].long()[pos // 4]
+        want = caches[0][0][blocks, pos % 4].view(torch.float8_e4m3fn).float() * float(ks[0])
+        assert torch.equal(k, want)
+    small = [c[:, :5].contiguous() for c in caches]  # 5 blocks: all of them in use, none free for the copy
+    t5 = torch.tensor([[0, 1, 0, 0], [2, 0, 0, 0], [0, 3, 4, 0]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="no block is free"):
+        from_engine_fp8(small, ks, vs, t5, [7, 3, 9])
+
+
+def test_sglang_token_pool_round_trip(gen):
+    """SGLang's token pool: per layer a K and a V buffer [slots, heads, dim] and req_to_token (a slot per token)."""
+    slots, heads, dim, lens = 40, 2, 32, [5, 11]
+    perm = torch.randperm(slots, generator=gen)
+    req_to_token = torch.zeros(2, 16, dtype=torch.int32)
+    req_to_token[0, :5], req_to_token[1, :11] = perm[:5], perm[5:16]
+    bufs, ks = [], []
+    for _ in range(2):
+        vals = torch.randn(2, slots, heads, dim, generator=gen)
+        ks.append(float(vals.abs().max()) / 448)
+        bufs.append(tuple((vals[i] / ks[-1]).to(torch.float8_e4m3fn) for i in range(2)))
+    cache = from_engine_fp8(bufs, ks, ks, req_to_token, lens, layout="sglang")
+    assert cache.page_size == 1
+    k, v = cache.dequantize(1, 1)
+    f32 = float(torch.tensor(ks[1], dtype=torch.float32))
+    assert torch.equal(k, bufs[1][0][perm[5:16].long()].float() * f32)
+    back = to_engine_fp8(cache, layout="sglang", dtype=torch.float8_e4m3fn)
+    assert back.lossless and all(torch.equal(back.kv_caches[layer][i].view(torch.uint8), bufs[layer][i].view(torch.uint8))
+                                 for layer in range(2) for i in range(2))
+    assert back.block_table[0, :5].tolist() == perm[:5].tolist() and back.block_table[0, 5:].eq(-1).all()
+    with pytest.raises(ValueError, match="k_buffer, v_buffer"):
+        from_engine_fp8([bufs[0][0]], ks[:1], ks[:1], req_to_token, lens, layout="sglang")
