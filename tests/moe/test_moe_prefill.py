@@ -14,19 +14,11 @@ from microscale.moe.grouped import route
 from microscale.moe.prefill import PrefillConfig, choose_prefill_config, prefill_reason, prefill_run, prefill_takes
 from microscale.moe.reference import grouped_linear_reference, swiglu
 
+from test_moe_ops import offsets_of, rel  # noqa: E402  (the MoE tests' helpers)
+
 INTERP = os.environ.get("TRITON_INTERPRET", "0") == "1"
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 needs_hopper = pytest.mark.skipif(not HOPPER, reason="needs a CUDA GPU (Hopper)")
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def offsets_of(counts):
-    o = torch.zeros(len(counts) + 1, dtype=torch.int32)
-    o[1:] = torch.cumsum(torch.tensor(counts), 0)
-    return o
 
 
 @pytest.mark.skipif(not INTERP, reason="kernels run on CPU only under TRITON_INTERPRET=1")

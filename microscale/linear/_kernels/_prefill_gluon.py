@@ -492,21 +492,29 @@ def _segment(j, dp, s_lo, s_hi, S, n_steps):
 
 
 @gluon.jit
+def ring_acquire(ready, empty, it, nbytes):
+    """The producer's side of ring step ``it`` (:func:`ring_barriers`): waits until its slot is free (slots start
+    out free), arms the slot's ``ready`` barrier for ``nbytes`` of TMA loads and returns the slot."""
+    STAGES: gl.constexpr = ready.shape[0]
+    s = it % STAGES
+    mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(s), nbytes)
+    return s
+
+
+@gluon.jit
 def _producer(xp_desc, x_bufs, ready, empty, n_t, n_n, n_steps, BT: gl.constexpr, GROUP_T: gl.constexpr,
               SPLIT_TAIL: gl.constexpr):
     """TMA of the activation tile of every K step of this program's segments into the ring
     (slot ``it % STAGES`` of the running step count ``it``): it runs ahead into the next
     segment while the consumers finish the last one."""
-    STAGES: gl.constexpr = x_bufs.shape[0]
     dp, s_lo, s_hi, S = _plan(n_t * n_n, n_steps, SPLIT_TAIL)
     it = 0
     for j in range(dp + (s_hi > s_lo).to(gl.int32)):
         tile, k_lo, k_hi = _segment(j, dp, s_lo, s_hi, S, n_steps)
         off_t, off_n = _tile_origin(tile, n_t, n_n, BT, GROUP_T)
         for i in range(k_lo, k_hi):
-            s = it % STAGES
-            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # slots start out free
-            mbarrier.expect(ready.index(s), xp_desc.block_type.nbytes)
+            s = ring_acquire(ready, empty, it, xp_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(xp_desc, [off_t, i * BK], ready.index(s), x_bufs.index(s))
             it += 1
 

@@ -27,7 +27,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from ._prefill_gluon import ring_barriers
+from ._prefill_gluon import ring_acquire, ring_barriers
+from ._scaled_kernels import _global_scaled
 
 #: activation rows per consumer warpgroup (the wgmma M) and per tile (two consumers)
 WG_M = gl.constexpr(64)
@@ -79,15 +80,12 @@ def _outer(sa, sb, acc_l: gl.constexpr):
 @gluon.jit
 def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, n_m, n_n, n_k, GROUP_M: gl.constexpr):
     """TMA of both operands' tiles of every chunk of this program's output tiles into the ring."""
-    STAGES: gl.constexpr = a_bufs.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[0]
     it = 0
     for tile in range(gl.program_id(0), n_m * n_n, gl.num_programs(0)):
         pm, pn = _tile_mn(tile, n_m, n_n, GROUP_M)
         for c in range(n_k):
-            s = it % STAGES
-            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # slots start out free
-            mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            s = ring_acquire(ready, empty, it, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(a_desc, [pm * (2 * WG_M), c * BK], ready.index(s), a_bufs.index(s))
             tma.async_copy_global_to_shared(b_desc, [pn * BN, c * BK], ready.index(s), b_bufs.index(s))
             it += 1
@@ -127,13 +125,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, ag_ptr, bg_ptr, bias
             mbarrier.arrive(empty.index(s), count=1)  # slot free (one arrive per warpgroup)
             acc += part * _outer(sa, sb, acc_l)  # promotion: float32 from here on
             it += 1
-        if HAS_GA:  # the epilogue of the Triton kernels, as the oracle orders it
-            if HAS_GB:
-                acc = acc * (gl.load(ag_ptr) * gl.load(bg_ptr))
-            else:
-                acc = acc * gl.load(ag_ptr)
-        elif HAS_GB:
-            acc = acc * gl.load(bg_ptr)
+        acc = _global_scaled(acc, ag_ptr, bg_ptr, HAS_GA, HAS_GB)  # (the Triton kernels' epilogue from here on)
         if HAS_BIAS:
             acc += gl.expand_dims(gl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(gl.float32), 0)
         mask = gl.expand_dims(m_ok, 1) & gl.expand_dims(n_ok, 0)

@@ -93,10 +93,9 @@ def _mma_operand(v, FP8: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(acc, ag_ptr, bg_ptr, bias_ptr, out_ptr, offs_m, offs_n, m_ok, n_ok, stride_om,
-              HAS_GA: tl.constexpr, HAS_GB: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """After the last chunk, as the oracle orders it: ``acc * fp32(g_a * g_b)``, ``+ bias`` in float32, one
-    rounding to the output's dtype, stored where the tile is in bounds."""
+def _global_scaled(acc, ag_ptr, bg_ptr, HAS_GA: tl.constexpr, HAS_GB: tl.constexpr):
+    """``acc * fp32(g_a * g_b)`` with the operands' float32 global scales where they have one (the oracle's
+    order; also called from the Gluon fp8 kernel)."""
     if HAS_GA:
         if HAS_GB:
             acc = acc * (tl.load(ag_ptr) * tl.load(bg_ptr))
@@ -104,6 +103,15 @@ def _epilogue(acc, ag_ptr, bg_ptr, bias_ptr, out_ptr, offs_m, offs_n, m_ok, n_ok
             acc = acc * tl.load(ag_ptr)
     elif HAS_GB:
         acc = acc * tl.load(bg_ptr)
+    return acc
+
+
+@triton.jit
+def _epilogue(acc, ag_ptr, bg_ptr, bias_ptr, out_ptr, offs_m, offs_n, m_ok, n_ok, stride_om,
+              HAS_GA: tl.constexpr, HAS_GB: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """After the last chunk, as the oracle orders it: ``acc * fp32(g_a * g_b)``, ``+ bias`` in float32, one
+    rounding to the output's dtype, stored where the tile is in bounds."""
+    acc = _global_scaled(acc, ag_ptr, bg_ptr, HAS_GA, HAS_GB)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     mask = m_ok[:, None] & n_ok[None, :]

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import tma
 
 from ...linear._kernels._prefill_gluon import (BK, WG_ROWS, _k_loop, _row_codes, _tile_origin, code_word_layout,
-                                               ring_barriers)
+                                               ring_acquire, ring_barriers)
 
 
 @gluon.jit
@@ -60,14 +60,11 @@ def _moe_rows(r, off_n, WG: gl.constexpr, N, ACT: gl.constexpr, CONCAT: gl.const
 def _moe_producer(xp_desc, x_bufs, ready, empty, te_ptr, tb_ptr, off_ptr, E, n_slots, n_n, n_steps,
                   BT: gl.constexpr, GROUP_T: gl.constexpr):
     """TMA of the activation tile of every K step of this program's valid tiles into the ring."""
-    STAGES: gl.constexpr = x_bufs.shape[0]
     it = 0
     for tile in range(gl.program_id(0), n_slots * n_n, gl.num_programs(0)):
         e, t0, t_end, off_n, valid = _moe_tile(tile, n_slots, n_n, te_ptr, tb_ptr, off_ptr, E, BT, GROUP_T)
         for i in range(gl.where(valid, n_steps, 0)):
-            s = it % STAGES
-            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # slots start out free
-            mbarrier.expect(ready.index(s), xp_desc.block_type.nbytes)
+            s = ring_acquire(ready, empty, it, xp_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(xp_desc, [t0, i * BK], ready.index(s), x_bufs.index(s))
             it += 1
 

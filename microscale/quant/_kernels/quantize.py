@@ -223,11 +223,13 @@ def _quantize_kernel(
             # s in [2^-40, 2^60] (a smaller nonzero |x| gives |x / s| < 2^-20, which rounds to the same integer, 0,
             # whatever its last bit), and s not saturated (s >= range / (2 MAX): |x / s| <= 2 MAX, so no NaN and no
             # clamp before the rounding); elsewhere IEEE division, NaN -> 0, clamped
-            sbits = _bits(s)
-            sbad = (tl.max(tl.max(ab, axis=3), axis=1) >= 0x5D800000) | (sbits < 0x2B800000) | \
-                (sbits > 0x5D800000) | (s * (2.0 * MAX_CODE) < hi - lo)
-            tile_ok = tl.max(tl.reshape(sbad.to(tl.int32), [RB * NB], can_reorder=True), axis=0) == 0
-            if MARKSTEIN & tile_ok:
+            tile_ok = False
+            if MARKSTEIN:  # (the interpreter's fma rounds twice: IEEE division there)
+                sbits = _bits(s)
+                sbad = (tl.max(tl.max(ab, axis=3), axis=1) >= 0x5D800000) | (sbits < 0x2B800000) | \
+                    (sbits > 0x5D800000) | (s * (2.0 * MAX_CODE) < hi - lo)
+                tile_ok = tl.max(tl.reshape(sbad.to(tl.int32), [RB * NB], can_reorder=True), axis=0) == 0
+            if tile_ok:
                 if ASM:
                     r = _rcp_rn_normal(s)
                 else:
