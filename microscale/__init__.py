@@ -24,10 +24,11 @@ from .moe import grouped_linear, moe_experts  # the MoE ops; their package is mi
 from .ops import decode, dequantize, encode, quantize
 from .options import QuantizeOptions
 from .qtensor import QTensor
+from .quant.fold import fold_fp8  # MXFP4 / MXFP6 weights as fp8 codes for fast_accum
 
 __version__ = "0.1.0"
 
 __all__ = ["formats", "Format", "get_format", "registry", "QTensor", "QuantizeOptions", "quantize", "dequantize", "encode", "decode",
            "linear", "scaled_mm", "linear_batched", "rmsnorm_linear", "grouped_linear", "moe_experts",
            "embedding", "attention", "__version__"]
-__all__ += ["conv2d"]
+__all__ += ["conv2d", "fold_fp8"]

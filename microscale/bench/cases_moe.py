@@ -222,9 +222,32 @@ def build_scaled_mm(spec: CaseSpec, ctx: Context) -> Case:
             raise Skip("CUDA only" if ctx.cpu else "fast_accum keeps this pair on its exact kernels")
         return Peer("microscale fast_accum", lambda a, b: scaled_mm(a, b, fast_accum=True), check)
 
+    def fold_peer() -> Peer:
+        from ..formats import get_format
+        from ..quant.fold import FOLD_FORMAT, fold_fp8
+
+        if ctx.cpu:
+            raise Skip("CUDA only")
+        wf = get_format(spec.format)
+        if wf.element.name not in ("e2m1", "e2m3", "e3m2") or wf.scale.name != "e8m0":
+            raise Skip("folds MX 4- and 6-bit weights (other formats: rarely exact in E4M3)")
+
+        def make_folded() -> tuple:  # (fold outside the timing: it is a load-time step)
+            return (quantize(random_input((m, k), ctx), FOLD_FORMAT),
+                    fold_fp8(quantize(random_input((n, k), ctx), spec.format)))
+
+        def check_folded(inputs: tuple, y) -> Check:
+            a, b = inputs
+            return check_matmul(ref_dequantize(a, torch.float32), ref_dequantize(b, torch.float32), y)
+
+        fold_bytes = (m + n) * k * 132 // 128 + 2 * m * n  # (a byte an element, a float32 scale per 128; out)
+        return Peer(f"microscale fold_fp8 x {FOLD_FORMAT}, fast_accum", lambda a, b: scaled_mm(a, b, fast_accum=True),
+                    check_folded, make_inputs=make_folded, set_bytes=fold_bytes, nbytes=fold_bytes)
+
     a0, b0 = make()
     nbytes = a0.nbytes + b0.nbytes + 2 * m * n
     return Case(spec, fn, make, check, nbytes=nbytes, flops=models.linear_flops(m, n, k), compute_kind="bf16_mm",
                 set_bytes=nbytes, peers=[("cuBLAS bf16", cublas_peer), ("torch._scaled_mm fp8 per-tensor", tensorwise_peer),
-                                         ("microscale fast_accum", fast_accum_peer)])
+                                         ("microscale fast_accum", fast_accum_peer),
+                                         ("microscale fold_fp8 fast_accum", fold_peer)])
 

@@ -1,0 +1,141 @@
+"""Lossless refolding of a block-scaled weight into fp8 E4M3 codes with one float32 scale per 128
+elements of a row (``fp8_e4m3_block128``), so that ``scaled_mm(..., fast_accum=True)`` runs MXFP4 / MXFP6
+weights x fp8 activations on Hopper's fp8 tensor cores.
+
+Why it is exact: an E2M1 value times a power of two ``2^k`` is an E4M3 value for ``k`` in a 15-step window
+(docs/scaled-mm.md), and E2M3 / E3M2 values in narrower ones. Each row's 128-element chunk gets the scale
+``2^b * global_scale`` with ``b`` chosen so that the chunk's largest magnitude lands in E4M3's top binade;
+every element ``v / 2^b`` is then encoded to E4M3 and decoded back, and the chunk is *certified* when the
+folded tensor's float32 values equal the original's bit for bit (as :func:`microscale.dequantize` computes
+both). Chunks whose exponent spread exceeds E4M3's range are not exact: they are refused, or rounded to
+nearest E4M3 where the caller allows it, and counted either way.
+
+The folded copy is 8 bits an element (MXFP4 is 4.25), and serves decode too: the fp8 kernel streams it at
+the fp8 byte rate.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..formats import Format, get_format, unpack_codes
+from ..qtensor import QTensor
+
+__all__ = ["fold_fp8", "FOLD_FORMAT"]
+
+#: the folded weight's format: E4M3 codes, one float32 scale per 128 elements of a row
+FOLD_FORMAT = "fp8_e4m3_block128"
+_CHUNK = 128
+_E4M3_MAX = 448.0
+
+
+def _fold_reason(w: QTensor) -> str | None:
+    fmt = w.fmt
+    if fmt.zero_point:
+        return f"{fmt.name} has zero points (affine codes have no fp8 form)"
+    if fmt.block_rows != 1:
+        return f"{fmt.name} has 2-D blocks ({fmt.block_rows} x {fmt.block_size}); it is fp8 already or needs rows kept apart"
+    if _CHUNK % fmt.block_size:
+        return f"{fmt.name}'s blocks of {fmt.block_size} do not nest in 128-element chunks"
+    if len(w.shape) < 2:
+        return f"needs a weight of at least 2 dims, got shape {tuple(w.shape)}"
+    return None
+
+
+def _unscaled(w: QTensor, rows: slice, kp: int) -> torch.Tensor:
+    """Rows ``rows`` of ``w``'s values before its global scale, float32 ``[r, kp]`` (zeros past its padding),
+    as :func:`microscale.reference.dequantize` computes them (``code * block scale``, exact)."""
+    fmt = w.fmt
+    kq = w.padded_shape[-1]
+    data = w.data.reshape(-1, w.data.shape[-1])[rows]
+    vals = fmt.element.decode(unpack_codes(data, fmt.element.bits, kq))
+    s = fmt.scale.decode(w.scales.reshape(-1, w.scales.shape[-1])[rows]).to(torch.float32)
+    u = (vals.reshape(vals.shape[0], -1, fmt.block_size) * s[..., None]).reshape(vals.shape[0], kq)
+    return torch.nn.functional.pad(u, (0, kp - kq)) if kp > kq else u
+
+
+def fold_fp8(w: QTensor, *, allow_lossy: bool = False, name: str = "weight", rows_per_pass: int = 2048) -> QTensor:
+    """``w`` refolded into E4M3 codes with one float32 scale per 128 elements of each row (``fp8_e4m3_block128``):
+    the form ``scaled_mm(a, w, fast_accum=True)`` and ``linear(x, w, act_format="fp8_e4m3_block128",
+    fast_accum=True)`` run on fp8 tensor cores (with fp8 block-128 activations).
+
+    Exact where it can be: every chunk (a row's 128 elements) whose values fit E4M3 under one power-of-two
+    scale decodes to the same float32 values as ``w`` (checked here, bit for bit, chunk by chunk). MXFP4
+    chunks fit unless their 32-element blocks' scales span more than about 2^14; MXFP6 and MXFP8 chunks
+    fit less often; NVFP4 (UE4M3 block scales) rarely.
+
+    Args:
+        w: QTensor ``[..., K]`` with 1-D blocks that divide 128 and no zero points (MXFP4, MXFP6, MXFP8,
+            fp4 / fp8 with float scales, ...). Leading dims (experts) are kept.
+        allow_lossy: round the chunks that are not exact to nearest E4M3 (saturating) instead of refusing.
+        name: what to call ``w`` in errors (its checkpoint key, say).
+        rows_per_pass: rows decoded at a time (bounds the float32 temporaries to about 12 bytes x rows x K).
+
+    Returns:
+        A QTensor of format ``fp8_e4m3_block128`` with ``w``'s shape, dtype and meta, plus
+        ``meta["folded_from"]`` (the source format's name) and ``meta["inexact_chunks"]`` (0 unless
+        ``allow_lossy`` rounded some).
+
+    Raises:
+        ValueError: ``w``'s format cannot fold (the reason is named), it holds NaN or Inf, or some chunks
+            are not exact and ``allow_lossy`` is False (their count and the first one's row and columns).
+    """
+    if not isinstance(w, QTensor):
+        raise TypeError(f"fold_fp8: {name} must be a QTensor, got {type(w).__name__}")
+    why = _fold_reason(w)
+    if why:
+        raise ValueError(f"fold_fp8: {name} cannot fold to {FOLD_FORMAT}: {why}")
+    out_fmt: Format = get_format(FOLD_FORMAT)
+    e4m3 = out_fmt.element
+    k = int(w.shape[-1])
+    kp = -(-k // _CHUNK) * _CHUNK
+    chunks = kp // _CHUNK
+    n_rows = 1
+    for d in w.shape[:-1]:
+        n_rows *= int(d)
+    dev = w.data.device
+    gs = None if w.global_scale is None else w.global_scale.to(device=dev, dtype=torch.float32).reshape(())
+    codes = torch.empty((n_rows, kp), dtype=torch.uint8, device=dev)
+    scales = torch.empty((n_rows, chunks), dtype=torch.float32, device=dev)
+    inexact, first = 0, None
+    for r0 in range(0, n_rows, max(1, rows_per_pass)):
+        rows = slice(r0, min(n_rows, r0 + max(1, rows_per_pass)))
+        u = _unscaled(w, rows, kp)
+        if not bool(torch.isfinite(u).all()):
+            raise ValueError(f"fold_fp8: {name} holds NaN or Inf values (rows {rows.start}..{rows.stop - 1}); "
+                             "fp8 block scales cannot carry them")
+        uc = u.view(u.shape[0], chunks, _CHUNK)
+        amax = uc.abs().amax(-1)
+        # b: amax / 2^b in [256, 512), one binade lower where that passes E4M3's max (448)
+        b = torch.frexp(amax).exponent.to(torch.int32) - 9
+        b = torch.where(torch.ldexp(amax, -b.float()) > _E4M3_MAX, b + 1, b)
+        b = torch.where(amax > 0, b, torch.zeros_like(b))
+        t = torch.ldexp(uc, -b.float()[..., None])
+        c = e4m3.encode(t)  # (nearest even, saturating: the lossy chunks' rounding)
+        s = torch.ldexp(torch.ones_like(amax), b.float())
+        if gs is not None:
+            s = s * gs
+        # certified: the folded values, as dequantize computes them, equal the original's bit for bit
+        folded = e4m3.decode(c) * s[..., None]
+        orig = uc * gs if gs is not None else uc
+        same = (folded.view(torch.int32) == orig.view(torch.int32)) | ((folded == 0) & (orig == 0))
+        bad = ~same.all(-1)
+        nbad = int(bad.sum())
+        if nbad:
+            if first is None:
+                r, ch = (int(i) for i in bad.nonzero()[0])
+                first = (r0 + r, ch * _CHUNK, min(k, (ch + 1) * _CHUNK))
+            inexact += nbad
+        codes[rows] = c.view(u.shape[0], kp)
+        scales[rows] = s
+    if inexact and not allow_lossy:
+        r, c0, c1 = first
+        raise ValueError(
+            f"fold_fp8: {inexact} of {n_rows * chunks} chunks (128 elements of a row) of {name} ({w.fmt.name}, "
+            f"shape {tuple(w.shape)}) are not exact in E4M3 under one power-of-two scale (their values span more "
+            f"than E4M3's range); the first is row {r}, columns {c0}:{c1}. Keep this weight in {w.fmt.name} (the "
+            "exact kernels), or pass allow_lossy=True to round those chunks to nearest E4M3")
+    meta = dict(w.meta)
+    meta.update(folded_from=w.fmt.name, inexact_chunks=inexact)
+    lead = tuple(int(d) for d in w.shape[:-1])
+    return QTensor(codes.reshape(*lead, kp), scales.reshape(*lead, chunks), out_fmt, torch.Size(w.shape), w.dtype,
+                   None, None, meta)

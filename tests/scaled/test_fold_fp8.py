@@ -1,0 +1,170 @@
+"""``fold_fp8``: block-scaled weights refolded into E4M3 codes with float32 scales per 128 elements, certified
+bit for bit against the original's values, and the fp8 kernel of ``scaled_mm(..., fast_accum=True)`` on them."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import microscale as ms
+from microscale.formats import get_format
+from microscale.linear.backends.scaled_fp8 import fast_accum_takes, scaled_fp8_launch
+from microscale.linear.scaled import prepare_operand
+from microscale.reference_scaled import scaled_mm_reference
+
+INTERP = os.environ.get("TRITON_INTERPRET", "0") == "1"
+needs_interp = pytest.mark.skipif(not INTERP, reason="kernels run on CPU only under TRITON_INTERPRET=1")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.float().contiguous().view(torch.int32)
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return float((out - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3"])
+def test_fold_is_lossless(fmt: str) -> None:
+    """Experts axis kept, K not a multiple of 128 (nor of the block), a zero row, scales of very different sizes
+    across rows: the folded tensor decodes to the original's float32 values bit for bit."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 40, 300, generator=gen) * torch.logspace(-6, 6, 40)[None, :, None]
+    x[1, 5] = 0
+    w = ms.quantize(x, fmt, pad=True)
+    f = ms.fold_fp8(w)
+    assert f.fmt.name == "fp8_e4m3_block128" and f.shape == w.shape and f.dtype == w.dtype
+    assert f.meta["folded_from"] == fmt and f.meta["inexact_chunks"] == 0
+    assert torch.equal(_bits(f.dequantize()), _bits(w.dequantize()))
+    assert f.scales.dtype == torch.float32 and f.scales.shape == (3, 40, 3)
+    # power-of-two scales (no global scale here), the zero row's chunks scale 1 with zero codes
+    m, e = torch.frexp(f.scales)
+    assert bool((m == 0.5).all())
+    assert bool((f.scales[1, 5] == 1).all()) and not bool(f.data[1, 5].any())
+
+
+def test_global_scale_folds_into_the_chunk_scales() -> None:
+    """A two-level weight whose block scales are equal in each chunk (here all 1) folds exactly with a global scale
+    that is not a power of two: the chunk scales carry it."""
+    gen = torch.Generator().manual_seed(1)
+    w = ms.quantize(torch.randn(8, 256, generator=gen), "nvfp4")
+    w.scales.fill_(1.0)
+    w.global_scale = torch.tensor(0.37, dtype=torch.float32)
+    f = ms.fold_fp8(w)
+    assert f.global_scale is None
+    assert torch.equal(_bits(f.dequantize()), _bits(w.dequantize()))
+    assert bool((torch.frexp(f.scales / torch.tensor(0.37)).mantissa == 0.5).all())  # 2^b * 0.37, exactly
+
+
+def _wide_spread() -> ms.QTensor:
+    """MXFP4 [4, 256] whose row 2, columns 128..255, holds blocks 2^20 apart (not E4M3 under one scale)."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 256, generator=gen)
+    x[2, 128:160] *= 2.0 ** 20
+    return ms.quantize(x, "mxfp4")
+
+
+def test_refuses_chunks_that_are_not_exact() -> None:
+    w = _wide_spread()
+    with pytest.raises(ValueError, match=r"1 of 8 chunks .* of w\.proj \(mxfp4.*row 2, columns 128:256.*allow_lossy"):
+        ms.fold_fp8(w, name="w.proj")
+
+
+def test_lossy_rounds_and_counts() -> None:
+    """With allow_lossy the one wide chunk is rounded to nearest E4M3 (its large block stays exact), the others
+    stay bit-exact, and the count is kept."""
+    w = _wide_spread()
+    f = ms.fold_fp8(w, allow_lossy=True)
+    assert f.meta["inexact_chunks"] == 1
+    a, b = f.dequantize(), w.dequantize()
+    keep = torch.ones_like(a, dtype=torch.bool)
+    keep[2, 128:256] = False
+    assert torch.equal(_bits(a[keep]), _bits(b[keep]))
+    assert not torch.equal(a[2, 128:256], b[2, 128:256])
+    assert torch.equal(a[2, 128:160], b[2, 128:160])
+
+
+def test_rows_per_pass_does_not_change_the_result() -> None:
+    gen = torch.Generator().manual_seed(3)
+    w = ms.quantize(torch.randn(37, 384, generator=gen), "mxfp4")
+    one, many = ms.fold_fp8(w), ms.fold_fp8(w, rows_per_pass=5)
+    assert torch.equal(one.data, many.data) and torch.equal(one.scales, many.scales)
+
+
+@pytest.mark.parametrize("fmt,why", [("int4_affine_g128", "zero points"), ("fp8_e4m3_block128x128", "2-D blocks")])
+def test_refuses_formats_by_name(fmt: str, why: str) -> None:
+    w = ms.quantize(torch.randn(128, 256), fmt)
+    with pytest.raises(ValueError, match=f"experts.w1 cannot fold to fp8_e4m3_block128: {fmt} has {why}"):
+        ms.fold_fp8(w, name="experts.w1")
+    with pytest.raises(TypeError, match="must be a QTensor"):
+        ms.fold_fp8(torch.randn(4, 4))
+
+
+def test_refuses_nan() -> None:
+    w = ms.quantize(torch.randn(4, 64), "mxfp4")
+    w.scales[1, 1] = 0xFF  # E8M0 NaN
+    with pytest.raises(ValueError, match="NaN or Inf values \\(rows 0..3\\)"):
+        ms.fold_fp8(w)
+
+
+def test_folded_weight_saves_and_loads(tmp_path) -> None:
+    f = ms.fold_fp8(ms.quantize(torch.randn(16, 128), "mxfp4"))
+    f.save(tmp_path / "w.safetensors")
+    g = ms.QTensor.load(tmp_path / "w.safetensors")
+    assert torch.equal(g.data, f.data) and torch.equal(g.scales, f.scales) and g.meta == f.meta
+
+
+def test_fast_accum_takes_the_folded_pair() -> None:
+    """The folded weight with fp8 block-128 activations is a pair the fp8 kernel takes (the original is not);
+    on CPU the oracle equals float64 of the original weight's values up to float32 summation."""
+    act, fold = get_format("fp8_e4m3_block128"), get_format("fp8_e4m3_block128")
+    assert fast_accum_takes(act, fold, 4096) and not fast_accum_takes(act, get_format("mxfp4"), 4096)
+    gen = torch.Generator().manual_seed(4)
+    w = ms.quantize(torch.randn(96, 320, generator=gen), "mxfp4")
+    a = ms.quantize(torch.randn(7, 320, generator=gen), "fp8_e4m3_block128", pad=True)
+    ref = a.dequantize().double() @ w.dequantize().double().T
+    out = ms.scaled_mm(a, ms.fold_fp8(w), out_dtype=torch.float32, fast_accum=True)
+    assert _rel(out, ref) <= 1e-6
+
+
+@needs_interp
+def test_fp8_kernel_on_a_folded_weight_equals_the_oracle() -> None:
+    from dataclasses import replace
+
+    from microscale.linear.backends.scaled_fp8 import Fp8Config
+
+    gen = torch.Generator().manual_seed(5)
+    w = ms.quantize(torch.randn(40, 304, generator=gen), "mxfp6_e2m3", pad=True)
+    f = ms.fold_fp8(w)
+    a = ms.quantize(torch.randn(19, 304, generator=gen), "fp8_e4m3_block128", pad=True)
+    ref = scaled_mm_reference(a, f, None, torch.float32)
+    cfg = replace(Fp8Config(16, 16, 1, 1, group_m=2), tma=False)
+    out = scaled_fp8_launch(prepare_operand(a), prepare_operand(f), None, torch.float32, cfg)
+    assert _rel(out, ref) <= 1e-5
+
+
+@needs_gpu
+@pytest.mark.parametrize("m", [1, 70, 512])
+@pytest.mark.parametrize("gluon", [False, True])
+def test_gpu_folded_mxfp4_within_allowance(m: int, gluon: bool) -> None:
+    """MXFP4 weights x fp8 block-128 activations on fp8 tensor cores: within Hopper's fast_accum allowance
+    (5e-4 relative) of float64 on the original MXFP4 values; the fold runs on the GPU too."""
+    from microscale.linear.backends.scaled_fp8 import Fp8Config, scaled_fp8_ws_reason
+
+    gen = torch.Generator().manual_seed(6)
+    w = ms.quantize(torch.randn(300, 1024, generator=gen).cuda(), "mxfp4")
+    f = ms.fold_fp8(w)
+    assert torch.equal(_bits(f.dequantize()), _bits(w.dequantize()))
+    a = ms.quantize(torch.randn(m, 1024, generator=gen).cuda(), "fp8_e4m3_block128")
+    ref = a.dequantize().double() @ w.dequantize().double().T
+    if gluon:
+        cfg = Fp8Config(128, 128, 4, 4, gluon=True)
+        if scaled_fp8_ws_reason(prepare_operand(a), prepare_operand(f), cfg):
+            pytest.skip(scaled_fp8_ws_reason(prepare_operand(a), prepare_operand(f), cfg))
+        out = scaled_fp8_launch(prepare_operand(a), prepare_operand(f), None, torch.float32, cfg)
+    else:
+        out = ms.scaled_mm(a, f, out_dtype=torch.float32, fast_accum=True)
+    assert _rel(out, ref) <= 5e-4
