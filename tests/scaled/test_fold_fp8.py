@@ -168,3 +168,33 @@ def test_gpu_folded_mxfp4_within_allowance(m: int, gluon: bool) -> None:
     else:
         out = ms.scaled_mm(a, f, out_dtype=torch.float32, fast_accum=True)
     assert _rel(out, ref) <= 5e-4
+
+
+def test_fold_fp8_layers_keeps_outputs() -> None:
+    """A model quantized to MXFP4: the layers that fold exactly become fp8 weights x fp8 block-128 activations
+    (outputs equal the float64 product of the original weight and the quantized input, up to float32 sums);
+    skipped and not-exact layers stay; the state dict round-trips into a model folded the same way."""
+    from microscale.nn import QuantLinear, fold_fp8_layers, quantize_model
+
+    gen = torch.Generator().manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32, bias=False),
+                                torch.nn.Linear(32, 16))
+    with torch.no_grad():
+        model[2].weight[3, :32] *= 2.0 ** 20  # one chunk 2^20 wide: not exact
+    quantize_model(model, "mxfp4")
+    w0 = model[0].qweight
+    report = fold_fp8_layers(model, skip=["3"], progress=False)
+    assert report["0"] == "folded" and report["3"] == "skipped" and report["2"].startswith("left: fold_fp8: 1 of")
+    assert model[0].fmt.name == "fp8_e4m3_block128" and model[0].fast_accum and model[2].fmt.name == "mxfp4"
+    x = torch.randn(5, 256, generator=gen)
+    a = ms.quantize(x, "fp8_e4m3_block128")
+    want = a.dequantize().double() @ w0.dequantize().double().T + model[0].bias.double()
+    assert _rel(model[0](x), want) <= 1e-6
+    sd = model.state_dict()
+    fresh = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32, bias=False),
+                                torch.nn.Linear(32, 16))
+    fresh[0] = QuantLinear.from_qtensor(model[0].qweight, model[0].bias.detach(), "fp8_e4m3_block128", True)
+    quantize_model(fresh, "mxfp4", skip=["0"])
+    fresh.load_state_dict(sd)
+    assert torch.equal(fresh(x), model(x))
+    assert fold_fp8_layers(model, progress=False)["0"].startswith("left: its input is quantized already")
