@@ -141,12 +141,16 @@ SUITES["kv"] = Suite(
     cpu={"kv_decode": OpPlan(("nvfp4",), ((1, 256, 8, 2, 64, 0),))},
     budget_s=900.0, graph="always")
 
-# gpt-oss-20b (32 experts) and gpt-oss-120b (128 experts): hidden 2880, expert width 2880, top-4
-_MOE_SHAPES = tuple((t, e, 2880, 2880, 4) for e in (32, 128) for t in (1, 4, 8, 64, 4096))
-SUITES["moe"] = Suite("moe", "the experts forward of one MoE layer (ms.moe_experts) on gpt-oss-20b/120b shapes, "
-                             "1-4096 tokens, vs bf16 experts (transformers' loop, torch._grouped_mm)",
+# gpt-oss-20b (32 experts) and gpt-oss-120b (128 experts): hidden 2880, expert width 2880, top-4;
+# Qwen3-30B-A3B: 128 experts, hidden 2048, expert width 768, top-8
+_MOE_TOKENS = (1, 4, 8, 64, 512, 4096)
+_MOE_SHAPES = (tuple((t, e, 2880, 2880, 4) for e in (32, 128) for t in _MOE_TOKENS)
+               + tuple((t, 128, 2048, 768, 8) for t in _MOE_TOKENS))
+SUITES["moe"] = Suite("moe", "the experts forward of one MoE layer (ms.moe_experts) on gpt-oss-20b/120b and "
+                             "Qwen3-30B-A3B shapes, 1-4096 tokens (skewed routing beyond decode), vs bf16 experts "
+                             "(transformers' loop, torch._grouped_mm)",
                       cuda={"moe": OpPlan(("mxfp4", "nvfp4", "mxfp8_e4m3"), _MOE_SHAPES)},
-                      cpu={"moe": OpPlan(("mxfp4",), ((2, 4, 64, 64, 2),))}, graph="always")
+                      cpu={"moe": OpPlan(("mxfp4",), ((2, 4, 64, 64, 2), (8, 4, 64, 64, 2)))}, graph="always")
 
 # the targets' pairs (weights x activations: .cases_moe.ACT_FORMAT) at 1, 16 and 4096 tokens on a 70B MLP weight
 SUITES["scaled_mm"] = Suite("scaled_mm", "both operands quantized (ms.scaled_mm): fp8 block-128 W8A8, MXFP4 x MXFP8, "

@@ -779,3 +779,17 @@ def test_markdown_and_csv_say_when_the_clocks_were_held_down(tmp_path):
     import csv
     rows = list(csv.DictReader(open(report.write_csv(d, tmp_path / "r.csv"))))
     assert rows[1]["slowed_pct"] == "80.0" and rows[1]["sm_mhz_min"] == "1455.0" and rows[0]["slowed_pct"] == ""
+
+
+def test_moe_routing_decode_distinct_prefill_skewed() -> None:
+    """The moe suite's routing: a decode step touches distinct experts; beyond, each token's experts are distinct
+    and the load is skewed (the busiest expert well above the mean, every expert drawn)."""
+    from microscale.bench.cases_moe import _routing
+
+    ctx = Context(torch.device("cpu"), torch.Generator().manual_seed(0))
+    dec = _routing(8, 32, 4, ctx)
+    assert dec.shape == (8, 4) and torch.unique(dec).numel() == 32
+    idx = _routing(4096, 128, 4, ctx)
+    assert idx.shape == (4096, 4) and bool((idx.sort(1).values.diff(dim=1) > 0).all())
+    load = torch.bincount(idx.flatten(), minlength=128).double()
+    assert bool((load > 0).all()) and 2.0 < float(load.max() / load.mean()) < 6.0
