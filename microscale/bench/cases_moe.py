@@ -25,7 +25,7 @@ ACT_FORMAT = {"fp8_e4m3_block128x128": "fp8_e4m3_block128", "mxfp4": "mxfp8_e4m3
 
 
 #: expert popularity of the prefill cases ~ rank^-ZIPF (ranks shuffled): at E=128 the busiest expert is drawn
-#: ~4x as often as the mean and the idlest ~0.6x, a trained router's imbalance rather than a uniform draw
+#: ~4x as often as the mean and the idlest ~0.5x, a trained router's imbalance rather than a uniform draw
 ZIPF = 0.4
 
 

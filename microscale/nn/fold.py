@@ -3,7 +3,7 @@ E4M3 weights with float32 scales per 128 elements (:func:`microscale.fold_fp8`) 
 activations on Hopper's fp8 tensor cores (``act_format="fp8_e4m3_block128"``, ``fast_accum=True``).
 
 For a checkpoint that ships MXFP4 weights: load it as usual, then fold the layers whose prefill matters. The
-folded weights are 8 bits an element (MXFP4: 4.25), so at decode they stream twice the bytes
+folded weights are 8.25 bits an element (MXFP4: 4.25), so at decode they stream 1.94x the bytes
 (docs/scaled-mm.md).
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ folded tensor's float32 values equal the original's bit for bit (as :func:`micro
 both). Chunks whose exponent spread exceeds E4M3's range are not exact: they are refused, or rounded to
 nearest E4M3 where the caller allows it, and counted either way.
 
-The folded copy is 8 bits an element (MXFP4 is 4.25), and serves decode too: the fp8 kernel streams it at
+The folded copy is 8.25 bits an element (MXFP4 is 4.25), and serves decode too: the fp8 kernel streams it at
 the fp8 byte rate.
 """
 from __future__ import annotations
@@ -26,6 +26,8 @@ __all__ = ["fold_fp8", "FOLD_FORMAT"]
 FOLD_FORMAT = "fp8_e4m3_block128"
 _CHUNK = 128
 _E4M3_MAX = 448.0
+_B_MIN = -126  # chunk scales stay normal float32 (a kernel may flush subnormal ones to zero)
+_SOURCE_ONLY = ("two_level", "global_scale_inv")  # meta of the source's global scale, which the fold absorbs
 
 
 def _fold_reason(w: QTensor) -> str | None:
@@ -68,10 +70,11 @@ def fold_fp8(w: QTensor, *, allow_lossy: bool = False, name: str = "weight", row
             fp4 / fp8 with float scales, ...). Leading dims (experts) are kept.
         allow_lossy: round the chunks that are not exact to nearest E4M3 (saturating) instead of refusing.
         name: what to call ``w`` in errors (its checkpoint key, say).
-        rows_per_pass: rows decoded at a time (bounds the float32 temporaries to about 12 bytes x rows x K).
+        rows_per_pass: rows decoded at a time (bounds the temporaries to about 28 bytes x rows x K).
 
     Returns:
-        A QTensor of format ``fp8_e4m3_block128`` with ``w``'s shape, dtype and meta, plus
+        A QTensor of format ``fp8_e4m3_block128`` with ``w``'s shape, dtype and meta (less the keys of its global
+        scale's convention, which the chunk scales absorb), plus
         ``meta["folded_from"]`` (the source format's name) and ``meta["inexact_chunks"]`` (0 unless
         ``allow_lossy`` rounded some).
 
@@ -100,13 +103,15 @@ def fold_fp8(w: QTensor, *, allow_lossy: bool = False, name: str = "weight", row
     for r0 in range(0, n_rows, max(1, rows_per_pass)):
         rows = slice(r0, min(n_rows, r0 + max(1, rows_per_pass)))
         u = _unscaled(w, rows, kp)
-        if not bool(torch.isfinite(u).all()):
+        uc = u.view(u.shape[0], chunks, _CHUNK)
+        orig = uc * gs if gs is not None else uc
+        if not bool(torch.isfinite(orig).all()):
             raise ValueError(f"fold_fp8: {name} holds NaN or Inf values (rows {rows.start}..{rows.stop - 1}); "
                              "fp8 block scales cannot carry them")
-        uc = u.view(u.shape[0], chunks, _CHUNK)
         amax = uc.abs().amax(-1)
-        # b: amax / 2^b in [256, 512), one binade lower where that passes E4M3's max (448)
-        b = torch.frexp(amax).exponent.to(torch.int32) - 9
+        # b: amax / 2^b in [256, 512), one binade lower where that passes E4M3's max (448); never below
+        # _B_MIN (a chunk that would need less holds only values under 2^-126: exact only if they fit there)
+        b = (torch.frexp(amax).exponent.to(torch.int32) - 9).clamp_min(_B_MIN)
         b = torch.where(torch.ldexp(amax, -b.float()) > _E4M3_MAX, b + 1, b)
         b = torch.where(amax > 0, b, torch.zeros_like(b))
         t = torch.ldexp(uc, -b.float()[..., None])
@@ -116,9 +121,7 @@ def fold_fp8(w: QTensor, *, allow_lossy: bool = False, name: str = "weight", row
             s = s * gs
         # certified: the folded values, as dequantize computes them, equal the original's bit for bit
         folded = e4m3.decode(c) * s[..., None]
-        orig = uc * gs if gs is not None else uc
-        same = (folded.view(torch.int32) == orig.view(torch.int32)) | ((folded == 0) & (orig == 0))
-        bad = ~same.all(-1)
+        bad = ~(folded.view(torch.int32) == orig.view(torch.int32)).all(-1)
         nbad = int(bad.sum())
         if nbad:
             if first is None:
@@ -134,7 +137,7 @@ def fold_fp8(w: QTensor, *, allow_lossy: bool = False, name: str = "weight", row
             f"shape {tuple(w.shape)}) are not exact in E4M3 under one power-of-two scale (their values span more "
             f"than E4M3's range); the first is row {r}, columns {c0}:{c1}. Keep this weight in {w.fmt.name} (the "
             "exact kernels), or pass allow_lossy=True to round those chunks to nearest E4M3")
-    meta = dict(w.meta)
+    meta = {key: v for key, v in w.meta.items() if key not in _SOURCE_ONLY}
     meta.update(folded_from=w.fmt.name, inexact_chunks=inexact)
     lead = tuple(int(d) for d in w.shape[:-1])
     return QTensor(codes.reshape(*lead, kp), scales.reshape(*lead, chunks), out_fmt, torch.Size(w.shape), w.dtype,

@@ -198,3 +198,39 @@ def test_fold_fp8_layers_keeps_outputs() -> None:
     fresh.load_state_dict(sd)
     assert torch.equal(fresh(x), model(x))
     assert fold_fp8_layers(model, progress=False)["0"].startswith("left: its input is quantized already")
+
+
+@pytest.mark.parametrize("byte", [0, 1, 5, 127, 250])
+def test_e8m0_extremes_fold_exactly(byte: int) -> None:
+    """Every E8M0 scale from 2^-127 up: tiny chunks fold exactly with normal float32 chunk scales (never an
+    overflowed 2^-b, never NaN codes), huge ones too while their values stay finite."""
+    gen = torch.Generator().manual_seed(8)
+    w = ms.quantize(torch.randn(2, 256, generator=gen), "mxfp4")
+    w.scales.fill_(byte)
+    f = ms.fold_fp8(w)
+    assert torch.equal(_bits(f.dequantize()), _bits(w.dequantize()))
+    assert bool((f.scales >= 2.0 ** -126).all())
+
+
+def test_lossy_never_writes_nan() -> None:
+    """A chunk with one block at 2^-127 and one at 2^100: not exact; rounded, its small values flush to zero
+    (never NaN), its large ones stay exact."""
+    gen = torch.Generator().manual_seed(9)
+    w = ms.quantize(torch.randn(1, 128, generator=gen), "mxfp4")
+    w.scales[0, 0], w.scales[0, 1] = 0, 227
+    with pytest.raises(ValueError, match="1 of 1 chunks"):
+        ms.fold_fp8(w)
+    f = ms.fold_fp8(w, allow_lossy=True)
+    v, want = f.dequantize(), w.dequantize()
+    assert not bool(v.isnan().any()) and bool((v[0, :32] == 0).all())
+    assert torch.equal(_bits(v[0, 32:64]), _bits(want[0, 32:64]))
+
+
+def test_refuses_values_that_overflow_with_the_global_scale() -> None:
+    w = ms.quantize(torch.randn(4, 256), "nvfp4")
+    w.scales.fill_(1.0)
+    w.global_scale = torch.tensor(3.3e38, dtype=torch.float32)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        ms.fold_fp8(w)
+    w.global_scale = torch.tensor(0.37, dtype=torch.float32)
+    assert "two_level" in w.meta and "two_level" not in ms.fold_fp8(w).meta
