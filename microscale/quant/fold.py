@@ -35,7 +35,8 @@ def _fold_reason(w: QTensor) -> str | None:
     if fmt.zero_point:
         return f"{fmt.name} has zero points (affine codes have no fp8 form)"
     if fmt.block_rows != 1:
-        return f"{fmt.name} has 2-D blocks ({fmt.block_rows} x {fmt.block_size}); it is fp8 already or needs rows kept apart"
+        return (f"{fmt.name} has 2-D blocks ({fmt.block_rows} x {fmt.block_size}); it is fp8 already or needs rows "
+                "kept apart")
     if _CHUNK % fmt.block_size:
         return f"{fmt.name}'s blocks of {fmt.block_size} do not nest in 128-element chunks"
     if len(w.shape) < 2:
