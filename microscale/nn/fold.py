@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from .._names import skip_matches
 from ..quant.fold import FOLD_FORMAT, _fold_reason, fold_fp8
+from .experts import QuantExperts
 from .quant_linear import QuantLinear
 
 __all__ = ["fold_fp8_layers"]
@@ -33,13 +34,14 @@ def fold_fp8_layers(model: nn.Module, *, skip: Iterable[str] = (), allow_lossy: 
         progress: a tqdm bar over the layers (shown once a run passes one second).
 
     Returns:
-        For every QuantLinear, by qualified name: ``"folded"``, ``"folded, N chunks rounded"``, or why it was
+        For every QuantLinear (and every MoE experts module, which stays as it is), by qualified name: ``"folded"``, ``"folded, N chunks rounded"``, or why it was
         left as it is (skipped, a format that does not fold, chunks that are not exact, already
         activation-quantized).
     """
     skip = tuple(skip)
+    out: dict[str, str] = {name: "left: MoE experts (the MoE kernels take no fp8 activations)"
+                           for name, m in model.named_modules() if isinstance(m, QuantExperts)}
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, QuantLinear)]
-    out: dict[str, str] = {}
     from tqdm import tqdm
 
     for name, layer in tqdm(layers, desc="fold_fp8", unit="layer", delay=1.0, leave=False, disable=not progress):

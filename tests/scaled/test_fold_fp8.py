@@ -198,6 +198,12 @@ def test_fold_fp8_layers_keeps_outputs() -> None:
     fresh.load_state_dict(sd)
     assert torch.equal(fresh(x), model(x))
     assert fold_fp8_layers(model, progress=False)["0"].startswith("left: its input is quantized already")
+    from microscale.nn import QuantExperts
+
+    moe = torch.nn.ModuleDict({"experts": QuantExperts.from_qtensors(ms.quantize(torch.randn(2, 64, 32), "mxfp4"),
+                                                                     ms.quantize(torch.randn(2, 32, 32), "mxfp4"))})
+    assert fold_fp8_layers(moe, progress=False) == {"experts": "left: MoE experts (the MoE kernels take no fp8 "
+                                                                "activations)"}
 
 
 @pytest.mark.parametrize("byte", [0, 1, 5, 127, 250])
