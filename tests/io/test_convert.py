@@ -124,7 +124,8 @@ def test_convert_to_gguf(tmp_path, toy_checkpoint):
 
 
 _KILL_CHILD = textwrap.dedent("""
-    import sys, time
+    import sys, time, signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (a parent started in the background may ignore it)
     sys.path.insert(0, {root!r})
     from microscale import io as msio
     def tick(name):

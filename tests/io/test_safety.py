@@ -308,7 +308,8 @@ def test_json_given_as_safetensors(tmp_path):
 
 # ---- GGUF export temporaries -----------------------------------------------------------------
 _GGUF_CHILD = textwrap.dedent("""
-    import sys, time, torch
+    import sys, time, torch, signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (a parent started in the background may ignore it)
     sys.path.insert(0, {root!r})
     from microscale.io.gguf_io import save_gguf
     def items():
