@@ -152,7 +152,8 @@ def scaled_mm(a: QTensor, b: QTensor, *, bias: torch.Tensor | None = None,
             (fp8 block-128): each chunk is promoted to float32 and scaled as DeepGEMM does, and the
             result may differ from the oracle by about 1e-4 relative (measured on Hopper) instead of
             float32 ordering. Other pairs (MXFP8 included: its exact kernels are fast), and CPU
-            operands, stay exact.
+            operands, stay exact. MXFP4 / MXFP6 weights reach the fp8 kernel as a folded copy
+            (:func:`microscale.fold_fp8`, lossless where it certifies so).
 
     Returns:
         ``[M, N]`` in ``out_dtype``. On CUDA, formats whose element x block-scale values are exact
