@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch.nn as nn
+from tqdm import tqdm
 
 from .._names import skip_matches
 from ..quant.fold import FOLD_FORMAT, _fold_reason, fold_fp8
@@ -34,16 +35,14 @@ def fold_fp8_layers(model: nn.Module, *, skip: Iterable[str] = (), allow_lossy: 
         progress: a tqdm bar over the layers (shown once a run passes one second).
 
     Returns:
-        For every QuantLinear (and every MoE experts module, which stays as it is), by qualified name: ``"folded"``, ``"folded, N chunks rounded"``, or why it was
-        left as it is (skipped, a format that does not fold, chunks that are not exact, already
-        activation-quantized).
+        For every QuantLinear (and every MoE experts module, which stays as it is), by qualified name:
+        ``"folded"``, ``"folded, N chunks rounded"``, or why it was left as it is (skipped, a format that does
+        not fold, chunks that are not exact, already activation-quantized).
     """
     skip = tuple(skip)
     out: dict[str, str] = {name: "left: MoE experts (the MoE kernels take no fp8 activations)"
                            for name, m in model.named_modules() if isinstance(m, QuantExperts)}
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, QuantLinear)]
-    from tqdm import tqdm
-
     for name, layer in tqdm(layers, desc="fold_fp8", unit="layer", delay=1.0, leave=False, disable=not progress):
         if skip_matches(name, skip):
             out[name] = "skipped"
@@ -62,6 +61,7 @@ def fold_fp8_layers(model: nn.Module, *, skip: Iterable[str] = (), allow_lossy: 
             out[name] = f"left: {e}"
             continue
         new = QuantLinear.from_qtensor(f, None if layer.bias is None else layer.bias.detach(), FOLD_FORMAT, True)
+        new.train(layer.training)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, new)
         n = f.meta["inexact_chunks"]
