@@ -14,7 +14,7 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from .._names import skip_matches
-from ..quant.fold import FOLD_FORMAT, _fold_reason, fold_fp8
+from ..quant.fold import FOLD_FORMAT, fold_fp8
 from .experts import QuantExperts
 from .quant_linear import QuantLinear
 
@@ -50,13 +50,8 @@ def fold_fp8_layers(model: nn.Module, *, skip: Iterable[str] = (), allow_lossy: 
         if layer.act_format is not None:
             out[name] = f"left: its input is quantized already ({layer.act_format.name})"
             continue
-        q = layer.qweight
-        why = _fold_reason(q)
-        if why:
-            out[name] = f"left: {why}"
-            continue
-        try:
-            f = fold_fp8(q, allow_lossy=allow_lossy, name=name)
+        try:  # (a format that does not fold, or chunks that are not exact: left, with fold_fp8's reason)
+            f = fold_fp8(layer.qweight, allow_lossy=allow_lossy, name=name)
         except ValueError as e:
             out[name] = f"left: {e}"
             continue

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import Format, get_format, unpack_codes
+from .. import reference
+from ..formats import Format, get_format
 from ..qtensor import QTensor
 
 __all__ = ["fold_fp8", "FOLD_FORMAT"]
@@ -45,15 +46,14 @@ def _fold_reason(w: QTensor) -> str | None:
 
 
 def _unscaled(w: QTensor, rows: slice, kp: int) -> torch.Tensor:
-    """Rows ``rows`` of ``w``'s values before its global scale, float32 ``[r, kp]`` (zeros past its padding),
-    as :func:`microscale.reference.dequantize` computes them (``code * block scale``, exact)."""
-    fmt = w.fmt
-    kq = w.padded_shape[-1]
+    """Rows ``rows`` of ``w``'s values before its global scale, float32 ``[r, kp]`` (zeros past K): the
+    reference dequantize of those rows with the global scale set to 1 (an exact multiply)."""
     data = w.data.reshape(-1, w.data.shape[-1])[rows]
-    vals = fmt.element.decode(unpack_codes(data, fmt.element.bits, kq))
-    s = fmt.scale.decode(w.scales.reshape(-1, w.scales.shape[-1])[rows]).to(torch.float32)
-    u = (vals.reshape(vals.shape[0], -1, fmt.block_size) * s[..., None]).reshape(vals.shape[0], kq)
-    return torch.nn.functional.pad(u, (0, kp - kq)) if kp > kq else u
+    scales = w.scales.reshape(-1, w.scales.shape[-1])[rows]
+    one = torch.ones((), dtype=torch.float32, device=w.data.device) if w.fmt.global_scale else None
+    part = QTensor(data, scales, w.fmt, torch.Size((data.shape[0], int(w.shape[-1]))), w.dtype, one, None, {})
+    u = reference.dequantize(part, torch.float32)
+    return torch.nn.functional.pad(u, (0, kp - u.shape[-1])) if kp > u.shape[-1] else u
 
 
 def fold_fp8(w: QTensor, *, allow_lossy: bool = False, name: str = "weight", rows_per_pass: int = 2048) -> QTensor:
