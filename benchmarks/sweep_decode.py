@@ -4,6 +4,8 @@
 
     python benchmarks/sweep_decode.py [--json OUT.json] [--only attention|moe] [--quick]
     TRITON_INTERPRET=1 python benchmarks/sweep_decode.py --smoke   # the script itself on a CPU, tiny shapes
+    ncu --clock-control none -k regex:"paged_attn|decode_mma" --section SpeedOfLight --section WarpStateStats \
+        python benchmarks/sweep_decode.py --once                  # the chosen configs, each run once, untimed
 
 Each config is first checked on the GPU against the reference (attention: float32 over the dequantized cache,
 relative Frobenius error < 1e-2; MoE: float64 grouped product, < 1e-2), then timed as CUDA-graph replays
@@ -37,11 +39,14 @@ from microscale.runtime import target  # noqa: E402
 
 
 #: where and how big: the GPU sweep, or ``--smoke`` (CPU under the interpreter: tiny shapes, one call timed)
-DEV, SMOKE = "cuda", False
+DEV, SMOKE, ONCE = "cuda", False, False
 
 
 def _time(fn, sets: list, target_ms: float) -> float:
     """Median ms of ``fn(*s)`` over CUDA-graph replays rotating over ``sets`` (wall time of one call in smoke)."""
+    if ONCE:  # under a profiler: one more call, no timing
+        fn(*sets[0])
+        return float("nan")
     if SMOKE:
         import time
         t0 = time.perf_counter()
@@ -105,8 +110,9 @@ def sweep_attention(rows: list, copy: float, quick: bool) -> int:
             grid += [(bn, nw, st, sp) for bn, nw, st, sp in itertools.product(
                 (64, 128) if not quick else (128,), (4, 8), (2, 3, 4) if not quick else (3,), splits)]
             seen = set()
-            for cfg in [base] + [attn.AttentionConfig(block_n=bn, rows=base.rows, num_splits=sp, num_warps=nw,
-                                                      num_stages=st) for bn, nw, st, sp in grid]:
+            cands = [base] + [attn.AttentionConfig(block_n=bn, rows=base.rows, num_splits=sp, num_warps=nw,
+                                                   num_stages=st) for bn, nw, st, sp in grid]
+            for cfg in cands[:1] if ONCE else cands:
                 if cfg in seen:
                     continue
                 seen.add(cfg)
@@ -172,7 +178,7 @@ def sweep_moe(rows: list, copy: float, quick: bool) -> int:
                 # (the float64 reference) stands in, so that the rest of the script is exercised
                 run = (lambda x, o, c: ms.grouped_linear(x, pe, o)) if SMOKE else (
                     lambda x, o, c: decode_run(x, pe, o, config=c))
-                for cfg in dict.fromkeys(grid):
+                for cfg in [base] if ONCE else dict.fromkeys(grid):
                     row = dict(op="moe_decode", format=fmt_name, experts=e, n=n, k=k, tokens=tokens, rows=r,
                                config=repr(cfg), chosen=cfg == base)
                     try:
@@ -201,8 +207,11 @@ def main() -> int:
     ap.add_argument("--only", choices=("attention", "moe"), default=None)
     ap.add_argument("--quick", action="store_true", help="a smaller grid")
     ap.add_argument("--smoke", action="store_true", help="run the script on a CPU (TRITON_INTERPRET=1), tiny shapes")
+    ap.add_argument("--once", action="store_true", help="each chosen config checked and run once more, untimed "
+                    "(to run under a profiler)")
     args = ap.parse_args()
-    global DEV, SMOKE
+    global DEV, SMOKE, ONCE
+    ONCE = args.once
     if args.smoke:
         DEV, SMOKE, args.quick = "cpu", True, True
     elif not torch.cuda.is_available() or target.capability(torch.device("cuda")) != (9, 0):
