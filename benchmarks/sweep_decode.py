@@ -201,10 +201,72 @@ def sweep_moe(rows: list, copy: float, quick: bool) -> int:
     return bad
 
 
+def moe_breakdown(rows: list, copy: float) -> int:
+    """Where the time of ``ms.moe_experts`` at 1 and 8 tokens goes (MXFP4, gpt-oss-20b and -120b shapes, top-4,
+    distinct experts per step): the whole forward, and its parts alone with the chosen configs: the routing
+    launch, the gate/up decode GEMM (with the gather and SwiGLU epilogue), the down decode GEMM (with the
+    weighted scatter) and the sum over the top-k slots. Bytes: the touched experts' gate/up + down weights."""
+    from microscale.moe.grouped import route
+    from microscale.moe.decode import DECODE_TILE_ROWS
+    from microscale.moe.reference import moe_experts_reference
+
+    bad = 0
+    gen = torch.Generator(device=DEV).manual_seed(2)
+    h, i, top = (64, 64, 4) if SMOKE else (2880, 2880, 4)
+    for e in ((8,) if SMOKE else (32, 128)):
+        gu_q = ms.quantize(torch.randn((e, 2 * i, h), generator=gen, device=DEV) * 0.05, "mxfp4")
+        dn_q = ms.quantize(torch.randn((e, h, i), generator=gen, device=DEV) * 0.05, "mxfp4")
+        gu, dn = prepare_experts(gu_q), prepare_experts(dn_q)
+        per_expert = sum((q.data.numel() + q.scales.numel() * q.scales.element_size()) // e for q in (gu_q, dn_q))
+        for t in (1, 8):
+            r = t * top
+            nbytes = min(r, e) * per_expert
+            sets = []
+            for _ in range(_sets(nbytes)):
+                idx = torch.stack([torch.randperm(e, generator=gen, device=DEV)[:top] for _ in range(t)]) \
+                    if r > e else torch.randperm(e, generator=gen, device=DEV)[:r].reshape(t, top)
+                sets.append((torch.randn((t, h), generator=gen, device=DEV).bfloat16(), idx,
+                             torch.softmax(torch.randn((t, top), generator=gen, device=DEV), -1).bfloat16()))
+            x0, i0, w0 = sets[0]
+            row = dict(op="moe_experts", format="mxfp4", experts=e, hidden=h, inter=i, tokens=t, touched_bytes=nbytes)
+            try:
+                y = ms.moe_experts(x0, gu, dn, i0, w0)
+                ref = moe_experts_reference(x0.double(), gu_q.dequantize(torch.float64), dn_q.dequantize(torch.float64),
+                                            i0, w0.double())
+                err = float((y.double() - ref).norm() / ref.norm())
+                if not err < 1e-2:
+                    raise AssertionError(f"rel error {err:.3g} against float64")
+                row["rel_err"] = err
+                t_all = _time(lambda x, ix, w: ms.moe_experts(x, gu, dn, ix, w), sets, 60)
+                # the parts, each on the inputs the forward gives it
+                parts = []
+                for x, ix, w in sets:
+                    perm, offs, te, tb = route(ix, e, DECODE_TILE_ROWS)
+                    hh = decode_run(x, gu, offs, rows=perm, gather_div=top, tiles=(te, tb),
+                                    act=("swiglu", None, None, "concat"))
+                    yy = decode_run(hh, dn, offs, rows=perm, tiles=(te, tb), scatter=w.reshape(-1).contiguous())
+                    parts.append((x, ix, w, perm, offs, te, tb, hh, yy))
+                t_route = _time(lambda x, ix, w, *_: route(ix, e, DECODE_TILE_ROWS), parts, 30)
+                t_gu = _time(lambda x, ix, w, perm, offs, te, tb, *_: decode_run(
+                    x, gu, offs, rows=perm, gather_div=top, tiles=(te, tb), act=("swiglu", None, None, "concat")),
+                    parts, 60)
+                t_dn = _time(lambda x, ix, w, perm, offs, te, tb, hh, _y: decode_run(
+                    hh, dn, offs, rows=perm, tiles=(te, tb), scatter=w.reshape(-1)), parts, 60)
+                t_sum = _time(lambda *a: a[-1].view(t, top, -1).sum(1).to(torch.bfloat16), parts, 30)
+                row.update(us=t_all * 1e3, pct_copy=100 * nbytes / t_all / 1e6 / copy, route_us=t_route * 1e3,
+                           gate_up_us=t_gu * 1e3, down_us=t_dn * 1e3, sum_us=t_sum * 1e3,
+                           gemms_pct_copy=100 * nbytes / (t_gu + t_dn) / 1e6 / copy)
+            except Exception as ex:  # noqa: BLE001
+                row["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+                bad += 1
+            _row(rows, row)
+    return bad
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None, help="write the rows here (atomically)")
-    ap.add_argument("--only", choices=("attention", "moe"), default=None)
+    ap.add_argument("--only", choices=("attention", "moe", "moe_forward"), default=None)
     ap.add_argument("--quick", action="store_true", help="a smaller grid")
     ap.add_argument("--smoke", action="store_true", help="run the script on a CPU (TRITON_INTERPRET=1), tiny shapes")
     ap.add_argument("--once", action="store_true", help="each chosen config checked and run once more, untimed "
@@ -224,6 +286,8 @@ def main() -> int:
     bad = 0
     if args.only in (None, "attention"):
         bad += sweep_attention(rows, copy, args.quick)
+    if args.only in (None, "moe_forward") and not SMOKE:  # (smoke: the decode kernel's PTX needs a GPU)
+        bad += moe_breakdown(rows, copy)
     if args.only in (None, "moe"):
         bad += sweep_moe(rows, copy, args.quick)
     if args.json:
