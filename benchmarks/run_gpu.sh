@@ -18,6 +18,9 @@
 #   host_time     benchmarks/host_time_gpu.py: CPU time per eager ms.linear call, per route
 #   sweep_fp8     benchmarks/sweep_scaled_fp8.py: fast_accum's Triton and Gluon fp8 kernels over their
 #                 configs, each checked against float64, then timed beside cuBLAS bf16 (OUT/sweep_fp8.json)
+#   sweep_decode  benchmarks/sweep_decode.py --quick: decode_attention and the MoE decode GEMM over their
+#                 configs, each checked, timed against copy bandwidth; the MoE decode forward's time split
+#                 into its launches (OUT/sweep_decode.json)
 #   moe, scaled_mm, kv, ops
 #                 the op families' suites (OUT/<suite>/), each case checked before it is timed
 # Each step's output goes to OUT/<step>.log; OUT/summary.txt lists every step's exit status and
@@ -55,6 +58,7 @@ step matrix 1200 python -m microscale.bench --suite matrix --out "$OUT/matrix" -
 step families 600 python benchmarks/run_gpu_families.py
 step host_time 120 python benchmarks/host_time_gpu.py --json "$OUT/host_time.json"
 step sweep_fp8 600 python benchmarks/sweep_scaled_fp8.py --json "$OUT/sweep_fp8.json"
+step sweep_decode 600 python benchmarks/sweep_decode.py --quick --json "$OUT/sweep_decode.json"
 for suite in moe scaled_mm kv ops; do
   step "$suite" 900 python -m microscale.bench --suite "$suite" --time-budget "${BUDGET:-600}" --out "$OUT/$suite" \
     --md "$OUT/$suite/RESULTS.md"
