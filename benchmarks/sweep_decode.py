@@ -105,9 +105,11 @@ def sweep_attention(rows: list, copy: float, quick: bool) -> int:
             ref = attn.attention_reference(q0[:1], c0, 0, seqs=[0])
             base = attn.choose_config(b, hkv, hq // hkv, length, 1, q0.device)
             sms = 1 if SMOKE else target.num_sms(q0.device)
-            # the chosen count, halved, doubled, quadrupled; and the most that one or two resident programs per SM hold
+            # the chosen count, halved, doubled, quadrupled; the most that one or two resident programs per SM hold;
+            # and the earlier rule's (at least 2 programs per SM)
             splits = sorted({base.num_splits, max(1, base.num_splits // 2), 2 * base.num_splits,
-                             4 * base.num_splits, max(1, sms // (b * hkv)), max(1, 2 * sms // (b * hkv))})
+                             4 * base.num_splits, max(1, sms // (b * hkv)), max(1, 2 * sms // (b * hkv)),
+                             min(256, -(-2 * sms // (b * hkv)))})
             grid = [(128, 4, 3, base.num_splits)] if quick else []
             grid += [(bn, nw, st, sp) for bn, nw, st, sp in itertools.product(
                 (64, 128) if not quick else (128,), (4, 8), (2, 3, 4) if not quick else (3,), splits)]

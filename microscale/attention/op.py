@@ -37,22 +37,44 @@ class AttentionConfig:
     num_stages: int = 3
 
 
+#: decode programs of the default tile (128 keys, 4 warps) an SM holds at once: 182 registers a thread
+#: (sm_90 compile) fit two 128-thread programs in 64K registers (shared memory, 74 KB each, would fit three)
+DECODE_PROGRAMS_PER_SM = 2
+
+
+def decode_splits(pairs: int, n_blocks: int, slots: int) -> int:
+    """Splits of each (sequence, KV head) pair's ``n_blocks`` key blocks for ``pairs`` pairs on ``slots``
+    resident programs: the count whose rounds x (blocks per program + one block of per-program cost:
+    the prologue and the split's partial output) is least, fewest splits on a tie.
+
+    Programs past the slots run as a further round of full-length programs: 64 pairs in 5 splits are
+    320 programs for 264 slots, two rounds of 52 blocks, where 4 splits are one round of 64."""
+    best, best_s = None, 1
+    for s in range(1, min(n_blocks, 256) + 1):
+        cost = -(-pairs * s // slots) * (-(-n_blocks // s) + 1)
+        if best is None or cost < best:
+            best, best_s = cost, s
+    return best_s
+
+
 def choose_config(n_seqs: int, kv_heads: int, group: int, max_len: int, max_q: int, device: torch.device,
                   block_n: int | None = None) -> AttentionConfig:
-    """Decode: 128 keys per step, the keys split so programs >= 2 x SMs (all SMs stream KV at
-    batch 1); prefill: 64-row query tiles, 64 keys per step. ``max_len``: the most keys a query
-    tile can see (with a sliding window, about the window)."""
+    """Decode: 128 keys per step, the keys split so that the programs fill the resident slots
+    (:data:`DECODE_PROGRAMS_PER_SM` x SMs) in as few rounds as possible (:func:`decode_splits`: all
+    SMs stream KV at batch 1, no short second round at batch 8); prefill: 64-row query tiles, 64 keys
+    per step, at least 2 x SMs programs. ``max_len``: the most keys a query tile can see (with a
+    sliding window, about the window)."""
     if block_n is None:  # decode: 128 keys a step halve the per-step softmax work per key (SASS count)
         block_n = 128 if max_q == 1 else 64
     gp = 1 << max(0, (group - 1).bit_length())
     n_blocks = max(1, -(-max_len // block_n))
     if max_q == 1:
         rows = max(16, gp)  # one token's heads, padded: 16 rows take the wgmma path (8 fall back to mma.sync)
-        want = -(-2 * target.num_sms(device) // max(1, n_seqs * kv_heads))
-    else:
-        rows = max(64, gp)
-        m_tiles = -(-max_q // (rows // gp))
-        want = -(-2 * target.num_sms(device) // max(1, n_seqs * kv_heads * m_tiles))
+        splits = decode_splits(max(1, n_seqs * kv_heads), n_blocks, DECODE_PROGRAMS_PER_SM * target.num_sms(device))
+        return AttentionConfig(block_n=block_n, rows=rows, num_splits=splits)
+    rows = max(64, gp)
+    m_tiles = -(-max_q // (rows // gp))
+    want = -(-2 * target.num_sms(device) // max(1, n_seqs * kv_heads * m_tiles))
     return AttentionConfig(block_n=block_n, rows=rows, num_splits=max(1, min(want, n_blocks, 256)))
 
 

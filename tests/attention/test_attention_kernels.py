@@ -4,8 +4,8 @@ sequences, key-range splits, sliding window, sinks, soft-cap, prefill/extend."""
 import pytest
 import torch
 
-from microscale.attention import AttentionConfig, PagedKVCache, attention_reference, decode_attention, \
-    extend_attention
+from microscale.attention import AttentionConfig, PagedKVCache, attention_reference, choose_config, \
+    decode_attention, extend_attention
 from microscale.runtime import target
 
 KV_FORMATS = [("fp8_e4m3_fp32", True, None), ("mxfp8_e4m3", False, None), ("nvfp4", False, 0.02),
@@ -65,6 +65,27 @@ def test_default_config_and_seq_subset(gen):
     q = torch.randn(1, 8, 32, generator=gen)
     got = decode_attention(q, c, 0, seqs=[0])  # choose_config: splits by the stand-in SM count
     assert _rel(got, attention_reference(q, c, 0, seqs=[0], dtype=torch.float64)) < 1e-2
+
+
+def test_decode_splits_fill_the_resident_slots():
+    """Decode splits: one round of programs where one fits (no short second round), the fewest splits on
+    a tie, at least one block a split; 32k keys, 8 KV heads on 132 SMs (264 slots of the default tile)."""
+    from microscale.attention.op import DECODE_PROGRAMS_PER_SM, decode_splits
+
+    slots = DECODE_PROGRAMS_PER_SM * 132
+    assert decode_splits(8, 256, slots) == 32  # batch 1: 256 programs of 8 blocks
+    assert decode_splits(64, 256, slots) == 4  # batch 8: not 5 (320 programs, two rounds of 52 blocks)
+    assert decode_splits(512, 256, slots) == 1  # batch 64: already two full rounds
+    assert decode_splits(8, 2, slots) == 2 and decode_splits(8, 1, slots) == 1
+    for pairs in (1, 3, 8, 64, 100, 512):
+        for nb in (1, 5, 256, 1024):
+            s = decode_splits(pairs, nb, slots)
+            assert 1 <= s <= min(nb, 256)
+            cost = lambda k: -(-pairs * k // slots) * (-(-nb // k) + 1)  # noqa: E731
+            assert all(cost(s) <= cost(k) for k in range(1, min(nb, 256) + 1))
+    with target.override(num_sms=132):
+        cfg = choose_config(8, 8, 8, 32768, 1, torch.device("cpu"))
+        assert (cfg.block_n, cfg.rows, cfg.num_splits) == (128, 16, 4)
 
 
 def test_cpu_without_interpreter_runs_the_reference(gen):
