@@ -9,6 +9,8 @@ bits, ``G`` = the format's block size):
   even element in the low nibble), i.e. exactly ``ms.quantize(k_token).data``.
 * ``k_scales[layer]`` / ``v_scales[layer]``: the scale storage dtype, ``[num_pages, P, H, D/G]``.
 * ``k_zero_points`` / ``v_zero_points``: uint8 ``[num_pages, P, H, D/G]`` for affine formats.
+* K and V of a layer are the two halves of one ``[2, num_pages, P, H, ...]`` allocation each (codes,
+  scales, zero points), so that one quantize launch writes both.
 * ``global_scale``: float32 scalar (two-level formats): one static per-tensor decode scale per
   cache (a dynamic one would differ per append and could not be shared by a page).
 * ``page_table``: int32 ``[max_seqs, max_pages_per_seq]``, entry ``-1`` for unassigned;
@@ -25,6 +27,7 @@ from ..formats import Format, packed_len
 from ..formats.format import check_int
 from ..options import resolve_format
 from ..qtensor import QTensor
+from ..runtime import target
 
 __all__ = ["PagedKVCache", "kv_format"]
 
@@ -87,19 +90,21 @@ class PagedKVCache:
         db, nb = packed_len(head_dim, f.element.bits), head_dim // f.block_size
         shape = (num_pages, page_size, num_kv_heads)
 
-        def pool(last, dtype):
-            return [torch.zeros((*shape, last), dtype=dtype, device=dev) for _ in range(num_layers)]
+        def pool(last, dtype):  # K and V of a layer in one allocation: append writes both in one launch
+            return [torch.zeros((2, *shape, last), dtype=dtype, device=dev) for _ in range(num_layers)]
 
-        self.k_codes, self.v_codes = pool(db, torch.uint8), pool(db, torch.uint8)
-        self.k_scales, self.v_scales = pool(nb, f.scale.storage), pool(nb, f.scale.storage)
-        self.k_zero_points = pool(nb, torch.uint8) if f.zero_point else None
-        self.v_zero_points = pool(nb, torch.uint8) if f.zero_point else None
+        self._codes, self._scales = pool(db, torch.uint8), pool(nb, f.scale.storage)
+        self._zps = pool(nb, torch.uint8) if f.zero_point else None
+        self.k_codes, self.v_codes = [t[0] for t in self._codes], [t[1] for t in self._codes]
+        self.k_scales, self.v_scales = [t[0] for t in self._scales], [t[1] for t in self._scales]
+        self.k_zero_points = [t[0] for t in self._zps] if f.zero_point else None
+        self.v_zero_points = [t[1] for t in self._zps] if f.zero_point else None
         self.global_scale = torch.full((), gs, dtype=torch.float32, device=dev) if f.global_scale else None
         self.page_table = torch.full((max_seqs, self.max_pages_per_seq), -1, dtype=torch.int32, device=dev)
         self.seq_lens = torch.zeros((num_layers, max_seqs), dtype=torch.int32, device=dev)
         # host mirrors: lengths and page counts are known without reading the GPU back
         self._lens = [[0] * max_seqs for _ in range(num_layers)]
-        self._npages = [0] * max_seqs
+        self._pages: list[list[int]] = [[] for _ in range(max_seqs)]  # page_table's rows, host copy
         self._free = list(range(num_pages - 1, -1, -1))
         self._meta: dict = {}  # the attention kernels' per-batch-layout index tensors, on the device
 
@@ -121,7 +126,7 @@ class PagedKVCache:
         if need > self.max_pages_per_seq:
             raise ValueError(f"{OP}: sequence {seq} would hold {upto} tokens = {need} pages; max_pages_per_seq="
                              f"{self.max_pages_per_seq}")
-        have = self._npages[seq]
+        have = len(self._pages[seq])
         if need <= have:
             return
         if need - have > len(self._free):
@@ -129,16 +134,15 @@ class PagedKVCache:
                              f"of num_pages={self.num_pages}")
         new = [self._free.pop() for _ in range(need - have)]
         self.page_table[seq, have:need] = torch.tensor(new, dtype=torch.int32).to(self.device, non_blocking=True)
-        self._npages[seq] = need
+        self._pages[seq].extend(new)
 
     def reset(self, seq: int | None = None) -> None:
         """Forget sequence ``seq`` (all sequences when None) and return its pages to the pool."""
         seqs = range(self.max_seqs) if seq is None else [seq]
         for s in seqs:
-            row = self.page_table[s, : self._npages[s]].tolist()
-            self._free.extend(reversed(row))
+            self._free.extend(reversed(self._pages[s]))
             self.page_table[s] = -1
-            self._npages[s] = 0
+            self._pages[s] = []
             for layer in range(self.num_layers):
                 self._lens[layer][s] = 0
                 self.seq_lens[layer, s] = 0
@@ -146,14 +150,16 @@ class PagedKVCache:
     # ---- writing -----------------------------------------------------------------------
     def slots(self, layer: int, seqs: list[int], counts: list[int]) -> torch.Tensor:
         """Flat slot indices (``page * page_size + offset``) for ``counts[i]`` new tokens of
-        ``seqs[i]`` appended to ``layer``, pages reserved as needed; int64 on the cache's device."""
+        ``seqs[i]`` appended to ``layer``, pages reserved as needed; int64 on the CPU, computed from
+        the host copy of the page table (no device read)."""
         out = []
         for s, n in zip(seqs, counts):
             start = self._lens[layer][s]
             self._reserve(s, start + n)
-            pos = torch.arange(start, start + n, device=self.device)
-            out.append(self.page_table[s].long()[pos // self.page_size] * self.page_size + pos % self.page_size)
-        return torch.cat(out) if out else torch.zeros(0, dtype=torch.long, device=self.device)
+            pos = torch.arange(start, start + n)
+            out.append(torch.tensor(self._pages[s], dtype=torch.long)[pos // self.page_size] * self.page_size
+                       + pos % self.page_size)
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, seqs: list[int] | None = None) -> None:
         """Quantize and write new tokens.
@@ -164,9 +170,11 @@ class PagedKVCache:
                 or ``[N, H, D]`` with ``seqs`` naming one sequence (N new tokens of it).
             seqs: the sequences written.
 
-        K and V go through one quantize call (on CUDA the Triton quantize kernel, rows stacked),
-        then one scatter per tensor: the stored codes are bit-identical to
-        ``ms.quantize(k, fmt, global_scale=cache.global_scale)``. No host sync.
+        On CUDA, K and V (stacked) go through one launch of the Triton quantize kernel that writes
+        each row's codes, scales and zero points straight into its page slot; the slots come from
+        the host copy of the page table (one host-to-device copy of the row indices, no read back).
+        On the CPU: the reference quantize, then a scatter per tensor. Either way the stored bytes
+        are bit-identical to ``ms.quantize(k, fmt, global_scale=cache.global_scale)``.
         """
         check_int(layer + 1, "layer + 1", OP)
         if layer >= self.num_layers:
@@ -198,20 +206,43 @@ class PagedKVCache:
         if len(set(seqs)) != len(seqs):
             raise ValueError(f"{OP}.append: seqs {seqs} repeat a sequence")
         slots = self.slots(layer, seqs, counts)
-        q = self.quantize(torch.stack([k.reshape(-1, *k.shape[-2:]), v.reshape(-1, *v.shape[-2:])]))
         h = self.num_kv_heads
-        for i, (codes, scales, zps) in enumerate(((self.k_codes, self.k_scales, self.k_zero_points),
-                                                  (self.v_codes, self.v_scales, self.v_zero_points))):
-            codes[layer].view(-1, h, codes[layer].shape[-1]).index_copy_(0, slots, q.data[i])
-            sc = q.scales[i]
-            raw = scales[layer] if sc.element_size() > 1 else scales[layer].view(torch.uint8)
-            raw.view(-1, h, raw.shape[-1]).index_copy_(0, slots, sc.view(raw.dtype))  # (fp8 scales copied as bytes)
-            if zps is not None:
-                zps[layer].view(-1, h, zps[layer].shape[-1]).index_copy_(0, slots, q.zero_points[i])
+        kv = torch.stack([k.reshape(-1, h, self.head_dim), v.reshape(-1, h, self.head_dim)])
+        if self._kernel_append():
+            from ..quant.quantize import quantize_into_rows
+
+            # row (K or V, token, head) -> its row in the layer's [2 * num_pages * page_size * H] rows; one
+            # host-to-device copy of the indices, one quantize launch writing both K and V in place
+            per = self.num_pages * self.page_size * h
+            dst = (torch.arange(2)[:, None, None] * per + slots[None, :, None] * h + torch.arange(h)[None, None, :])
+            dst = dst.reshape(-1).to(self.device, non_blocking=True)
+            sc = self._scales[layer]
+            quantize_into_rows(kv.reshape(-1, self.head_dim), self.fmt, self.global_scale, dst,
+                               self._codes[layer].view(-1, self._codes[layer].shape[-1]),
+                               sc.view(-1, sc.shape[-1]),
+                               None if self._zps is None else self._zps[layer].view(-1, sc.shape[-1]))
+        else:  # the reference quantize, then a scatter per tensor
+            q = self.quantize(kv)
+            dslots = slots.to(self.device)
+            for i, (codes, scales, zps) in enumerate(((self.k_codes, self.k_scales, self.k_zero_points),
+                                                      (self.v_codes, self.v_scales, self.v_zero_points))):
+                codes[layer].view(-1, h, codes[layer].shape[-1]).index_copy_(0, dslots, q.data[i])
+                sc = q.scales[i]
+                raw = scales[layer] if sc.element_size() > 1 else scales[layer].view(torch.uint8)
+                raw.view(-1, h, raw.shape[-1]).index_copy_(0, dslots, sc.view(raw.dtype))  # (fp8 scales as bytes)
+                if zps is not None:
+                    zps[layer].view(-1, h, zps[layer].shape[-1]).index_copy_(0, dslots, q.zero_points[i])
         for s, n in zip(seqs, counts):
             self._lens[layer][s] += n
         # lengths from the host mirror (a host-to-device copy, never a read back)
         self.seq_lens[layer].copy_(torch.tensor(self._lens[layer], dtype=torch.int32), non_blocking=True)
+
+    def _kernel_append(self) -> bool:
+        """Whether append quantizes with the Triton kernel straight into the pages (CUDA, or the
+        interpreter), rather than the reference quantize and a scatter."""
+        from ..quant import params
+
+        return ((self.device.type == "cuda" or target.interpreting()) and params.unsupported_reason(self.fmt) is None)
 
     def quantize(self, x: torch.Tensor) -> QTensor:
         """``ms.quantize(x)`` in the cache's format with its global scale (the exact codes append stores)."""

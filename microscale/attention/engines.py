@@ -171,7 +171,7 @@ def from_engine_fp8(kv_caches: list, k_scales: list, v_scales: list, block_table
     pt = torch.full(tuple(cache.page_table.shape), -1, dtype=torch.int32)
     for s, (n, r) in enumerate(zip(lens, rows)):
         pt[s, :len(r)] = torch.tensor(r, dtype=torch.int32)
-        cache._npages[s] = len(r)
+        cache._pages[s] = list(r)
         for layer in range(cache.num_layers):
             cache._lens[layer][s] = n
     cache.page_table.copy_(pt)

@@ -71,9 +71,14 @@ def _prepare(x, fmt, scale_rule, block_size, rounding, overflow, nonfinite, glob
 
 def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflow, nonfinite: NonFinite,
             gscale: torch.Tensor | None, layout: ScaleLayout, config: QuantizeConfig | None,
-            prologue: int = 0, y2: torch.Tensor | None = None, w: torch.Tensor | None = None, eps: float = 0.0):
+            prologue: int = 0, y2: torch.Tensor | None = None, w: torch.Tensor | None = None, eps: float = 0.0,
+            dest: tuple | None = None):
     """Run the quantize kernel on a 2-D ``[R, K]`` input (whole blocks).
-    Returns (data, scales, zero_points, global scale or None, flags or None)."""
+    Returns (data, scales, zero_points, global scale or None, flags or None).
+
+    ``dest = (rows, data, scales, zero_points)``: input row ``r`` is written to row ``rows[r]`` (int64) of
+    the given contiguous buffers instead of new ones (row-major scales, 1-D blocks, a static global scale):
+    ``data`` rows of the packed row length, ``scales`` (raw storage) and ``zero_points`` rows of ``K / B``."""
     rl, amax_k, quant_k = _device()
     cdiv, next_pow2 = rl.cdiv, rl.next_pow2
     tune = tuning.current()
@@ -88,19 +93,28 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
     cfg = config or tuning.choose_config(fmt, R, K, packed=pk)
     tuning.check_config(cfg, fmt)
     SR, SC = R // BR, K // B
-    data = _p._empty((R, packed_len(K, elem.bits)), torch.uint8, dev)
     lay = _p._layout_code(layout)
-    if lay == 0:
-        scales = _p._empty((SR, SC), fmt.scale.storage, dev)
+    if dest is not None:
+        dst, data, scales, zps = dest
+        if lay != 0 or BR != 1 or (fmt.global_scale and gscale is None) or prologue:
+            raise ValueError("quantize into given rows: row-major scales, 1-D blocks and a static global scale only")
+        if dst.dtype != torch.int64 or dst.shape != (R,) or data.shape[-1] != packed_len(K, elem.bits) or \
+                scales.shape[-1] != SC or not (data.is_contiguous() and scales.is_contiguous()):
+            raise ValueError(f"quantize into given rows: rows {tuple(dst.shape)} {dst.dtype}, data "
+                             f"{tuple(data.shape)}, scales {tuple(scales.shape)} do not fit [{R}, {K}] in {fmt.name}")
     else:
-        rp, cp = layout.padded_shape(SR, SC)
-        if (rp, cp) != (SR, SC):  # the padding is zeros
-            scales = torch.zeros((rp * cp,), dtype=fmt.scale.storage, device=dev)
+        data = _p._empty((R, packed_len(K, elem.bits)), torch.uint8, dev)
+        zps = _p._empty((SR, SC), torch.uint8, dev) if fmt.zero_point else None
+        if lay == 0:
+            scales = _p._empty((SR, SC), fmt.scale.storage, dev)
         else:
-            scales = _p._empty((rp * cp,), fmt.scale.storage, dev)
+            rp, cp = layout.padded_shape(SR, SC)
+            if (rp, cp) != (SR, SC):  # the padding is zeros
+                scales = torch.zeros((rp * cp,), dtype=fmt.scale.storage, device=dev)
+            else:
+                scales = _p._empty((rp * cp,), fmt.scale.storage, dev)
     skind = _p._scale_kind(fmt)
     scale_arg = scales.view(torch.uint8) if skind < ScaleKind.FP16 else scales
-    zps = _p._empty((SR, SC), torch.uint8, dev) if fmt.zero_point else None
     flags = torch.zeros(2, dtype=torch.int32, device=dev) if nonfinite is NonFinite.ERROR else None
     two = _p._TWO_LEVEL[fmt.two_level] if fmt.global_scale else 0
     dynamic = two != 0 and gscale is None
@@ -131,7 +145,7 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         x2, dummy if y2 is None else y2, dummy if w is None else w,
         data.view(torch.int32) if p32 else data, scale_arg, dummy if zps is None else zps,
         dummy if gscale is None else gscale, parts, dummy if gs_out is None else gs_out,
-        dummy if flags is None else flags,
+        dummy if flags is None else flags, dummy if dest is None else dest[0],
         R, K, x2.stride(0), 0 if y2 is None else y2.stride(0), SC, n_part, k_per_prog, float(eps),
         TR=cfg.tile_rows, TK=cfg.tile_cols, B=B, BR=BR,
         FRAC_SCALE=frac_scale, **ep,
@@ -146,7 +160,7 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
         MANUAL_BF16=_p._MANUAL_BF16, PACK32=p32, FAST=True, MARKSTEIN=_p._MARKSTEIN,
         HW_FP8=_p._hw_fp8(elem, rounding, overflow), ASM=_p._ASM,
         PK=pk and p32, PREFETCH=tune.prefetch,  # (a user config whose columns split a word of codes keeps the float32 path)
-        EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0, PDL=pdl,
+        EVEN=R % cfg.tile_rows == 0 and K % k_per_prog == 0, PDL=pdl, DST=dest is not None,
         num_warps=cfg.num_warps, enable_fp_fusion=False, **({"launch_pdl": True} if pdl else {}),
     )
     g = None
@@ -197,3 +211,14 @@ def quantize(
     sshape = (*lead[:-1], lead[-1] // br, k // fmt.block_size) if br > 1 else (*lead, k // fmt.block_size)
     return QTensor(data.reshape(*lead, -1), scales.reshape(sshape), fmt, x.shape, x.dtype,
                    None if g is None else g.reshape(()), None if zps is None else zps.reshape(sshape), meta)
+
+
+def quantize_into_rows(x2: torch.Tensor, fmt: Format, global_scale: torch.Tensor | None, rows: torch.Tensor,
+                       data: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None) -> None:
+    """Quantize the rows of ``x2`` ``[R, K]`` in ``fmt`` (nearest-even, saturate, NaN propagated, a static
+    ``global_scale`` for two-level formats) and write row ``r``'s codes, scales and zero points to row
+    ``rows[r]`` (int64, on the device) of ``data``, ``scales`` (raw storage) and ``zero_points``: one launch,
+    no host sync, the bytes :func:`quantize` would return for that row. Used by the paged KV cache."""
+    _launch(x2 if x2.is_contiguous() else x2.contiguous(), fmt, Rounding.NEAREST_EVEN, Overflow.SATURATE,
+            NonFinite.PROPAGATE, global_scale, get_scale_layout("row_major"), None,
+            dest=(rows, data, scales, zero_points))

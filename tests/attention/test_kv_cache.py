@@ -5,6 +5,7 @@ import torch
 
 import microscale as ms
 from microscale.attention import PagedKVCache
+from microscale.runtime import target
 
 #: (preset, per_token, global_scale): fp8 per token, MX formats, NVFP4 two-level, int with group scales
 KV_FORMATS = [("fp8_e4m3_fp32", True, None), ("mxfp8_e4m3", False, None), ("nvfp4", False, 0.02),
@@ -18,19 +19,38 @@ def _cache(fmt, per_token, gs, **kw):
     return PagedKVCache(fmt, per_token=per_token, global_scale=gs, **args)
 
 
-@pytest.mark.parametrize("fmt,per_token,gs", KV_FORMATS)
-def test_append_codes_match_quantize(fmt, per_token, gs, gen):
+@pytest.mark.parametrize("fmt,per_token,gs,kernel", [f + (True,) for f in KV_FORMATS] +
+                         [KV_FORMATS[0] + (False,), KV_FORMATS[2] + (False,), KV_FORMATS[6] + (False,)])
+def test_append_codes_match_quantize(fmt, per_token, gs, kernel, gen):
+    """``kernel``: the quantize kernel writes K and V into their slots in one launch (the interpreter here);
+    else the reference quantize and a scatter (a CPU without the interpreter). Slots no token was
+    appended to stay zero."""
     c = _cache(fmt, per_token, gs)
+    with target.override(interpreting=kernel):
+        assert c._kernel_append() is kernel
+        _append_and_check(c, gs, gen)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt,per_token,gs", KV_FORMATS)
+def test_gpu_append_codes_match_quantize(fmt, per_token, gs, gen):
+    """The fused append on CUDA: the bytes in the pages equal the CPU reference quantize's."""
+    c = _cache(fmt, per_token, gs, device="cuda")
+    assert c._kernel_append()
+    _append_and_check(c, gs, gen)
+
+
+def _append_and_check(c, gs, gen):
     ks = {s: [] for s in range(3)}
     vs = {s: [] for s in range(3)}
     for s, n in ((0, 5), (1, 1), (2, 9), (0, 3)):  # ragged prefill chunks crossing page boundaries
         k, v = torch.randn(n, 2, 64, generator=gen) * 3, torch.randn(n, 2, 64, generator=gen)
-        c.append(1, k, v, seqs=[s])
+        c.append(1, k.to(c.device), v.to(c.device), seqs=[s])
         ks[s].append(k)
         vs[s].append(v)
     for _ in range(2):  # decode steps: one token for every sequence
         k, v = torch.randn(3, 1, 2, 64, generator=gen), torch.randn(3, 1, 2, 64, generator=gen)
-        c.append(1, k, v)
+        c.append(1, k.to(c.device), v.to(c.device))
         for s in range(3):
             ks[s].append(k[s])
             vs[s].append(v[s])
@@ -38,7 +58,7 @@ def test_append_codes_match_quantize(fmt, per_token, gs, gen):
     assert c.seq_lens[1].tolist() == [10, 3, 11]
     for s in range(3):
         for which, parts in (("k", ks[s]), ("v", vs[s])):
-            got = c.gather(1, s, which)
+            got = c.gather(1, s, which).to("cpu")
             want = ms.quantize(torch.cat(parts), c.fmt, global_scale=gs)
             assert torch.equal(got.data, want.data), (fmt, s, which)
             assert torch.equal(got.scales.view(torch.uint8), want.scales.view(torch.uint8)), (fmt, s, which)
@@ -46,6 +66,15 @@ def test_append_codes_match_quantize(fmt, per_token, gs, gen):
                 assert torch.equal(got.zero_points, want.zero_points)
             if gs is not None:
                 assert float(got.global_scale) == float(want.global_scale)
+    used = torch.zeros(c.num_pages * c.page_size, dtype=torch.bool)
+    for s in range(3):
+        pos = torch.arange(c.lengths(1)[s])
+        used[torch.tensor(c._pages[s])[pos // c.page_size] * c.page_size + pos % c.page_size] = True
+    for pool in (c._codes, c._scales) + ((c._zps,) if c._zps is not None else ()):
+        pool = [t.cpu() for t in pool]
+        raw = pool[1].view(torch.uint8) if pool[1].element_size() == 1 else pool[1]
+        assert not raw.reshape(2, -1, *raw.shape[3:])[:, ~used].any()  # nothing written outside the slots
+        assert not pool[0].view(torch.uint8).any() if pool[0].element_size() == 1 else not pool[0].any()
 
 
 def test_pages_are_shared_and_returned(gen):

@@ -54,7 +54,7 @@ from .scales import _e8m0_from_amax, _e8m0_recip, _e8m0_value, _modelopt_scale, 
 @triton.jit
 def _quantize_kernel(
     x_ptr, y_ptr, w_ptr,  # input; second input (silu: up) ; rmsnorm weight
-    data_ptr, scale_ptr, zp_ptr, gscale_ptr, part_ptr, gs_out_ptr, flag_ptr,
+    data_ptr, scale_ptr, zp_ptr, gscale_ptr, part_ptr, gs_out_ptr, flag_ptr, dst_ptr,
     R, K, stride_x, stride_y, SC, n_part, k_per_prog, eps,
     # tiling
     TR: tl.constexpr, TK: tl.constexpr, B: tl.constexpr, BR: tl.constexpr,
@@ -73,7 +73,7 @@ def _quantize_kernel(
     PROLOGUE: tl.constexpr, N_ITER: tl.constexpr, MANUAL_BF16: tl.constexpr, PACK32: tl.constexpr,
     FAST: tl.constexpr, MARKSTEIN: tl.constexpr, HW_FP8: tl.constexpr, ASM: tl.constexpr,
     PK: tl.constexpr = False, EVEN: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, DST: tl.constexpr = False,
 ):
     _pdl_start(PDL, False)
     RB: tl.constexpr = TR // BR
@@ -93,6 +93,10 @@ def _quantize_kernel(
     rows = pid_r * TR + tl.arange(0, TR)
     rmask = rows < R
     rows64 = rows.to(tl.int64)
+    if DST:  # input row r is stored at row dst[r] of the outputs (a paged KV cache's slots; 1-D blocks, row-major)
+        orows64 = tl.load(dst_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    else:
+        orows64 = rows64
 
     # ---- two-level global scale (s_dec, and the reciprocal gs of compressed-tensors)
     if TWO_LEVEL != 0:
@@ -327,7 +331,7 @@ def _quantize_kernel(
                     o1 = _pack8_nibbles(*_split4(_pk_codes(w1, a1, lo2, opw, nopw, rw, TWO_LEVEL, DIV, MARKSTEIN, BITS,
                                                            MBITS, MAX_CODE, ASM)), ASM)
                     blk = k0 + tl.arange(0, NB) * B
-                    pdw = data_ptr + rows64[:, None, None] * tl.multiple_of(K // 8, QW) + \
+                    pdw = data_ptr + orows64[:, None, None] * tl.multiple_of(K // 8, QW) + \
                         tl.multiple_of(blk // 8, QW)[None, :, None]
                     pmask = rmask[:, None, None] & (blk < K)[None, :, None]
                     if EVEN:
@@ -376,7 +380,7 @@ def _quantize_kernel(
                                         MIN_NORMAL, SUB_C, SUB_C_BITS, INV_MIN_SUB, ROUNDING, 3)
                     if BITS == 8:  # bytes straight to memory (no int32 words, no packing)
                         cols8 = k0 + tl.arange(0, TK)
-                        tl.store(data_ptr.to(tl.pointer_type(tl.uint8)) + rows64[:, None] * K + cols8[None, :],
+                        tl.store(data_ptr.to(tl.pointer_type(tl.uint8)) + orows64[:, None] * K + cols8[None, :],
                                  tl.reshape(codes.to(tl.uint8), [TR, TK]), mask=m2)
                         codes = ab  # (stored)
                     else:
@@ -413,7 +417,7 @@ def _quantize_kernel(
             blk = k0 + tl.arange(0, NB) * B
             wc = tl.multiple_of(blk // 8, QV)[None, :, None] + tl.arange(0, QV)[None, None, :]
             kw = tl.multiple_of(K // 8, QV)  # rows of words: K is a multiple of B = 8 QV
-            tl.store(data_ptr + rows64[:, None, None] * kw + wc, words,
+            tl.store(data_ptr + orows64[:, None, None] * kw + wc, words,
                      mask=rmask[:, None, None] & (blk < K)[None, :, None])
         elif PACK32:  # codes of 1/2/4/8 bits: one int32 word per 32 bits (coalesced 4-byte stores)
             W: tl.constexpr = 32 // BITS
@@ -423,7 +427,7 @@ def _quantize_kernel(
             # packed them (one 4-byte store per row and thread, coalesced per warp) instead of
             # a shared-memory layout conversion to wider vector stores
             wcols = (k0 // W) + tl.arange(0, TK // W) + ((K // K - 1) if BITS == 4 else 0)
-            tl.store(data_ptr + rows64[:, None] * (K // W) + wcols[None, :], words,
+            tl.store(data_ptr + orows64[:, None] * (K // W) + wcols[None, :], words,
                      mask=rmask[:, None] & (wcols * W < K)[None, :])
         elif PACK_WORD:
             cg = tl.reshape(codes, [TR, TK // G, G])
@@ -432,7 +436,7 @@ def _quantize_kernel(
             j = tl.arange(0, 8)
             byts = ((word[:, :, None] >> (j * 8).to(tl.int64)[None, None, :]) & 0xFF).to(tl.uint8)
             grp = (k0 // 8) + tl.arange(0, TK // 8)
-            boff = rows64[:, None, None] * ((K // 8) * BITS) + grp[None, :, None] * BITS + j[None, None, :]
+            boff = orows64[:, None, None] * ((K // 8) * BITS) + grp[None, :, None] * BITS + j[None, None, :]
             bmask = rmask[:, None, None] & (grp * 8 < K)[None, :, None] & (j < BITS)[None, None, :]
             tl.store(data_ptr + boff, byts, mask=bmask)
         else:
@@ -443,14 +447,18 @@ def _quantize_kernel(
                 sh = tl.arange(0, G) * BITS
                 byts = tl.sum(cg << sh[None, None, :], axis=2).to(tl.uint8)  # disjoint bits: sum == or
             bcols = (k0 // G) + tl.arange(0, TK // G)
-            tl.store(data_ptr + rows64[:, None] * (K // G) + bcols[None, :], byts,
+            tl.store(data_ptr + orows64[:, None] * (K // G) + bcols[None, :], byts,
                      mask=rmask[:, None] & (bcols * G < K)[None, :])
 
         # ---- scales (and zero points), straight into the requested layout
         srow = pid_r * RB + tl.arange(0, RB)
         scol = (k0 // B) + tl.arange(0, NB)
         smask = (srow * BR < R)[:, None] & (scol * B < K)[None, :]
-        soff = _scale_offset(srow[:, None].to(tl.int64), scol[None, :], SC, LAYOUT)
+        if DST:  # (BR == 1: a scale row per input row)
+            srow64 = orows64
+        else:
+            srow64 = srow.to(tl.int64)
+        soff = _scale_offset(srow64[:, None], scol[None, :], SC, LAYOUT)
         if SCALE_KIND >= SK_FP16:
             tl.store(scale_ptr + soff, raw, mask=smask)
         elif PK & ASM:  # a byte per block from the thread that owns it (tl.store: a shared-memory relayout)
@@ -458,4 +466,4 @@ def _quantize_kernel(
         else:
             tl.store(scale_ptr + soff, raw.to(tl.uint8), mask=smask)
         if RULE == 5:
-            tl.store(zp_ptr + srow[:, None].to(tl.int64) * SC + scol[None, :], zf.to(tl.uint8), mask=smask)
+            tl.store(zp_ptr + srow64[:, None] * SC + scol[None, :], zf.to(tl.uint8), mask=smask)
