@@ -109,13 +109,14 @@ def sweep_attention(rows: list, copy: float, quick: bool) -> int:
             # and the earlier rule's (at least 2 programs per SM)
             splits = sorted({base.num_splits, max(1, base.num_splits // 2), 2 * base.num_splits,
                              4 * base.num_splits, max(1, sms // (b * hkv)), max(1, 2 * sms // (b * hkv)),
-                             min(256, -(-2 * sms // (b * hkv)))})
-            grid = [(128, 4, 3, base.num_splits)] if quick else []
-            grid += [(bn, nw, st, sp) for bn, nw, st, sp in itertools.product(
+                             max(1, 3 * sms // (b * hkv)), min(256, -(-2 * sms // (b * hkv)))})
+            grid = [(bn, nw, st, sp, None) for bn, nw, st, sp in itertools.product(
                 (64, 128) if not quick else (128,), (4, 8), (2, 3, 4) if not quick else (3,), splits)]
+            # the register cap that fits three 4-warp programs of 128 keys an SM (182 -> 168 registers, no spill)
+            grid += [(128, 4, 3, sp, 168) for sp in splits]
             seen = set()
             cands = [base] + [attn.AttentionConfig(block_n=bn, rows=base.rows, num_splits=sp, num_warps=nw,
-                                                   num_stages=st) for bn, nw, st, sp in grid]
+                                                   num_stages=st, maxnreg=mr) for bn, nw, st, sp, mr in grid]
             for cfg in cands[:1] if ONCE else cands:
                 if cfg in seen:
                     continue

@@ -29,8 +29,9 @@ def launches(mode: str = "full") -> None:
                     q = torch.randn(2, hkv * group, d).to(dt)
                     decode_attention(q, c, 0)
                     decode_attention(q, c, 0, sliding_window=128, sinks=torch.randn(hkv * group), softcap=30.0)
-                    if not smoke:  # 64 keys a step, 8 rows (the mma.sync fallback), 8 warps
+                    if not smoke:  # 64 keys a step, 8 rows (the mma.sync fallback), 8 warps; the register cap
                         decode_attention(q, c, 0, config=AttentionConfig(64, 8, 3, num_warps=8))
+                        decode_attention(q, c, 0, config=AttentionConfig(128, 16, 3, maxnreg=168))
                     qe = torch.randn(40, hkv * group, d).to(dt)
                     extend_attention(qe, c, 0, [40], seqs=[1])
                     extend_attention(qe, c, 0, [40], seqs=[1], sliding_window=128,

@@ -28,13 +28,16 @@ __all__ = ["decode_attention", "extend_attention", "AttentionConfig", "choose_co
 class AttentionConfig:
     """Tiling of one call: ``block_n`` keys per loop step, ``rows`` query rows (tokens x
     heads of a GQA group, >= 8: the MMA's N side), ``num_splits`` splits of the visible keys,
-    ``num_warps``, ``num_stages`` (Triton's software pipelining of the code / scale loads)."""
+    ``num_warps``, ``num_stages`` (Triton's software pipelining of the code / scale loads),
+    ``maxnreg`` (a register cap per thread: 168 lets three default decode programs share an SM
+    where 182 registers fit two; None: the compiler's count)."""
 
     block_n: int
     rows: int
     num_splits: int
     num_warps: int = 4
     num_stages: int = 3
+    maxnreg: int | None = None
 
 
 #: decode programs of the default tile (128 keys, 4 warps) an SM holds at once: 182 registers a thread
@@ -175,7 +178,8 @@ def _paged(q, cache: PagedKVCache, layer, q_lens, seqs, softmax_scale, sliding_w
               D=d, DW=kc.shape[-1] // 4, NB=cache.k_scales[layer].shape[-1],
               PAGE=cache.page_size, G=group, GP=gp, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
               HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None, INTERP=_INTERPRET,
-              MODE=mode, CPAIR=cpair, RES=res, **fc, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+              MODE=mode, CPAIR=cpair, RES=res, **fc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+              **({} if cfg.maxnreg is None or _INTERPRET else {"maxnreg": cfg.maxnreg}))
     sp = 1 << max(0, (n_splits - 1).bit_length())
     rl.launch(kern._combine_kernel, (total * hq,), o_part, lse, sinks if sinks is not None else lse, out, hq,
               n_splits, out.stride(0), out.stride(1), D=d, SP=sp, HAS_SINKS=sinks is not None, num_warps=4)

@@ -88,6 +88,15 @@ def test_decode_splits_fill_the_resident_slots():
         assert (cfg.block_n, cfg.rows, cfg.num_splits) == (128, 16, 4)
 
 
+def test_register_cap_config_runs(gen):
+    """``AttentionConfig.maxnreg`` is a compile option only: the interpreter ignores it, results unchanged."""
+    c = _filled("nvfp4", False, 0.5, 1, [40], gen)
+    q = torch.randn(1, 8, 32, generator=gen).to(torch.bfloat16)
+    a = decode_attention(q, c, 0, config=AttentionConfig(block_n=16, rows=16, num_splits=2))
+    b = decode_attention(q, c, 0, config=AttentionConfig(block_n=16, rows=16, num_splits=2, maxnreg=168))
+    assert torch.equal(a, b)
+
+
 def test_cpu_without_interpreter_runs_the_reference(gen):
     c = _filled("mxfp4", False, None, 2, [5], gen)
     q = torch.randn(1, 4, 32, generator=gen)
