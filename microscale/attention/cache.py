@@ -152,14 +152,17 @@ class PagedKVCache:
         """Flat slot indices (``page * page_size + offset``) for ``counts[i]`` new tokens of
         ``seqs[i]`` appended to ``layer``, pages reserved as needed; int64 on the CPU, computed from
         the host copy of the page table (no device read)."""
-        out = []
+        return torch.tensor(self._slot_list(layer, seqs, counts), dtype=torch.long)
+
+    def _slot_list(self, layer: int, seqs: list[int], counts: list[int]) -> list[int]:
+        p = self.page_size
+        out: list[int] = []
         for s, n in zip(seqs, counts):
             start = self._lens[layer][s]
             self._reserve(s, start + n)
-            pos = torch.arange(start, start + n)
-            out.append(torch.tensor(self._pages[s], dtype=torch.long)[pos // self.page_size] * self.page_size
-                       + pos % self.page_size)
-        return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+            pages = self._pages[s]
+            out.extend(pages[t // p] * p + t % p for t in range(start, start + n))
+        return out
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, seqs: list[int] | None = None) -> None:
         """Quantize and write new tokens.
@@ -205,25 +208,24 @@ class PagedKVCache:
                 raise ValueError(f"{OP}.append: sequence {s} is out of range [0, {self.max_seqs})")
         if len(set(seqs)) != len(seqs):
             raise ValueError(f"{OP}.append: seqs {seqs} repeat a sequence")
-        slots = self.slots(layer, seqs, counts)
+        slots = self._slot_list(layer, seqs, counts)
         h = self.num_kv_heads
         kv = torch.stack([k.reshape(-1, h, self.head_dim), v.reshape(-1, h, self.head_dim)])
         if self._kernel_append():
             from ..quant.quantize import quantize_into_rows
 
-            # row (K or V, token, head) -> its row in the layer's [2 * num_pages * page_size * H] rows; one
-            # host-to-device copy of the indices, one quantize launch writing both K and V in place
-            per = self.num_pages * self.page_size * h
-            dst = (torch.arange(2)[:, None, None] * per + slots[None, :, None] * h + torch.arange(h)[None, None, :])
-            dst = dst.reshape(-1).to(self.device, non_blocking=True)
-            sc = self._scales[layer]
-            quantize_into_rows(kv.reshape(-1, self.head_dim), self.fmt, self.global_scale, dst,
-                               self._codes[layer].view(-1, self._codes[layer].shape[-1]),
-                               sc.view(-1, sc.shape[-1]),
-                               None if self._zps is None else self._zps[layer].view(-1, sc.shape[-1]))
+            # a row per (K or V, token): its H heads' blocks lie side by side in the token's page slot, so
+            # row i goes to slot row slots[i] (K) or num_pages * page_size + slots[i] (V) of the layer's
+            # pools; one host-to-device copy of the indices, one quantize launch writing K and V in place
+            per = self.num_pages * self.page_size
+            dst = torch.tensor(slots + [x + per for x in slots], dtype=torch.long).to(self.device, non_blocking=True)
+            codes, sc = self._codes[layer], self._scales[layer]
+            quantize_into_rows(kv.reshape(2 * len(slots), -1), self.fmt, self.global_scale, dst,
+                               codes.view(2 * per, -1), sc.view(2 * per, -1),
+                               None if self._zps is None else self._zps[layer].view(2 * per, -1))
         else:  # the reference quantize, then a scatter per tensor
             q = self.quantize(kv)
-            dslots = slots.to(self.device)
+            dslots = torch.tensor(slots, dtype=torch.long).to(self.device)
             for i, (codes, scales, zps) in enumerate(((self.k_codes, self.k_scales, self.k_zero_points),
                                                       (self.v_codes, self.v_scales, self.v_zero_points))):
                 codes[layer].view(-1, h, codes[layer].shape[-1]).index_copy_(0, dslots, q.data[i])
