@@ -209,6 +209,8 @@ class PagedKVCache:
         if len(set(seqs)) != len(seqs):
             raise ValueError(f"{OP}.append: seqs {seqs} repeat a sequence")
         slots = self._slot_list(layer, seqs, counts)
+        if not slots:  # no new token
+            return
         h = self.num_kv_heads
         kv = torch.stack([k.reshape(-1, h, self.head_dim), v.reshape(-1, h, self.head_dim)])
         if self._kernel_append():

@@ -91,6 +91,15 @@ def test_pages_are_shared_and_returned(gen):
     assert c.lengths(0) == [0, 9]
 
 
+@pytest.mark.parametrize("kernel", [True, False])
+def test_empty_append_is_a_no_op(kernel):
+    c = _cache("nvfp4", False, 0.02)
+    with target.override(interpreting=kernel):
+        c.append(0, torch.zeros(0, 2, 64), torch.zeros(0, 2, 64), seqs=[1])
+        c.append(0, torch.zeros(3, 0, 2, 64), torch.zeros(3, 0, 2, 64))
+    assert c.lengths(0) == [0, 0, 0] and not c._codes[0].any()
+
+
 def test_nbytes_per_token():
     c = _cache("nvfp4", False, None)
     assert c.nbytes_per_token == 2 * 2 * (32 + 4)  # K+V, 2 heads, 64 nibbles + 4 ue4m3 scales
