@@ -300,8 +300,8 @@ def test_gpu_gluon_kernel_within_allowance(m: int, n: int, k: int, fb: str, bn: 
 
 
 def test_gluon_kernel_switch(monkeypatch) -> None:
-    """tuning.fp8_gluon_min_m sends calls of at least that many rows to the Gluon kernel where it takes them
-    (128 columns on 128-row weight blocks, 64 on per-row ones); 0, the default, never does."""
+    """tuning.fp8_gluon_min_m sends calls of at least that many rows to the Gluon kernel (128 columns) on 128-row
+    weight blocks; per-row weight scales stay on the Triton kernel; 0 never takes it; the default is 1024."""
     import dataclasses
 
     from microscale.linear import tuning
@@ -313,7 +313,8 @@ def test_gluon_kernel_switch(monkeypatch) -> None:
     monkeypatch.setattr(sf, "_ws_launch", lambda *a: seen.append(a[-1]))
     monkeypatch.setattr(sf, "launch", lambda fn, grid, *a, **kw: seen.append("triton"))
     gen = torch.Generator().manual_seed(9)
-    for wfmt, bn in (("fp8_e4m3_block128x128", 128), ("fp8_e4m3_block128", 64)):
+    assert tuning.Tuning().fp8_gluon_min_m == 1024
+    for wfmt, bn in (("fp8_e4m3_block128x128", 128), ("fp8_e4m3_block128", "triton")):
         b = prepare_operand(_q(wfmt, 256, 512, gen))
         b = dataclasses.replace(b, codes=_dev(b.codes))
         for m, limit, want in ((128, 0, "triton"), (128, 64, bn), (32, 64, "triton")):

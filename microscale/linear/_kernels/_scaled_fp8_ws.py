@@ -63,17 +63,19 @@ def _block_scale(s_ptr, row0, rows, n_rows, blk, stride_s, KIND: gl.constexpr, G
 
 
 @gluon.jit
-def _outer(sa, sb, acc_l: gl.constexpr):
-    """``sa[:, None] * sb[None, :]`` where either may be a scalar (:func:`_block_scale`)."""
+def _promote(acc, part, sa, sb):
+    """``acc + part * (sa[:, None] * sb[None, :])`` where either scale may be a scalar (:func:`_block_scale`).
+    Both vectors: ``(part * sa) * sb``, so no ``[rows, BN]`` scale tile is live beside ``acc`` and ``part``
+    (with it, 128-column tiles spilled on sm_90)."""
     if len(sa.shape) == 0:
         if len(sb.shape) == 0:
-            v = sa * sb
+            v = acc + part * (sa * sb)
         else:
-            v = gl.expand_dims(sb * sa, 0)
+            v = acc + part * gl.expand_dims(sb * sa, 0)
     elif len(sb.shape) == 0:
-        v = gl.expand_dims(sa * sb, 1)
+        v = acc + part * gl.expand_dims(sa * sb, 1)
     else:
-        v = gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
+        v = acc + (part * gl.expand_dims(sa, 1)) * gl.expand_dims(sb, 0)
     return v
 
 
@@ -123,7 +125,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, as_ptr, bs_ptr, ag_ptr, bg_ptr, bias
                                  use_acc=False, is_async=True)
             part = warpgroup_mma_wait(num_outstanding=0, deps=[part])
             mbarrier.arrive(empty.index(s), count=1)  # slot free (one arrive per warpgroup)
-            acc += part * _outer(sa, sb, acc_l)  # promotion: float32 from here on
+            acc = _promote(acc, part, sa, sb)  # promotion: float32 from here on
             it += 1
         acc = _global_scaled(acc, ag_ptr, bg_ptr, HAS_GA, HAS_GB)  # (the Triton kernels' epilogue from here on)
         if HAS_BIAS:

@@ -181,8 +181,8 @@ def scaled_fp8_launch(oa: ScaledOperand, ob: ScaledOperand, bias: torch.Tensor |
     dev = oa.codes.device
     kb = min(fa.block_size, fb.block_size)
     c = config if config is not None else choose_fp8_config(m, n, kb, target.num_sms(dev))
-    if config is None and 0 < tuning.get().fp8_gluon_min_m <= m:  # (opt-in until timed)
-        ws = Fp8Config(128, 128 if operand_constexprs(fb)["GROUP_ROWS"] % 128 == 0 else 64, 4, 4, gluon=True)
+    if config is None and 0 < tuning.get().fp8_gluon_min_m <= m and operand_constexprs(fb)["GROUP_ROWS"] % 128 == 0:
+        ws = Fp8Config(128, 128, 4, 4, gluon=True)  # (per-row weight scales measured slower there: Triton keeps them)
         c = ws if scaled_fp8_ws_reason(oa, ob, ws) is None else c
     if c.gluon:
         _ws_launch(oa, ob, bias, out, m, n, k, _FP8_TYPES[fp8_codes_kind(fa, fb)], operand_constexprs(fa),
