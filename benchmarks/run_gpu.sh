@@ -4,7 +4,7 @@
 #     bash benchmarks/run_gpu.sh [OUT]          # OUT defaults to ./gpu_out
 #
 # Steps, each under its own time limit so that one slow or hanging step cannot eat the others':
-#   tests_kernels, tests_quantize, tests_other
+#   tests_kernels, tests_quantize, tests_other, tests_attention
 #                 the test files with GPU cases, on CUDA tensors (kernels against the reference)
 #   quantize      benchmarks/run_gpu_quantize.py: every quantize / dequantize kernel path bit for bit
 #                 against the CPU reference at realistic shapes, then their timings
@@ -52,6 +52,7 @@ step() {  # name, seconds, command...
 step tests_kernels 1200 python -m pytest -q tests/kernels --ignore=tests/kernels/test_quantize_kernels.py
 step tests_quantize 600 python -m pytest -q tests/kernels/test_quantize_kernels.py
 step tests_other 600 python -m pytest -q tests/nn tests/bench tests/scaled tests/moe tests/fusedops tests/reference/test_quantize.py
+step tests_attention 300 python -m pytest -q tests/attention
 step quantize 600 env SWEEP=0 python benchmarks/run_gpu_quantize.py
 step bench 900 python -m microscale.bench --out "$OUT/bench" --md "$OUT/bench/RESULTS.md"
 step matrix 1200 python -m microscale.bench --suite matrix --out "$OUT/matrix" --md "$OUT/matrix/RESULTS.md"

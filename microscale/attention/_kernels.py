@@ -210,7 +210,7 @@ def _step(k0, end, q, qpos, kf, softcap, window, m_i, l_i, acc, pt_row, hk, HKV,
 def _paged_attn_kernel(
     q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, kz_ptr, vz_ptr, gs_ptr, pt_ptr, lens_ptr, seq_ptr, qstart_ptr, qlen_ptr,
     o_ptr, lse_ptr,
-    stride_qt, stride_qh, stride_pt, HKV, HQ, n_splits, split_len, softmax_scale, softcap, window,
+    stride_qt, stride_qh, stride_pt, HKV, HQ, n_splits, softmax_scale, softcap, window,
     D: tl.constexpr, DW: tl.constexpr, NB: tl.constexpr, SB: tl.constexpr, PAGE: tl.constexpr,
     G: tl.constexpr, GP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, INTERP: tl.constexpr, MODE: tl.constexpr,
@@ -265,6 +265,9 @@ def _paged_attn_kernel(
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(length - nq + pid_m * BLOCK_M - window + 1, 0) // BLOCK_N * BLOCK_N
+    # each split's length from this sequence's length on the device, whole key blocks: a call captured in a CUDA
+    # graph and replayed after the cache grew still covers every key (n_splits was fixed at capture)
+    split_len = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), n_splits), BLOCK_N) * BLOCK_N
     start = lo + pid_s * split_len
     end = tl.minimum(start + split_len, hi)
 

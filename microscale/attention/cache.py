@@ -14,7 +14,9 @@ bits, ``G`` = the format's block size):
 * ``global_scale``: float32 scalar (two-level formats): one static per-tensor decode scale per
   cache (a dynamic one would differ per append and could not be shared by a page).
 * ``page_table``: int32 ``[max_seqs, max_pages_per_seq]``, entry ``-1`` for unassigned;
-  ``seq_lens``: int32 ``[num_layers, max_seqs]``.
+  ``seq_lens``: int32 ``[num_layers, max_seqs]``. Both are the cache's output for the kernels:
+  read them, do not write them. The cache keeps a host copy of the page table (where appends
+  write) and of the lengths; ``reset`` and the engine importers keep the copies in step.
 
 Token ``t`` of sequence ``i`` lives in page ``page_table[i, t // P]``, slot ``t % P``.
 """
@@ -164,6 +166,11 @@ class PagedKVCache:
             out.extend(pages[t // p] * p + t % p for t in range(start, start + n))
         return out
 
+    def _slot_list_read(self, layer: int, seq: int) -> list[int]:
+        """The slots of ``seq``'s stored tokens in ``layer``, from the host page table (where appends wrote)."""
+        p, pages = self.page_size, self._pages[seq]
+        return [pages[t // p] * p + t % p for t in range(self._lens[layer][seq])]
+
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, seqs: list[int] | None = None) -> None:
         """Quantize and write new tokens.
 
@@ -173,11 +180,13 @@ class PagedKVCache:
                 or ``[N, H, D]`` with ``seqs`` naming one sequence (N new tokens of it).
             seqs: the sequences written.
 
-        On CUDA, K and V (stacked) go through one launch of the Triton quantize kernel that writes
-        each row's codes, scales and zero points straight into its page slot; the slots come from
-        the host copy of the page table (one host-to-device copy of the row indices, no read back).
-        On the CPU: the reference quantize, then a scatter per tensor. Either way the stored bytes
-        are bit-identical to ``ms.quantize(k, fmt, global_scale=cache.global_scale)``.
+        On CUDA (and on the CPU under ``TRITON_INTERPRET=1``), K and V (stacked) go through one
+        launch of the Triton quantize kernel that writes each row's codes, scales and zero points
+        straight into its page slot; the slots come from the host copy of the page table (one
+        host-to-device copy of the row indices, no read back). Otherwise: the reference quantize,
+        then a scatter per tensor. Either way the stored bytes are bit-identical to
+        ``ms.quantize(k, fmt, global_scale=cache.global_scale)`` (float64 input fitted to float32
+        as there).
         """
         check_int(layer + 1, "layer + 1", OP)
         if layer >= self.num_layers:
@@ -185,6 +194,9 @@ class PagedKVCache:
         for name, t in (("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{OP}.append: {name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+                raise TypeError(f"{OP}.append: {name} has dtype {t.dtype}; expected float32, float16, bfloat16 "
+                                "or float64")
             if t.shape[-2:] != (self.num_kv_heads, self.head_dim):
                 raise ValueError(f"{OP}.append: {name} has shape {tuple(t.shape)}; expected [..., "
                                  f"{self.num_kv_heads}, {self.head_dim}] (heads, head_dim)")
@@ -259,9 +271,8 @@ class PagedKVCache:
         """The stored tokens of ``seq`` in ``layer`` as a QTensor ``[L, H, D]`` (``which`` = "k" or "v")."""
         if which not in ("k", "v"):
             raise ValueError(f"{OP}.gather: which={which!r}; expected 'k' or 'v'")
-        n = self._lens[layer][seq]
-        pos = torch.arange(n, device=self.device)
-        slots = self.page_table[seq].long()[pos // self.page_size] * self.page_size + pos % self.page_size
+        slot_list = self._slot_list_read(layer, seq)
+        n, slots = len(slot_list), torch.tensor(slot_list, dtype=torch.long).to(self.device)
         codes, scales, zps = ((self.k_codes, self.k_scales, self.k_zero_points) if which == "k" else
                               (self.v_codes, self.v_scales, self.v_zero_points))
         h = self.num_kv_heads

@@ -143,6 +143,8 @@ def _paged(q, cache: PagedKVCache, layer, q_lens, seqs, softmax_scale, sliding_w
         raise ValueError(f"{op}: config rows={cfg.rows} must be >= 8 and a multiple of the padded group {gp}")
     if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
         raise ValueError(f"{op}: config block_n={cfg.block_n} must be a power of two >= 16")
+    if cfg.maxnreg is not None and (type(cfg.maxnreg) is not int or not 24 <= cfg.maxnreg <= 255):
+        raise ValueError(f"{op}: config maxnreg={cfg.maxnreg!r} must be None or an int in [24, 255] (registers a thread)")
     block_m = cfg.rows // gp
     if sliding_window is not None:  # a tile's first visible key is aligned down to block_n
         reach = min(max_len, int(sliding_window) + min(block_m, max_q) - 1 + cfg.block_n - 1)
@@ -173,7 +175,7 @@ def _paged(q, cache: PagedKVCache, layer, q_lens, seqs, softmax_scale, sliding_w
               q, kc.view(torch.int32), vc.view(torch.int32), _raw_scales(cache.k_scales[layer]),
               _raw_scales(cache.v_scales[layer]), kz, vz, gs, cache.page_table, cache.seq_lens[layer],
               meta[0], meta[1], meta[2], o_part, lse,
-              q.stride(0), q.stride(1), cache.page_table.stride(0), hkv, hq, n_splits, split_len, scale,
+              q.stride(0), q.stride(1), cache.page_table.stride(0), hkv, hq, n_splits, scale,
               float(softcap or 1.0), int(sliding_window or 0),
               D=d, DW=kc.shape[-1] // 4, NB=cache.k_scales[layer].shape[-1],
               PAGE=cache.page_size, G=group, GP=gp, BLOCK_M=block_m, BLOCK_N=cfg.block_n,

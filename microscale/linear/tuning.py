@@ -51,8 +51,9 @@ class Tuning:
     ws_stages: tuple = ((256, 4), (128, 6), (64, 8))  # activation ring slots per token tile
     gluon_scale_imad: bool = True  # Gluon bf16 decodes make UE4M3 / E8M0 scales by one multiply-add
     # scaled_mm(fast_accum=True): the warp-specialized Gluon fp8 kernel from this many rows (0: never), on weights
-    # with one scale per 128 x 128 block; H100: 1.21-1.34x cuBLAS bf16 at 1024-4096 rows vs the Triton kernel's
-    # 1.12-1.13x; per-row weight scales stay on Triton (0.63x vs 0.59x): docs/decisions/scaled-mm-operands.md
+    # with one scale per 128 x 128 block; H100, this config: 1.29x cuBLAS bf16 at 1024 rows, 1.26-1.29x at 4096,
+    # the Triton kernel 1.12-1.13x; per-row weight scales stay on Triton (0.63x vs 0.59x):
+    # docs/decisions/scaled-mm-operands.md
     fp8_gluon_min_m: int = 1024
     # TMA-fed tensor-core decode (docs/decisions/linear-decode-tma.md)
     decode_tma: str = "auto"  # one of DECODE_TMA_MODES

@@ -97,10 +97,12 @@ def _launch(x2: torch.Tensor, fmt: Format, rounding: Rounding, overflow: Overflo
     if dest is not None:
         dst, data, scales, zps = dest
         if lay != 0 or BR != 1 or (fmt.global_scale and gscale is None) or prologue:
-            raise ValueError("quantize into given rows: row-major scales, 1-D blocks and a static global scale only")
+            raise ValueError("quantize_into_rows: row-major scales, 1-D blocks and a static global scale only "
+                             f"({fmt.name}: block rows {BR}, global scale {'given' if gscale is not None else 'missing'}"
+                             f"{', a prologue' if prologue else ''})")
         if dst.dtype != torch.int64 or dst.shape != (R,) or data.shape[-1] != packed_len(K, elem.bits) or \
                 scales.shape[-1] != SC or not (data.is_contiguous() and scales.is_contiguous()):
-            raise ValueError(f"quantize into given rows: rows {tuple(dst.shape)} {dst.dtype}, data "
+            raise ValueError(f"quantize_into_rows: rows {tuple(dst.shape)} {dst.dtype}, data "
                              f"{tuple(data.shape)}, scales {tuple(scales.shape)} do not fit [{R}, {K}] in {fmt.name}")
     else:
         data = _p._empty((R, packed_len(K, elem.bits)), torch.uint8, dev)
@@ -218,7 +220,31 @@ def quantize_into_rows(x2: torch.Tensor, fmt: Format, global_scale: torch.Tensor
     """Quantize the rows of ``x2`` ``[R, K]`` in ``fmt`` (nearest-even, saturate, NaN propagated, a static
     ``global_scale`` for two-level formats) and write row ``r``'s codes, scales and zero points to row
     ``rows[r]`` (int64, on the device) of ``data``, ``scales`` (raw storage) and ``zero_points``: one launch,
-    no host sync, the bytes :func:`quantize` would return for that row. Used by the paged KV cache."""
+    no host sync, the bytes :func:`quantize` would return for that row. Used by the paged KV cache.
+
+    ``x2`` is checked and fitted to float32 as :func:`microscale.quantize` does (float64 beyond float32's
+    range saturates). The buffers are checked (dtypes, device, widths; ``zero_points`` exactly for formats
+    with zero points); row indices are checked against ``data``'s rows when ``rows`` is on the CPU, and
+    are the caller's to keep in range on a GPU (checking them there would read them back)."""
+    op = "quantize_into_rows"
+    x2 = reference._check_input(reference.fit_float32(x2, Overflow.SATURATE), fmt, False, op)
+    if x2.dim() != 2:
+        raise ValueError(f"{op}: x2 must be [rows, K], got {tuple(x2.shape)}")
+    if fmt.zero_point != (zero_points is not None):
+        raise ValueError(f"{op}: {fmt.name} {'needs' if fmt.zero_point else 'has no'} zero_points")
+    for name, t, dt in (("rows", rows, torch.int64), ("data", data, torch.uint8),
+                        ("scales", scales, fmt.scale.storage), ("zero_points", zero_points, torch.uint8)):
+        if t is None:
+            continue
+        if t.dtype != dt:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected {dt}")
+        if t.device != x2.device:
+            raise ValueError(f"{op}: {name} is on {t.device}, x2 on {x2.device}")
+    if rows.device.type == "cpu" and rows.numel() and not (0 <= int(rows.min()) and int(rows.max()) < data.shape[0]):
+        raise IndexError(f"{op}: rows span [{int(rows.min())}, {int(rows.max())}]; data has {data.shape[0]} rows")
+    if zero_points is not None and (zero_points.shape != scales.shape or not zero_points.is_contiguous()):
+        raise ValueError(f"{op}: zero_points {tuple(zero_points.shape)} must be contiguous and shaped as scales "
+                         f"{tuple(scales.shape)}")
     _launch(x2 if x2.is_contiguous() else x2.contiguous(), fmt, Rounding.NEAREST_EVEN, Overflow.SATURATE,
             NonFinite.PROPAGATE, global_scale, get_scale_layout("row_major"), None,
             dest=(rows, data, scales, zero_points))

@@ -88,13 +88,45 @@ def test_decode_splits_fill_the_resident_slots():
         assert (cfg.block_n, cfg.rows, cfg.num_splits) == (128, 16, 4)
 
 
-def test_register_cap_config_runs(gen):
-    """``AttentionConfig.maxnreg`` is a compile option only: the interpreter ignores it, results unchanged."""
+def test_register_cap_reaches_the_compiler(gen, monkeypatch):
+    """``AttentionConfig.maxnreg`` goes to the attention kernel's launch as ``maxnreg`` (off the interpreter, which
+    has no registers), only there, and a value outside [24, 255] is refused by name."""
+    from microscale.attention import op
+
     c = _filled("nvfp4", False, 0.5, 1, [40], gen)
     q = torch.randn(1, 8, 32, generator=gen).to(torch.bfloat16)
-    a = decode_attention(q, c, 0, config=AttentionConfig(block_n=16, rows=16, num_splits=2))
-    b = decode_attention(q, c, 0, config=AttentionConfig(block_n=16, rows=16, num_splits=2, maxnreg=168))
-    assert torch.equal(a, b)
+    rl, kern = op._device()
+    seen = []
+
+    class Rec:
+        @staticmethod
+        def launch(fn, grid, *a, **kw):
+            seen.append((fn, kw.get("maxnreg")))
+
+    monkeypatch.setattr(op, "_device", lambda: (Rec, kern))
+    monkeypatch.setattr(op, "_INTERPRET", False)
+    for cap in (None, 168):
+        decode_attention(q, c, 0, config=AttentionConfig(block_n=16, rows=16, num_splits=2, maxnreg=cap))
+        assert seen == [(kern._paged_attn_kernel, cap), (kern._combine_kernel, None)], seen
+        seen.clear()
+    for bad in (0, 16, 300, 168.0, True):
+        with pytest.raises(ValueError, match="maxnreg"):
+            decode_attention(q, c, 0, config=AttentionConfig(block_n=16, rows=16, num_splits=2, maxnreg=bad))
+
+
+def test_splits_cover_keys_appended_after_the_split_count_was_fixed(gen, monkeypatch):
+    """A decode call captured in a CUDA graph keeps its split count; replayed after the cache grew, every key
+    must still be read: the kernel sizes each split from the device length. Emulated here by a host length
+    (what the split count comes from) older than the device's."""
+    c = PagedKVCache("nvfp4", num_layers=1, num_kv_heads=2, head_dim=32, num_pages=40, page_size=16, max_seqs=1,
+                     global_scale=0.5)
+    for n in (40, 300):
+        c.append(0, torch.randn(n, 2, 32, generator=gen) * 2, torch.randn(n, 2, 32, generator=gen), seqs=[0])
+    q = torch.randn(1, 8, 32, generator=gen)
+    want = attention_reference(q, c, 0, dtype=torch.float64)
+    monkeypatch.setattr(c, "lengths", lambda layer: [40])  # 2 splits of 32 keys: 64 of the 340 keys
+    got = decode_attention(q, c, 0, config=AttentionConfig(block_n=32, rows=16, num_splits=2))
+    assert _rel(got, want) < 1e-2
 
 
 def test_cpu_without_interpreter_runs_the_reference(gen):

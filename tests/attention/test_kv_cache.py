@@ -1,5 +1,7 @@
 """The paged KV cache: codes written by append are bit-identical to ms.quantize of the same
 K/V (ragged sequences, page boundaries, decode steps), bookkeeping and errors."""
+import os
+
 import pytest
 import torch
 
@@ -11,6 +13,10 @@ from microscale.runtime import target
 KV_FORMATS = [("fp8_e4m3_fp32", True, None), ("mxfp8_e4m3", False, None), ("nvfp4", False, 0.02),
               ("mxfp4", False, None), ("int8_fp16", False, None), ("int4_fp16", False, None),
               ("int4_affine_g32", False, None)]
+
+
+#: the kernel path on CPU tensors needs the interpreter (a GPU machine compiles the kernels for CUDA tensors)
+INTERP = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _cache(fmt, per_token, gs, **kw):
@@ -25,6 +31,8 @@ def test_append_codes_match_quantize(fmt, per_token, gs, kernel, gen):
     """``kernel``: the quantize kernel writes K and V into their slots in one launch (the interpreter here);
     else the reference quantize and a scatter (a CPU without the interpreter). Slots no token was
     appended to stay zero."""
+    if kernel and not INTERP:
+        pytest.skip("the kernel path on CPU tensors runs under TRITON_INTERPRET=1 (the CUDA variant is below)")
     c = _cache(fmt, per_token, gs)
     with target.override(interpreting=kernel):
         assert c._kernel_append() is kernel
@@ -123,4 +131,47 @@ def test_errors():
         c.append(2, torch.randn(1, 2, 64), torch.randn(1, 2, 64), seqs=[0])
     with pytest.raises(ValueError, match="seqs=\\[one sequence\\]"):
         c.append(0, torch.randn(1, 2, 64), torch.randn(1, 2, 64))
+    with pytest.raises(TypeError, match="v has dtype torch.int32"):
+        c.append(0, torch.randn(1, 2, 64), torch.ones(1, 2, 64, dtype=torch.int32), seqs=[0])
     assert c.lengths(0) == [0, 0, 0]  # nothing half-written by the refused calls
+    assert c._pages == [[], [], []]  # and no page reserved
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_float64_beyond_float32_is_stored_as_quantize_stores_it(kernel, gen):
+    """float64 K/V are fitted to float32 as ms.quantize fits them (saturated), on both append paths."""
+    if kernel and not INTERP:
+        pytest.skip("the kernel path on CPU tensors runs under TRITON_INTERPRET=1")
+    c = _cache("mxfp8_e4m3", False, None)
+    k = torch.randn(3, 2, 64, generator=gen, dtype=torch.float64)
+    k[0, 0, 0], k[1, 1, 5] = 1e39, -1e300
+    v = torch.randn(3, 2, 64, generator=gen, dtype=torch.float64)
+    with target.override(interpreting=kernel):
+        c.append(0, k, v, seqs=[0])
+    want, got = ms.quantize(k, "mxfp8_e4m3"), c.gather(0, 0, "k")
+    assert torch.equal(got.data, want.data) and torch.equal(got.scales, want.scales)
+
+
+@pytest.mark.skipif(not INTERP, reason="the kernel path on CPU tensors runs under TRITON_INTERPRET=1")
+def test_quantize_into_rows_refuses_what_would_corrupt_memory(gen):
+    from microscale.formats import get_format
+    from microscale.quant.quantize import quantize_into_rows
+
+    fmt = get_format("int4_affine_g32")
+    x = torch.randn(2, 64, generator=gen)
+    data, sc, zp = torch.zeros(4, 32, dtype=torch.uint8), torch.zeros(4, 2, dtype=fmt.scale.storage), \
+        torch.zeros(4, 2, dtype=torch.uint8)
+    rows = torch.tensor([0, 3])
+    with target.override(interpreting=True):
+        with pytest.raises(ValueError, match="int4_affine_g32 needs zero_points"):
+            quantize_into_rows(x, fmt, None, rows, data, sc, None)
+        with pytest.raises(IndexError, match=r"rows span \[0, 9\]; data has 4 rows"):
+            quantize_into_rows(x, fmt, None, torch.tensor([0, 9]), data, sc, zp)
+        with pytest.raises(TypeError, match="data has dtype torch.int8"):
+            quantize_into_rows(x, fmt, None, rows, data.view(torch.int8), sc, zp)
+        with pytest.raises(TypeError, match="x has dtype torch.int32"):
+            quantize_into_rows(x.to(torch.int32), fmt, None, rows, data, sc, zp)
+        assert not data.any() and not zp.any()  # nothing written by the refused calls
+        quantize_into_rows(x, fmt, None, rows, data, sc, zp)
+    q = ms.quantize(x, fmt)
+    assert torch.equal(data[[0, 3]], q.data) and torch.equal(zp[[0, 3]], q.zero_points) and not data[1:3].any()
