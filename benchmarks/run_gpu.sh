@@ -26,6 +26,11 @@
 # Each step's output goes to OUT/<step>.log; OUT/summary.txt lists every step's exit status and
 # seconds. SKIP="tests_kernels matrix" leaves steps out; ONLY="tests_other sweep_fp8 moe" runs just those.
 #
+# Peers for a GPU machine that cannot reach a package index (torchao's NVFP4 / MX quantizers): install
+# them here into .whl/site (git ignores .whl), carry that folder with the working tree, and this script
+# puts it on the path after the repository:
+#     pip download torchao --no-deps -d .whl && pip install --no-deps --target .whl/site .whl/torchao-*.whl
+#
 # To update the committed results from a run (the summary above the generated part is kept):
 #     cp OUT/bench/results.json OUT/bench/roofline.png benchmarks/
 #     python -m microscale.bench report benchmarks/results.json
@@ -34,6 +39,7 @@ OUT="${1:-${OUT:-$PWD/gpu_out}}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 export OUT PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ -d "$PWD/.whl/site" ]; then PYTHONPATH="$PYTHONPATH:$PWD/.whl/site"; fi
 : > "$OUT/summary.txt"
 
 step() {  # name, seconds, command...
