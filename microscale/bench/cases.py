@@ -297,6 +297,11 @@ PEERS["bf16 experts (transformers loop)"] = ("dense bf16 experts, a Python loop 
 PEERS["torch._grouped_mm bf16"] = "dense bf16 experts, both projections as torch._grouped_mm grouped GEMMs"
 PEERS["microscale Gluon prefill path"] = ("ms.moe_experts with its Gluon prefill path switched on for the call "
                                           "(microscale.moe.tuning.PREFILL_WS_MIN_PER_EXPERT; off by default)")
+PEERS["microscale fast_accum"] = "ms.scaled_mm(a, b, fast_accum=True): the fp8 MMA with a float32 promotion per 128 K"
+PEERS["microscale fold_fp8 fast_accum"] = ("the weight refolded losslessly by ms.fold_fp8 (E4M3, a scale per row and "
+                                           "128 columns), then fast_accum with fp8 block-128 activations")
+PEERS["microscale fold_fp8 128x128 fast_accum"] = ("the same with ms.fold_fp8(w, block_rows=128): a scale per "
+                                                   "128 x 128 block, where the weight's values allow it")
 
 
 def _lazy(module: str, name: str) -> Callable[[CaseSpec, Context], Case]:

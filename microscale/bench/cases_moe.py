@@ -230,26 +230,27 @@ def build_scaled_mm(spec: CaseSpec, ctx: Context) -> Case:
             raise Skip("CUDA only" if ctx.cpu else "fast_accum keeps this pair on its exact kernels")
         return Peer("microscale fast_accum", lambda a, b: scaled_mm(a, b, fast_accum=True), check)
 
-    def fold_peer() -> Peer:
-        from ..quant.fold import FOLD_FORMAT, fold_fp8
+    def fold_peer(block_rows: int = 1) -> Peer:
+        from ..quant.fold import FOLD_FORMAT, FOLD_FORMAT_2D, fold_fp8
 
         if ctx.cpu:
             raise Skip("CUDA only")
-        try:  # (a trial fold on a few rows: formats whose random weights do not fold exactly are skipped)
-            fold_fp8(quantize(random_input((8, k), ctx), spec.format))
+        try:  # (a trial fold on a block of rows: formats whose random weights do not fold exactly are skipped)
+            fold_fp8(quantize(random_input((128, k), ctx), spec.format), block_rows=block_rows)
         except ValueError as e:
             raise Skip(str(e)) from None
 
         def make_folded() -> tuple:  # (fold outside the timing: it is a load-time step)
             return (quantize(random_input((m, k), ctx), FOLD_FORMAT),
-                    fold_fp8(quantize(random_input((n, k), ctx), spec.format)))
+                    fold_fp8(quantize(random_input((n, k), ctx), spec.format), block_rows=block_rows))
 
         def check_folded(inputs: tuple, y) -> Check:
             a, b = inputs
             return check_matmul(ref_dequantize(a, torch.float32), ref_dequantize(b, torch.float32), y)
 
         fold_bytes = (m + n) * k * 132 // 128 + 2 * m * n  # (a byte an element, a float32 scale per 128; out)
-        return Peer(f"microscale fold_fp8 x {FOLD_FORMAT}, fast_accum", lambda a, b: scaled_mm(a, b, fast_accum=True),
+        what = FOLD_FORMAT if block_rows == 1 else FOLD_FORMAT_2D
+        return Peer(f"microscale fold_fp8 x {what}, fast_accum", lambda a, b: scaled_mm(a, b, fast_accum=True),
                     check_folded, make_inputs=make_folded, set_bytes=fold_bytes, nbytes=fold_bytes)
 
     a0, b0 = make()
@@ -257,5 +258,6 @@ def build_scaled_mm(spec: CaseSpec, ctx: Context) -> Case:
     return Case(spec, fn, make, check, nbytes=nbytes, flops=models.linear_flops(m, n, k), compute_kind="bf16_mm",
                 set_bytes=nbytes, peers=[("cuBLAS bf16", cublas_peer), ("torch._scaled_mm fp8 per-tensor", tensorwise_peer),
                                          ("microscale fast_accum", fast_accum_peer),
-                                         ("microscale fold_fp8 fast_accum", fold_peer)])
+                                         ("microscale fold_fp8 fast_accum", fold_peer),
+                                         ("microscale fold_fp8 128x128 fast_accum", lambda: fold_peer(128))])
 

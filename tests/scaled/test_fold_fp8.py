@@ -46,6 +46,36 @@ def test_fold_is_lossless(fmt: str) -> None:
     assert bool((f.scales[1, 5] == 1).all()) and not bool(f.data[1, 5].any())
 
 
+def test_fold_into_128_row_blocks_is_lossless() -> None:
+    """``block_rows=128``: DeepSeek-V3's weight layout (one scale per 128 x 128 block), experts axis kept, N and K
+    not multiples of 128 (rows past N stored as zero padding), a zero row: bit for bit the original's values."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 200, 300, generator=gen) * torch.logspace(-1, 1, 200)[None, :, None]
+    x[1, 5] = 0
+    w = ms.quantize(x, "mxfp4", pad=True)
+    f = ms.fold_fp8(w, block_rows=128, rows_per_pass=130)  # (a pass covers whole row blocks: 128 rows)
+    assert f.fmt.name == "fp8_e4m3_block128x128" and f.shape == w.shape and f.meta["inexact_chunks"] == 0
+    assert f.data.shape == (2, 256, 384) and f.scales.shape == (2, 2, 3) and not f.data[:, 200:].any()
+    assert torch.equal(_bits(f.dequantize()), _bits(w.dequantize()))
+    m, _ = torch.frexp(f.scales)
+    assert bool((m == 0.5).all())
+    g = ms.fold_fp8(w, block_rows=128)
+    assert torch.equal(g.data, f.data) and torch.equal(g.scales, f.scales)
+
+
+def test_fold_into_128_row_blocks_refuses_rows_that_span_too_much() -> None:
+    gen = torch.Generator().manual_seed(8)
+    w = ms.quantize(torch.randn(256, 128, generator=gen) * torch.logspace(-6, 6, 256)[:, None], "mxfp4")
+    with pytest.raises(ValueError, match=r"of 2 blocks \(128 x 128 elements\).*rows 0:128, columns 0:128.*"
+                                         r"block_rows=1"):
+        ms.fold_fp8(w, block_rows=128)
+    assert ms.fold_fp8(w, block_rows=128, allow_lossy=True).meta["inexact_chunks"] >= 1
+    assert ms.fold_fp8(w).meta["inexact_chunks"] == 0  # each row's chunk alone fits
+    for bad in (0, 64, True):
+        with pytest.raises(ValueError, match="block_rows"):
+            ms.fold_fp8(w, block_rows=bad)
+
+
 def test_global_scale_folds_into_the_chunk_scales() -> None:
     """A two-level weight whose block scales are equal in each chunk (here all 1) folds exactly with a global scale
     that is not a power of two: the chunk scales carry it."""
@@ -131,14 +161,15 @@ def test_fast_accum_takes_the_folded_pair() -> None:
 
 
 @needs_interp
-def test_fp8_kernel_on_a_folded_weight_equals_the_oracle() -> None:
+@pytest.mark.parametrize("fmt,block_rows", [("mxfp6_e2m3", 1), ("mxfp4", 128)])
+def test_fp8_kernel_on_a_folded_weight_equals_the_oracle(fmt: str, block_rows: int) -> None:
     from dataclasses import replace
 
     from microscale.linear.backends.scaled_fp8 import Fp8Config
 
     gen = torch.Generator().manual_seed(5)
-    w = ms.quantize(torch.randn(40, 304, generator=gen), "mxfp6_e2m3", pad=True)
-    f = ms.fold_fp8(w)
+    w = ms.quantize(torch.randn(40, 304, generator=gen), fmt, pad=True)
+    f = ms.fold_fp8(w, block_rows=block_rows)
     a = ms.quantize(torch.randn(19, 304, generator=gen), "fp8_e4m3_block128", pad=True)
     ref = scaled_mm_reference(a, f, None, torch.float32)
     cfg = replace(Fp8Config(16, 16, 1, 1, group_m=2), tma=False)
@@ -147,16 +178,18 @@ def test_fp8_kernel_on_a_folded_weight_equals_the_oracle() -> None:
 
 
 @needs_gpu
-@pytest.mark.parametrize("m", [1, 70, 512])
+@pytest.mark.parametrize("m", [1, 70, 512, 1100])
 @pytest.mark.parametrize("gluon", [False, True])
-def test_gpu_folded_mxfp4_within_allowance(m: int, gluon: bool) -> None:
+@pytest.mark.parametrize("block_rows", [1, 128])
+def test_gpu_folded_mxfp4_within_allowance(m: int, gluon: bool, block_rows: int) -> None:
     """MXFP4 weights x fp8 block-128 activations on fp8 tensor cores: within Hopper's fast_accum allowance
-    (5e-4 relative) of float64 on the original MXFP4 values; the fold runs on the GPU too."""
+    (5e-4 relative) of float64 on the original MXFP4 values; the fold runs on the GPU too (1100 rows: the
+    routed Gluon kernel on 128-row blocks)."""
     from microscale.linear.backends.scaled_fp8 import Fp8Config, scaled_fp8_ws_reason
 
     gen = torch.Generator().manual_seed(6)
     w = ms.quantize(torch.randn(300, 1024, generator=gen).cuda(), "mxfp4")
-    f = ms.fold_fp8(w)
+    f = ms.fold_fp8(w, block_rows=block_rows)
     assert torch.equal(_bits(f.dequantize()), _bits(w.dequantize()))
     a = ms.quantize(torch.randn(m, 1024, generator=gen).cuda(), "fp8_e4m3_block128")
     ref = a.dequantize().double() @ w.dequantize().double().T
@@ -204,6 +237,29 @@ def test_fold_fp8_layers_keeps_outputs() -> None:
                                                                      ms.quantize(torch.randn(2, 32, 32), "mxfp4"))})
     assert fold_fp8_layers(moe, progress=False) == {"experts": "left: MoE experts (the MoE kernels take no fp8 "
                                                                 "activations)"}
+
+
+def test_fold_fp8_layers_prefers_128_row_blocks_where_exact() -> None:
+    """``block_rows=128``: a layer whose blocks are all exact takes the 128 x 128 form, one that is not falls back
+    to the per-row form (exact there), one exact in neither is left; outputs as the oracle's."""
+    from microscale.nn import fold_fp8_layers, quantize_model
+
+    gen = torch.Generator().manual_seed(9)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 200), torch.nn.Linear(200, 256), torch.nn.Linear(256, 64))
+    with torch.no_grad():
+        model[1].weight.mul_(torch.logspace(-6, 6, 256)[:, None])  # rows 2^40 apart: per-row chunks only
+        model[2].weight[3, :32] *= 2.0 ** 20  # one chunk 2^20 wide: exact in neither form
+    quantize_model(model, "mxfp4")
+    w0 = model[0].qweight
+    report = fold_fp8_layers(model, progress=False, block_rows=128)
+    assert report["0"] == "folded (128 x 128 blocks)" and report["1"] == "folded"
+    assert report["2"].startswith("left: fold_fp8: 1 of")
+    assert model[0].fmt.name == "fp8_e4m3_block128x128" and model[1].fmt.name == "fp8_e4m3_block128"
+    x = torch.randn(5, 256, generator=gen)
+    want = ms.quantize(x, "fp8_e4m3_block128").dequantize().double() @ w0.dequantize().double().T
+    assert _rel(model[0](x), want + model[0].bias.double()) <= 1e-6
+    with pytest.raises(ValueError, match="block_rows=2"):
+        fold_fp8_layers(model, block_rows=2)
 
 
 @pytest.mark.parametrize("byte", [0, 1, 5, 127, 250])
