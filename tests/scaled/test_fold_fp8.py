@@ -140,11 +140,13 @@ def test_refuses_nan() -> None:
         ms.fold_fp8(w)
 
 
-def test_folded_weight_saves_and_loads(tmp_path) -> None:
-    f = ms.fold_fp8(ms.quantize(torch.randn(16, 128), "mxfp4"))
+@pytest.mark.parametrize("block_rows", [1, 128])
+def test_folded_weight_saves_and_loads(tmp_path, block_rows: int) -> None:
+    f = ms.fold_fp8(ms.quantize(torch.randn(16, 128), "mxfp4"), block_rows=block_rows)
     f.save(tmp_path / "w.safetensors")
     g = ms.QTensor.load(tmp_path / "w.safetensors")
     assert torch.equal(g.data, f.data) and torch.equal(g.scales, f.scales) and g.meta == f.meta
+    assert g.fmt.name == f.fmt.name and g.shape == f.shape and torch.equal(g.dequantize(), f.dequantize())
 
 
 def test_fast_accum_takes_the_folded_pair() -> None:
