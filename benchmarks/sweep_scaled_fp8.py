@@ -1,6 +1,6 @@
 """Tile and kernel sweep of ``scaled_mm(..., fast_accum=True)`` on a Hopper: the Triton fp8 kernel's chosen
 config against the warp-specialized Gluon kernel's (``Fp8Config(gluon=True)``) over tile widths, ring depths
-and group sizes, for fp8 block-128 activations x 128x128-block (DeepSeek-V3) and 1x128-block weights.
+and group sizes, for fp8 block-128 activations x 128x128-block (DeepSeek-V3) and 1x128-block weights, and MXFP4 weights folded into 128x128 blocks (``ms.fold_fp8(w, block_rows=128)``).
 
     python benchmarks/sweep_scaled_fp8.py [--json OUT.json] [--tokens 128,512,4096] [--quick]
 
@@ -65,6 +65,8 @@ def main() -> int:
     for n, k in SHAPES[:1] if args.quick else SHAPES:
         wf = torch.randn(n, k, device="cuda", generator=gen) * 0.02
         weights = {f: ms.quantize(wf, f) for f in ("fp8_e4m3_block128x128", "fp8_e4m3_block128")}
+        # MXFP4 weights refolded losslessly (ms.fold_fp8) into 128 x 128 blocks: the W4A8 route on fp8 MMAs
+        weights["mxfp4 fold_fp8 128x128"] = ms.fold_fp8(ms.quantize(wf, "mxfp4"), block_rows=128)
         wbf = wf.bfloat16()
         for m in (int(t) for t in args.tokens.split(",")):
             x = torch.randn(m, k, device="cuda", generator=gen)
