@@ -1,6 +1,7 @@
 """Tile and kernel sweep of ``scaled_mm(..., fast_accum=True)`` on a Hopper: the Triton fp8 kernel's chosen
 config against the warp-specialized Gluon kernel's (``Fp8Config(gluon=True)``) over tile widths, ring depths
-and group sizes, for fp8 block-128 activations x 128x128-block (DeepSeek-V3) and 1x128-block weights, and MXFP4 weights folded into 128x128 blocks (``ms.fold_fp8(w, block_rows=128)``).
+and group sizes, for fp8 block-128 activations x 128x128-block (DeepSeek-V3) and 1x128-block weights, and
+MXFP4 weights folded into 128x128 blocks (``ms.fold_fp8(w, block_rows=128)``).
 
     python benchmarks/sweep_scaled_fp8.py [--json OUT.json] [--tokens 128,512,4096] [--quick]
 
