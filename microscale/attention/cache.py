@@ -157,19 +157,17 @@ class PagedKVCache:
         return torch.tensor(self._slot_list(layer, seqs, counts), dtype=torch.long)
 
     def _slot_list(self, layer: int, seqs: list[int], counts: list[int]) -> list[int]:
-        p = self.page_size
         out: list[int] = []
         for s, n in zip(seqs, counts):
             start = self._lens[layer][s]
             self._reserve(s, start + n)
-            pages = self._pages[s]
-            out.extend(pages[t // p] * p + t % p for t in range(start, start + n))
+            out.extend(self._slots_of(s, start, start + n))
         return out
 
-    def _slot_list_read(self, layer: int, seq: int) -> list[int]:
-        """The slots of ``seq``'s stored tokens in ``layer``, from the host page table (where appends wrote)."""
+    def _slots_of(self, seq: int, start: int, stop: int) -> list[int]:
+        """Flat slots of tokens ``start .. stop-1`` of ``seq``, from the host page table (where appends write)."""
         p, pages = self.page_size, self._pages[seq]
-        return [pages[t // p] * p + t % p for t in range(self._lens[layer][seq])]
+        return [pages[t // p] * p + t % p for t in range(start, stop)]
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, seqs: list[int] | None = None) -> None:
         """Quantize and write new tokens.
@@ -194,7 +192,7 @@ class PagedKVCache:
         for name, t in (("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{OP}.append: {name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            if t.dtype not in reference._FLOAT_DTYPES:
                 raise TypeError(f"{OP}.append: {name} has dtype {t.dtype}; expected float32, float16, bfloat16 "
                                 "or float64")
             if t.shape[-2:] != (self.num_kv_heads, self.head_dim):
@@ -271,7 +269,7 @@ class PagedKVCache:
         """The stored tokens of ``seq`` in ``layer`` as a QTensor ``[L, H, D]`` (``which`` = "k" or "v")."""
         if which not in ("k", "v"):
             raise ValueError(f"{OP}.gather: which={which!r}; expected 'k' or 'v'")
-        slot_list = self._slot_list_read(layer, seq)
+        slot_list = self._slots_of(seq, 0, self._lens[layer][seq])
         n, slots = len(slot_list), torch.tensor(slot_list, dtype=torch.long).to(self.device)
         codes, scales, zps = ((self.k_codes, self.k_scales, self.k_zero_points) if which == "k" else
                               (self.v_codes, self.v_scales, self.v_zero_points))

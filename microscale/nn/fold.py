@@ -61,7 +61,7 @@ def fold_fp8_layers(model: nn.Module, *, skip: Iterable[str] = (), allow_lossy: 
             try:
                 f = fold_fp8(layer.qweight, name=name, block_rows=block_rows)
             except ValueError:
-                f = None
+                pass
         try:  # (a format that does not fold, or chunks that are not exact: left, with fold_fp8's reason)
             f = f if f is not None else fold_fp8(layer.qweight, allow_lossy=allow_lossy, name=name)
         except ValueError as e:
