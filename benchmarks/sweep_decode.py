@@ -113,8 +113,9 @@ def sweep_attention(rows: list, copy: float, quick: bool) -> int:
                              max(1, 3 * sms // (b * hkv)), min(256, -(-2 * sms // (b * hkv)))})
             # stages: 2-4 give the page-table -> codes load chain one buffer (the next step's codes are issued after
             # this step's MMAs and waited for at the top); 5 double-buffers them, a whole step of prefetch
-            grid = [(bn, nw, st, sp, None) for bn, nw, st, sp in itertools.product(
-                (64, 128) if not quick else (128,), (4, 8), (2, 3, 4, 5, 6) if not quick else (3, 5), splits)]
+            tiles = list(itertools.product((64, 128), (4, 8), (2, 3, 4, 5, 6))) if not quick else \
+                [(128, 4, 3), (128, 8, 3), (128, 4, 5), (64, 4, 5)]
+            grid = [(bn, nw, st, sp, None) for (bn, nw, st), sp in itertools.product(tiles, splits)]
             # the register cap that fits three 4-warp programs of 128 keys an SM (182 -> 168 registers, no spill)
             grid += [(128, 4, 3, sp, 168) for sp in splits]
             seen = set()
