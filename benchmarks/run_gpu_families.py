@@ -165,6 +165,24 @@ def attention(gen: torch.Generator) -> None:
                 case("attention", f"decode {fmt} d={d} hkv={hkv} g={group} lens={lens} {sorted(opts)}", 1e-2,
                      lambda opts=opts: run_decode(opts))
 
+            def run_graph():
+                # replays of a captured decode, q rewritten before each (the kernel before the programmatic launch)
+                c = filled()
+                q = torch.randn(len(lens), hkv * group, d, generator=gen).bfloat16().to(DEV)
+                decode_attention(q, c, 0)  # compiled outside the capture
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    out = decode_attention(q, c, 0)
+                worst = 0.0
+                for _ in range(3):
+                    q.copy_(torch.randn(q.shape, generator=gen).bfloat16().to(DEV))
+                    g.replay()
+                    worst = max(worst, rel(out.clone(), attention_reference(q, c, 0, dtype=torch.float64)))
+                return worst
+            if hkv == 8 and d == 128:
+                case("attention", f"decode in a CUDA graph {fmt} d={d} lens={lens}", 1e-2, run_graph)
+
             def run_extend():
                 c = filled()
                 q_lens = [min(n, 40) for n in lens]

@@ -16,10 +16,11 @@ FORMATS = [("fp8_e4m3_fp32", True, None), ("mxfp8_e4m3", False, None), ("nvfp4",
 
 def launches(mode: str = "full") -> None:
     """Decode and extend over every format, head_dim 64 and 128, GQA groups 1/8, window,
-    sinks and soft-cap on and off, q in bf16 and fp16, the default decode tiling and a 64-key /
-    8-row / 8-warp one (``mode`` "smoke": NVFP4 only)."""
+    sinks and soft-cap on and off, q in bf16 and fp16, the default decode tiling, a 64-key /
+    8-row / 8-warp one, the register cap, and 5 stages with programmatic launches (``mode``
+    "smoke": NVFP4 only)."""
     smoke = mode == "smoke"
-    with target.override(interpreting=True):
+    with target.override(interpreting=True, pdl=True):  # (a Hopper: both launches programmatic)
         for fmt, per_token, gs in FORMATS[2:3] if smoke else FORMATS:
             for d, hkv, group in ((128, 8, 8),) if smoke else ((128, 8, 8), (64, 8, 8), (128, 4, 1)):
                 c = PagedKVCache(fmt, num_layers=1, num_kv_heads=hkv, head_dim=d, num_pages=8, page_size=16,
@@ -32,6 +33,8 @@ def launches(mode: str = "full") -> None:
                     if not smoke:  # 64 keys a step, 8 rows (the mma.sync fallback), 8 warps; the register cap
                         decode_attention(q, c, 0, config=AttentionConfig(64, 8, 3, num_warps=8))
                         decode_attention(q, c, 0, config=AttentionConfig(128, 16, 3, maxnreg=168))
+                        # double-buffered code loads, programmatic launches (the sweep's candidates)
+                        decode_attention(q, c, 0, config=AttentionConfig(128, 16, 3, num_stages=5, pdl=True))
                     qe = torch.randn(40, hkv * group, d).to(dt)
                     extend_attention(qe, c, 0, [40], seqs=[1])
                     extend_attention(qe, c, 0, [40], seqs=[1], sliding_window=128,

@@ -38,10 +38,26 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..linear._kernels._linear_kernels import _decode_elem, _decode_scale, _pair_bits, _split_pair
 
 LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _pdl_start(PDL: tl.constexpr, EARLY: tl.constexpr):
+    """Launched as a programmatic dependent (Hopper+): wait for the previous kernel's results before any
+    read (every read and write stays after the wait, so stream order holds), and let the next kernel
+    launch: ``EARLY`` before the wait (the attention kernel: its combine launches at once and waits for
+    the splits), else after it (the combine: the next op's programs do not sit beside a running
+    attention kernel). Back-to-back launches stop paying their launch and ramp."""
+    if PDL:
+        if EARLY:
+            gdc_launch_dependents()
+        gdc_wait()
+        if not EARLY:
+            gdc_launch_dependents()
 
 
 @triton.jit
@@ -218,11 +234,12 @@ def _paged_attn_kernel(
     BITS: tl.constexpr, CB: tl.constexpr, IS_FLOAT: tl.constexpr, MBITS: tl.constexpr, SIGNED: tl.constexpr,
     ELEM_C: tl.constexpr, SPECIALS: tl.constexpr, INF_MAG: tl.constexpr, NAN_MAG: tl.constexpr,
     SCALE_KIND: tl.constexpr, GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, HAS_ZP: tl.constexpr,
-    HAS_GS: tl.constexpr,
+    HAS_GS: tl.constexpr, PDL: tl.constexpr,
 ):
     R: tl.constexpr = BLOCK_M * GP
     S: tl.constexpr = 32 // CB
     HS: tl.constexpr = S // 2
+    _pdl_start(PDL, True)
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -300,8 +317,9 @@ def _paged_attn_kernel(
 
 @triton.jit
 def _combine_kernel(o_ptr, lse_ptr, sink_ptr, out_ptr, HQ, n_splits, stride_ot, stride_oh,
-                    D: tl.constexpr, SP: tl.constexpr, HAS_SINKS: tl.constexpr):
+                    D: tl.constexpr, SP: tl.constexpr, HAS_SINKS: tl.constexpr, PDL: tl.constexpr):
     """out[t, h] = sum_s w_s o_s / (sum_s w_s + exp(sink_h)), w_s = exp(lse_s) (base 2, max-shifted)."""
+    _pdl_start(PDL, False)
     pid = tl.program_id(0)
     t = pid // HQ
     h = pid % HQ

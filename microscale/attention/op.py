@@ -30,7 +30,9 @@ class AttentionConfig:
     heads of a GQA group, >= 8: the MMA's N side), ``num_splits`` splits of the visible keys,
     ``num_warps``, ``num_stages`` (Triton's software pipelining of the code / scale loads),
     ``maxnreg`` (a register cap per thread: 168 lets three default decode programs share an SM
-    where 182 registers fit two; None: the compiler's count)."""
+    where 182 registers fit two; None: the compiler's count), ``pdl`` (on a Hopper-or-newer GPU, both
+    launches as programmatic dependents: each waits for the previous kernel before any read, so the
+    combine's and the next call's launches overlap the kernel before them; off until a GPU run times it)."""
 
     block_n: int
     rows: int
@@ -38,11 +40,17 @@ class AttentionConfig:
     num_warps: int = 4
     num_stages: int = 3
     maxnreg: int | None = None
+    pdl: bool = False
 
 
 #: decode programs of the default tile (128 keys, 4 warps) an SM holds at once: 182 registers a thread
-#: (sm_90 compile) fit two 128-thread programs in 64K registers (shared memory, 74 KB each, would fit three)
+#: (sm_90 compile) fit two 128-thread programs in 64K registers (shared memory at 5 stages, 75-109 KiB each, fits two)
 DECODE_PROGRAMS_PER_SM = 2
+
+#: Triton pipeline stages of decode. 2-4 leave the page-table -> codes load chain one buffer, loaded after the step's
+#: MMAs; 5 double-buffer it (a program decodes one step while the next streams; 2 programs still fit an SM). Stays
+#: 3 until a GPU run times 5 (benchmarks/sweep_decode.py)
+DECODE_STAGES = 3
 
 
 def decode_splits(pairs: int, n_blocks: int, slots: int) -> int:
@@ -74,7 +82,7 @@ def choose_config(n_seqs: int, kv_heads: int, group: int, max_len: int, max_q: i
     if max_q == 1:
         rows = max(16, gp)  # one token's heads, padded: 16 rows take the wgmma path (8 fall back to mma.sync)
         splits = decode_splits(max(1, n_seqs * kv_heads), n_blocks, DECODE_PROGRAMS_PER_SM * target.num_sms(device))
-        return AttentionConfig(block_n=block_n, rows=rows, num_splits=splits)
+        return AttentionConfig(block_n=block_n, rows=rows, num_splits=splits, num_stages=DECODE_STAGES)
     rows = max(64, gp)
     m_tiles = -(-max_q // (rows // gp))
     want = -(-2 * target.num_sms(device) // max(1, n_seqs * kv_heads * m_tiles))
@@ -170,6 +178,8 @@ def _paged(q, cache: PagedKVCache, layer, q_lens, seqs, softmax_scale, sliding_w
     gs = cache.global_scale if cache.global_scale is not None else o_part
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     grid = (-(-max_q // block_m), len(seqs) * hkv, n_splits)
+    pdl = bool(cfg.pdl) and not _INTERPRET and target.pdl_capable(dev)
+    pdl_kw = {"launch_pdl": True} if pdl else {}
     kc, vc = cache.k_codes[layer], cache.v_codes[layer]
     rl.launch(kern._paged_attn_kernel, grid,
               q, kc.view(torch.int32), vc.view(torch.int32), _raw_scales(cache.k_scales[layer]),
@@ -180,11 +190,12 @@ def _paged(q, cache: PagedKVCache, layer, q_lens, seqs, softmax_scale, sliding_w
               D=d, DW=kc.shape[-1] // 4, NB=cache.k_scales[layer].shape[-1],
               PAGE=cache.page_size, G=group, GP=gp, BLOCK_M=block_m, BLOCK_N=cfg.block_n,
               HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None, INTERP=_INTERPRET,
-              MODE=mode, CPAIR=cpair, RES=res, **fc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-              **({} if cfg.maxnreg is None or _INTERPRET else {"maxnreg": cfg.maxnreg}))
+              MODE=mode, CPAIR=cpair, RES=res, PDL=pdl, **fc, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+              **pdl_kw, **({} if cfg.maxnreg is None or _INTERPRET else {"maxnreg": cfg.maxnreg}))
     sp = 1 << max(0, (n_splits - 1).bit_length())
     rl.launch(kern._combine_kernel, (total * hq,), o_part, lse, sinks if sinks is not None else lse, out, hq,
-              n_splits, out.stride(0), out.stride(1), D=d, SP=sp, HAS_SINKS=sinks is not None, num_warps=4)
+              n_splits, out.stride(0), out.stride(1), D=d, SP=sp, HAS_SINKS=sinks is not None, PDL=pdl, num_warps=4,
+              **pdl_kw)
     return out
 
 

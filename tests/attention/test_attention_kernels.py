@@ -114,6 +114,32 @@ def test_register_cap_reaches_the_compiler(gen, monkeypatch):
             decode_attention(q, c, 0, config=AttentionConfig(block_n=16, rows=16, num_splits=2, maxnreg=bad))
 
 
+def test_programmatic_launches_where_the_device_has_them(gen, monkeypatch):
+    """On a device with programmatic dependent launch both kernels launch as dependents (``launch_pdl`` and the
+    kernels' ``PDL``: each waits for the previous kernel before reading); ``AttentionConfig(pdl=False)``, a device
+    without it and the interpreter launch them plainly."""
+    from microscale.attention import op
+
+    c = _filled("mxfp4", False, None, 1, [40], gen)
+    q = torch.randn(1, 8, 32, generator=gen).to(torch.bfloat16)
+    rl, kern = op._device()
+    seen = []
+
+    class Rec:
+        @staticmethod
+        def launch(fn, grid, *a, **kw):
+            seen.append((fn, kw.get("launch_pdl", False), kw["PDL"]))
+
+    monkeypatch.setattr(op, "_device", lambda: (Rec, kern))
+    for interp, capable, on, want in ((False, True, True, True), (False, True, False, False),
+                                      (False, False, True, False), (True, True, True, False)):
+        monkeypatch.setattr(op, "_INTERPRET", interp)
+        with target.override(pdl=capable):
+            decode_attention(q, c, 0, config=AttentionConfig(block_n=16, rows=16, num_splits=2, pdl=on))
+        assert seen == [(kern._paged_attn_kernel, want, want), (kern._combine_kernel, want, want)], seen
+        seen.clear()
+
+
 def test_splits_cover_keys_appended_after_the_split_count_was_fixed(gen, monkeypatch):
     """A decode call captured in a CUDA graph keeps its split count; replayed after the cache grew, every key
     must still be read: the kernel sizes each split from the device length. Emulated here by a host length
