@@ -11,6 +11,7 @@ One line per case (family, case, error, tolerance, ok); exit status 1 when any c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import sys
 import time
@@ -139,7 +140,8 @@ KV_FORMATS = (("fp8_e4m3_fp32", True, None), ("mxfp8_e4m3", False, None), ("nvfp
 
 
 def attention(gen: torch.Generator) -> None:
-    from microscale.attention import PagedKVCache, attention_reference, decode_attention, extend_attention
+    from microscale.attention import PagedKVCache, attention_reference, choose_config, decode_attention, \
+        extend_attention
 
     for fmt, per_token, gs in KV_FORMATS:
         for d, hkv, group, lens in ((128, 8, 8, [4000, 1, 333]), (64, 8, 8, [77, 2049]), (128, 2, 1, [17])):
@@ -169,11 +171,14 @@ def attention(gen: torch.Generator) -> None:
                 # replays of a captured decode, q rewritten before each (the kernel before the programmatic launch)
                 c = filled()
                 q = torch.randn(len(lens), hkv * group, d, generator=gen).bfloat16().to(DEV)
-                decode_attention(q, c, 0)  # compiled outside the capture
+                # the default tiling with 5 stages and programmatic launches (off by default until timed)
+                cfg = dataclasses.replace(choose_config(len(lens), hkv, group, max(lens), 1, q.device), num_stages=5,
+                                          pdl=True)
+                decode_attention(q, c, 0, config=cfg)  # compiled outside the capture
                 torch.cuda.synchronize()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
-                    out = decode_attention(q, c, 0)
+                    out = decode_attention(q, c, 0, config=cfg)
                 worst = 0.0
                 for _ in range(3):
                     q.copy_(torch.randn(q.shape, generator=gen).bfloat16().to(DEV))
