@@ -32,7 +32,8 @@ class AttentionConfig:
     ``maxnreg`` (a register cap per thread: 168 lets three default decode programs share an SM
     where 182 registers fit two; None: the compiler's count), ``pdl`` (on a Hopper-or-newer GPU, both
     launches as programmatic dependents: each waits for the previous kernel before any read, so the
-    combine's and the next call's launches overlap the kernel before them; off until a GPU run times it)."""
+    combine's and the next call's launches overlap the kernel before them; :func:`choose_config` turns it on
+    for decode with few query heads)."""
 
     block_n: int
     rows: int
@@ -48,9 +49,9 @@ class AttentionConfig:
 DECODE_PROGRAMS_PER_SM = 2
 
 #: Triton pipeline stages of decode. 2-4 leave the page-table -> codes load chain one buffer, loaded after the step's
-#: MMAs; 5 double-buffer it (a program decodes one step while the next streams; 2 programs still fit an SM). Stays
-#: 3 until a GPU run times 5 (benchmarks/sweep_decode.py)
-DECODE_STAGES = 3
+#: MMAs; 5 double-buffer it (a program decodes one step while the next streams; 2 programs still fit an SM): 6-11%
+#: faster on an H100 at 32k keys, batch 1 and 8, fp8 / NVFP4 / MXFP4
+DECODE_STAGES = 5
 
 
 def decode_splits(pairs: int, n_blocks: int, slots: int) -> int:
@@ -70,10 +71,11 @@ def decode_splits(pairs: int, n_blocks: int, slots: int) -> int:
 
 def choose_config(n_seqs: int, kv_heads: int, group: int, max_len: int, max_q: int, device: torch.device,
                   block_n: int | None = None) -> AttentionConfig:
-    """Decode: 128 keys per step, the keys split so that the programs fill the resident slots
-    (:data:`DECODE_PROGRAMS_PER_SM` x SMs) in as few rounds as possible (:func:`decode_splits`: all
-    SMs stream KV at batch 1, no short second round at batch 8); prefill: 64-row query tiles, 64 keys
-    per step, at least 2 x SMs programs. ``max_len``: the most keys a query tile can see (with a
+    """Decode: 128 keys per step, :data:`DECODE_STAGES` pipeline stages, the keys split so that the
+    programs fill the resident slots (:data:`DECODE_PROGRAMS_PER_SM` x SMs) in as few rounds as
+    possible (:func:`decode_splits`: all SMs stream KV at batch 1, no short second round at batch 8),
+    programmatic launches while the query heads are at most the SMs; prefill: 64-row query tiles, 64
+    keys per step, at least 2 x SMs programs. ``max_len``: the most keys a query tile can see (with a
     sliding window, about the window)."""
     if block_n is None:  # decode: 128 keys a step halve the per-step softmax work per key (SASS count)
         block_n = 128 if max_q == 1 else 64
@@ -81,8 +83,13 @@ def choose_config(n_seqs: int, kv_heads: int, group: int, max_len: int, max_q: i
     n_blocks = max(1, -(-max_len // block_n))
     if max_q == 1:
         rows = max(16, gp)  # one token's heads, padded: 16 rows take the wgmma path (8 fall back to mma.sync)
-        splits = decode_splits(max(1, n_seqs * kv_heads), n_blocks, DECODE_PROGRAMS_PER_SM * target.num_sms(device))
-        return AttentionConfig(block_n=block_n, rows=rows, num_splits=splits, num_stages=DECODE_STAGES)
+        sms = target.num_sms(device)
+        splits = decode_splits(max(1, n_seqs * kv_heads), n_blocks, DECODE_PROGRAMS_PER_SM * sms)
+        # programmatic launches where the combine's programs (one per query head), launched early and waiting,
+        # fit one an SM beside the attention programs: 0.6-0.9 us saved at batch 1 (64 heads); at batch 8 (512)
+        # they cost up to 2%
+        return AttentionConfig(block_n=block_n, rows=rows, num_splits=splits, num_stages=DECODE_STAGES,
+                               pdl=n_seqs * kv_heads * group <= sms)
     rows = max(64, gp)
     m_tiles = -(-max_q // (rows // gp))
     want = -(-2 * target.num_sms(device) // max(1, n_seqs * kv_heads * m_tiles))
