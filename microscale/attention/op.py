@@ -49,7 +49,7 @@ class AttentionConfig:
 DECODE_PROGRAMS_PER_SM = 2
 
 #: Triton pipeline stages of decode. 2-4 leave the page-table -> codes load chain one buffer, loaded after the step's
-#: MMAs; 5 double-buffer it (a program decodes one step while the next streams; 2 programs still fit an SM): 6-11%
+#: MMAs; 5 double-buffer it (a program decodes one step while the next streams; 2 programs still fit an SM): 4-11%
 #: faster on an H100 at 32k keys, batch 1 and 8, fp8 / NVFP4 / MXFP4
 DECODE_STAGES = 5
 
