@@ -120,9 +120,8 @@ def sweep_attention(rows: list, copy: float, quick: bool) -> int:
             # the register cap that fits three 4-warp programs of 128 keys an SM (182 -> 168 registers, no spill)
             grid += [(128, 4, 3, sp, 168) for sp in splits]
             seen = set()
-            # the chosen config with 5 stages (double-buffered code loads), programmatic launches, and both
-            ab = [dataclasses.replace(base, num_stages=5), dataclasses.replace(base, pdl=True),
-                  dataclasses.replace(base, num_stages=5, pdl=True)]
+            # the chosen config with programmatic launches toggled, and as it was before 5 stages and those launches
+            ab = [dataclasses.replace(base, pdl=not base.pdl), dataclasses.replace(base, num_stages=3, pdl=False)]
             cands = [base] + ab + [attn.AttentionConfig(block_n=bn, rows=base.rows, num_splits=sp, num_warps=nw,
                                                    num_stages=st, maxnreg=mr) for bn, nw, st, sp, mr in grid]
             for cfg in cands[:1] if ONCE else cands:
