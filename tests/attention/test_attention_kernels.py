@@ -88,6 +88,23 @@ def test_decode_splits_fill_the_resident_slots():
         assert (cfg.block_n, cfg.rows, cfg.num_splits) == (128, 16, 4)
 
 
+def _recorded_launches(monkeypatch, what):
+    """The attention launches recorded instead of run: ``(seen, kernels)``; each launch appends
+    ``what(fn, kwargs)`` to ``seen``."""
+    from microscale.attention import op
+
+    kern = op._device()[1]
+    seen = []
+
+    class Rec:
+        @staticmethod
+        def launch(fn, grid, *a, **kw):
+            seen.append(what(fn, kw))
+
+    monkeypatch.setattr(op, "_device", lambda: (Rec, kern))
+    return seen, kern
+
+
 def test_register_cap_reaches_the_compiler(gen, monkeypatch):
     """``AttentionConfig.maxnreg`` goes to the attention kernel's launch as ``maxnreg`` (off the interpreter, which
     has no registers), only there, and a value outside [24, 255] is refused by name."""
@@ -95,15 +112,7 @@ def test_register_cap_reaches_the_compiler(gen, monkeypatch):
 
     c = _filled("nvfp4", False, 0.5, 1, [40], gen)
     q = torch.randn(1, 8, 32, generator=gen).to(torch.bfloat16)
-    rl, kern = op._device()
-    seen = []
-
-    class Rec:
-        @staticmethod
-        def launch(fn, grid, *a, **kw):
-            seen.append((fn, kw.get("maxnreg")))
-
-    monkeypatch.setattr(op, "_device", lambda: (Rec, kern))
+    seen, kern = _recorded_launches(monkeypatch, lambda fn, kw: (fn, kw.get("maxnreg")))
     monkeypatch.setattr(op, "_INTERPRET", False)
     for cap in (None, 168):
         decode_attention(q, c, 0, config=AttentionConfig(block_n=16, rows=16, num_splits=2, maxnreg=cap))
@@ -122,15 +131,7 @@ def test_programmatic_launches_where_the_device_has_them(gen, monkeypatch):
 
     c = _filled("mxfp4", False, None, 1, [40], gen)
     q = torch.randn(1, 8, 32, generator=gen).to(torch.bfloat16)
-    rl, kern = op._device()
-    seen = []
-
-    class Rec:
-        @staticmethod
-        def launch(fn, grid, *a, **kw):
-            seen.append((fn, kw.get("launch_pdl", False), kw["PDL"]))
-
-    monkeypatch.setattr(op, "_device", lambda: (Rec, kern))
+    seen, kern = _recorded_launches(monkeypatch, lambda fn, kw: (fn, kw.get("launch_pdl", False), kw["PDL"]))
     for interp, capable, on, want in ((False, True, True, True), (False, True, False, False),
                                       (False, False, True, False), (True, True, True, False)):
         monkeypatch.setattr(op, "_INTERPRET", interp)
