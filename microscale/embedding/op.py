@@ -82,6 +82,27 @@ def embedding_reference(ids: torch.Tensor, table: QTensor, dtype: torch.dtype | 
     return dq[inv * BR + flat % BR].reshape(*ids.shape, D)
 
 
+#: (device, stream) -> [flag tensor, the last call's number]: the kernel raises the flag to its call's
+#: number on an out-of-range id, so no call zeroes it first (one launch less); one flag per stream, since
+#: calls on one stream run in order
+_FLAGS: dict = {}
+_EPOCH_MAX = (1 << 31) - 1
+
+
+def _flag(device: torch.device) -> tuple[torch.Tensor, int]:
+    """This stream's out-of-range flag and the number of the call about to run (larger than any earlier
+    call's on the stream, so ``flag == number`` after the call says this call saw a bad id)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    slot = _FLAGS.get((device, stream))
+    if slot is None:
+        slot = _FLAGS[(device, stream)] = [torch.zeros(1, dtype=torch.int32, device=device), 0]
+    if slot[1] >= _EPOCH_MAX:  # after 2**31 calls: start over from a zeroed flag
+        slot[0].zero_()
+        slot[1] = 0
+    slot[1] += 1
+    return slot[0], slot[1]
+
+
 def gather_tile(block: int, k: int) -> tuple[int, int, int]:
     """``(tokens, columns, warps)`` of one program of the gather kernel for rows of ``k`` stored
     elements in blocks of ``block``: columns a power of two of at least one block and 8, up to 512
@@ -99,7 +120,8 @@ def embedding_triton(ids: torch.Tensor, table: QTensor, dtype: torch.dtype | Non
     """The GPU gather: one launch decodes only the gathered rows, bit-identical to
     :func:`embedding_reference`. An out-of-range id reads nothing (its output row is NaN) and sets
     a device flag; with ``check`` (default) the flag is read back (one host sync; skipped while a
-    CUDA graph is captured) and raises a ValueError naming the id."""
+    CUDA graph is captured) and raises a ValueError naming the id. The flag is one int32 per device and
+    stream that the kernel raises to the call's number, so no zeroing launch precedes the gather."""
     V, dtype = _check(ids, table, None, dtype, "embedding_triton")
     if table.device.type != "cuda" and not target.interpreting():
         raise ValueError(f"embedding_triton: the table is on {table.device}; this is the GPU kernel's entry point "
@@ -118,7 +140,7 @@ def embedding_triton(ids: torch.Tensor, table: QTensor, dtype: torch.dtype | Non
     flat = ids.reshape(-1).contiguous()
     T = flat.numel()
     out = _p._empty((T, D), dtype, table.device)
-    flag = torch.zeros(1, dtype=torch.int32, device=table.device)
+    flag, epoch = _flag(table.device)
     if T:
         skind = _p._scale_kind(fmt)
         scales = table.scales.contiguous()
@@ -131,7 +153,7 @@ def embedding_triton(ids: torch.Tensor, table: QTensor, dtype: torch.dtype | Non
         TR, TK, warps = gather_tile(fmt.block_size, K)
         rl.launch(k._embedding_kernel, (rl.cdiv(T, TR), rl.cdiv(D, TK)),
                   flat, data, scales, data if table.zero_points is None else table.zero_points.contiguous(),
-                  data if g is None else g, out, flag, T, V, K, D, K // fmt.block_size,
+                  data if g is None else g, out, flag, epoch, T, V, K, D, K // fmt.block_size,
                   TR=TR, TK=TK, B=fmt.block_size, BR=fmt.block_rows,
                   BITS=e.bits, IS_INT=e.kind == "int", SIGNED=e.signed, STEP=float(2.0 ** -e.frac_bits),
                   MBITS=e.mbits, POW=float(2.0 ** (127 - e.bias)), NAN_MIN=nan[0] if nan else -1,
@@ -139,7 +161,7 @@ def embedding_triton(ids: torch.Tensor, table: QTensor, dtype: torch.dtype | Non
                   HAS_GLOBAL=fmt.global_scale, MANUAL_BF16=_p._MANUAL_BF16,
                   num_warps=warps, enable_fp_fusion=False)
         capturing = table.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if check and not capturing and int(flag.item()):
+        if check and not capturing and int(flag.item()) == epoch:
             raise _range_error(flat.long(), V, "embedding")
     return out.reshape(*ids.shape, D)
 

@@ -50,6 +50,12 @@ def test_out_of_range_ids_are_errors(gen):
         embedding_triton(torch.tensor([0, 9]), q)
     out = embedding_triton(torch.tensor([0, 9]), q, torch.float32, check=False)  # no read: a NaN row
     assert torch.isnan(out[1]).all() and torch.equal(out[0], ref_dequantize(q)[0])
+    # the flag is not zeroed between calls: an earlier call's bad id must not fail a later good call,
+    # and a later bad call must still be caught
+    assert torch.equal(embedding_triton(torch.tensor([2]), q, torch.float32), ref_dequantize(q)[[2]])
+    with pytest.raises(ValueError, match=r"e\.g\. -3"):
+        embedding_triton(torch.tensor([-3, 1]), q)
+    assert torch.equal(embedding_triton(torch.tensor([4]), q, torch.float32), ref_dequantize(q)[[4]])
 
 
 def test_argument_errors(gen):
