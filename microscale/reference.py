@@ -12,7 +12,7 @@ from .formats import (
     Format, NonFinite, Overflow, Rounding, ScaleRule, TwoLevel, e8m0_from_amax,
     pack_codes, packed_len, round_integer, unpack_codes,
 )
-from .formats.elements import _enum, beyond_float32
+from .formats.elements import _enum, beyond_float32, div_exact as _div
 from .options import QuantizeOptions, resolve_format
 from .qtensor import QTensor
 
@@ -108,13 +108,6 @@ def nvfp4_global_scale(x: torch.Tensor, convention: TwoLevel | str = TwoLevel.MO
     s = _div(amax, E4M3_MAX * E2M1_MAX)
     return torch.where(amax > 0, s, one)
 
-
-def _div(t: torch.Tensor, c: float) -> torch.Tensor:
-    """``t / c`` correctly rounded on every device. (On CUDA, torch turns ``tensor / python
-    float`` into a multiply by the float32 reciprocal, which differs from the quotient by
-    one ulp for about 1 in 6 values of ``amax / 2688``; a same-device tensor divisor
-    takes the IEEE division, as the CPU does for both.)"""
-    return t / torch.full((), c, dtype=t.dtype, device=t.device)
 
 
 def compressed_tensors_global_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -229,7 +222,7 @@ def _quantize_rows(x, fmt: Format, gscale, gs_exact, rounding, overflow, nonfini
         raw = e8m0_from_amax(amax, rule, elem)
         xs = xb / _unblock_scales(codec.decode(raw), fmt)
     elif rule is ScaleRule.AMAX:
-        raw = codec.encode(amax / elem.max)
+        raw = codec.encode(_div(amax, elem.max))  # (a python divisor: inexact on CUDA)
         s = codec.decode(raw)
         xs = xb / _unblock_scales(torch.where(s == 0, torch.ones_like(s), s), fmt)
     else:  # MINMAX (affine): unsigned codes, x = (code - zp) * s
@@ -240,7 +233,7 @@ def _quantize_rows(x, fmt: Format, gscale, gs_exact, rounding, overflow, nonfini
         xr = torch.where(torch.isfinite(xb), xb, torch.zeros((), device=xb.device))
         lo = torch.clamp(xr.amin(dim=red).to(torch.float32), max=0.0)
         hi = torch.clamp(xr.amax(dim=red).to(torch.float32), min=0.0)
-        raw = codec.encode((hi - lo) / qmax)
+        raw = codec.encode(_div(hi - lo, qmax))
         raw = torch.where(codec.decode(raw) > 0, raw, codec.encode(torch.ones_like(hi)))  # zero blocks
         s = codec.decode(raw)
         zpf = torch.clamp(round_integer(-lo / s), 0.0, qmax)

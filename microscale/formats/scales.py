@@ -13,7 +13,7 @@ from functools import cached_property
 
 import torch
 
-from .elements import ELEMENTS, ElementCodec, Overflow, Rounding, _on_device
+from .elements import ELEMENTS, ElementCodec, Overflow, Rounding, _on_device, div_exact
 
 __all__ = ["ScaleCodec", "ScaleRule", "SCALES", "get_scale_codec", "e8m0_from_amax", "TwoLevel"]
 
@@ -153,7 +153,7 @@ def e8m0_from_amax(amax: torch.Tensor, rule: ScaleRule, element: ElementCodec) -
     a = amax.to(torch.float32)
     emax = element.emax
     if rule is ScaleRule.RCEIL:
-        d = a / element.max  # float32 division, as torchao and triton_kernels
+        d = div_exact(a, element.max)  # float32 division, as torchao and triton_kernels
         db = d.view(torch.int32)
         e, m = (db >> 23) & 0xFF, db & 0x7FFFFF
         b = torch.where(e == 0, (m > 0x400000).to(torch.int32), e + (m != 0).to(torch.int32))

@@ -7,6 +7,7 @@ import torch
 
 import microscale as ms
 from microscale.formats import registry, unpack_codes
+from microscale.formats.elements import div_exact
 
 ML = {"e2m1": ml_dtypes.float4_e2m1fn, "e2m3": ml_dtypes.float6_e2m3fn, "e3m2": ml_dtypes.float6_e3m2fn,
       "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
@@ -229,4 +230,29 @@ def test_nvfp4_global_scale_is_the_ieee_quotient():
     recip = amax * (np.float32(1.0) / np.float32(2688.0))
     assert (recip != want).mean() > 0.05  # the two roundings do differ on these inputs
     t = torch.from_numpy(amax)
-    assert torch.equal(reference._div(t, 2688.0), torch.from_numpy(want))
+    assert torch.equal(div_exact(t, 2688.0), torch.from_numpy(want))
+    for c in (3.0, 6.0, 7.0, 15.0, 127.0, 448.0):  # the other python divisors of the reference
+        assert torch.equal(div_exact(t, c), torch.from_numpy(amax / np.float32(c))), c
+
+
+# formats whose scales come from a float32 quotient by a python number (amax / element max, the
+# affine range / max code, RCEIL's amax / element max), one per rule and scale dtype
+_PY_DIVISOR_FORMATS = ["int4_fp32", "int8_fp32", "fp8_e4m3_fp32", "fp4_fp32", "nvfp8", "fp8_e4m3_block128",
+                       "fp8_e4m3_block128x128", "int4_affine_g128", "int8_affine_g32", "fp4_fp16"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the CPU divides exactly either way")
+@pytest.mark.parametrize("name,rule", [(n, None) for n in _PY_DIVISOR_FORMATS] + [("mxfp8_e4m3", "rceil"),
+                                                                                   ("mxfp4", "rceil")])
+def test_reference_on_cuda_equals_the_cpu(name, rule, gen):
+    """The reference on CUDA tensors is the CPU's bit for bit (torch's CUDA ``tensor / python float``
+    multiplies by the reciprocal: each such division goes through ``div_exact``)."""
+    from microscale import reference
+    x = torch.randn(128, 4096, generator=gen) * torch.exp2(torch.randint(-4, 5, (128, 1), generator=gen).float())
+    x = x.to(torch.bfloat16)
+    kw = {} if rule is None else {"scale_rule": rule}
+    a, b = reference.quantize(x, name, **kw), reference.quantize(x.cuda(), name, **kw)
+    assert torch.equal(a.data, b.data.cpu()) and torch.equal(a.scales.view(torch.uint8),
+                                                             b.scales.cpu().view(torch.uint8)), name
+    if a.zero_points is not None:
+        assert torch.equal(a.zero_points, b.zero_points.cpu()), name
