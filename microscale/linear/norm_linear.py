@@ -17,9 +17,12 @@ from ..runtime import launch as _kl
 from ..runtime import target
 from ..runtime.launch import cdiv, launch, next_pow2
 from . import tuning
+from .batched import _plan as batched_plan
 from .batched import linear_batched
 from .eligibility import check
-from .plans import REFUSED, SEEN, Plan, plannable
+from .plans import REFUSED, SEEN, Plan, plan_key, plannable
+from .routing import route
+from .weight_state import state
 
 __all__ = ["rmsnorm_linear", "rmsnorm_linear_reference"]
 
@@ -80,6 +83,12 @@ def rmsnorm_linear(x: torch.Tensor, norm_weight: torch.Tensor, w: QTensor | list
     """
     many = isinstance(w, (list, tuple))
     ws = list(w) if many else [w]
+    if (bias is None and kernel is not False and x.is_cuda and isinstance(eps, float) and x.dim() == 2
+            and isinstance(norm_weight, torch.Tensor)
+            and all(isinstance(q, QTensor) and len(q.shape) == 2 for q in ws)):
+        ys = _call_planned(x, norm_weight, gate, eps, ws, hit_only=True)  # (None unless a plan replays)
+        if ys is not None:
+            return ys if many else ys[0]
     bs = (list(bias) if bias is not None else [None] * len(ws)) if many else [bias]
     if len(bs) != len(ws):
         raise ValueError(f"{OP}: {len(bs)} biases for {len(ws)} weights")
@@ -150,12 +159,61 @@ def _norm_planned(x2: torch.Tensor, nw: torch.Tensor, gate: torch.Tensor | None,
     return _norm_rows(x2, nw, gate, eps)
 
 
+def _call_planned(x2: torch.Tensor, nw: torch.Tensor, gate: torch.Tensor | None, eps: float,
+                  ws: list[QTensor], hit_only: bool = False) -> list[torch.Tensor] | None:
+    """The whole eager call (norm, then the joined projection) through one call plan kept with the
+    joined weight, as :func:`microscale.linear.linear` keeps its own: recorded on a key's second call,
+    replayed from its third (x, the norm weight, gate and the output new each call; the normalized rows
+    a buffer of the plan, rewritten by each replay on the key's stream before its GEMM reads them).
+    None where no plan serves (weights in several groups or with biases, plans off, first calls): the
+    caller takes the separate steps. The key: x's, gate's and the norm weight's shapes, dtypes, devices
+    and 16-byte alignment, eps, the stream and the tuning record (:func:`plan_key`), on the joined
+    weight's state (so the weights' identity and versions, through ``linear_batched``'s join).
+    ``hit_only``: a replay or None, nothing recorded (before the arguments are checked: a key that
+    has a plan was checked when it was recorded)."""
+    groups, joined, ns = batched_plan(ws)
+    if len(groups) != 1:
+        return None
+    q = joined[0]
+    key0 = plan_key(x2, q, None)
+    if key0 is None or not nw.is_contiguous() or (gate is not None and (not gate.is_contiguous()
+                                                                          or gate.data_ptr() == x2.data_ptr())):
+        return None
+    key = (OP, key0, nw.shape, nw.dtype, nw.device, nw.data_ptr() % 16,
+           None if gate is None else (gate.shape, gate.dtype, gate.data_ptr() % 16), eps)
+    plans = state(q).plans
+    plan = plans.get(key)
+    if type(plan) is Plan:
+        y = plan(x2, nw, gate)
+    elif hit_only:
+        return None
+    elif plan is SEEN:  # the second call: recorded (the norm and the route the table gives, uncached)
+        rec: list = []
+        _kl.record(rec)
+        try:
+            h = _norm_rows(x2, nw, gate, eps)
+            y, ok = route(h, q, None, cache=False)
+        finally:
+            _kl.record(None)
+        plans[key] = (Plan.build(rec, (x2, nw, gate), y) if ok else None) or REFUSED
+    else:
+        if plan is None:
+            if len(plans) >= tuning.get().plans_per_weight:
+                plans.clear()
+            plans[key] = SEEN
+        return None
+    return list(y.split_with_sizes(ns, dim=-1))
+
+
 def _fused_run(x, norm_weight, ws, bs, eps, gate, many):
     """The kernel route of :func:`rmsnorm_linear` (arguments checked)."""
     k = x.shape[-1]
     lead = x.shape[:-1]
     g2 = None if gate is None else gate.reshape(-1, k).contiguous()
-    h = _norm_planned(x.reshape(-1, k).contiguous(), norm_weight.contiguous(), g2, float(eps))
-    ys = linear_batched(h, ws, bs if any(b is not None for b in bs) else None)
+    x2, nw = x.reshape(-1, k).contiguous(), norm_weight.contiguous()
+    ys = _call_planned(x2, nw, g2, float(eps), ws) if all(b is None for b in bs) else None
+    if ys is None:
+        h = _norm_planned(x2, nw, g2, float(eps))
+        ys = linear_batched(h, ws, bs if any(b is not None for b in bs) else None)
     outs = ys if len(lead) == 1 else [y.reshape(*lead, y.shape[-1]) for y in ys]
     return outs if many else outs[0]

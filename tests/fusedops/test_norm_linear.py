@@ -168,3 +168,9 @@ def test_gpu_eager_replays_equal_unplanned_calls(gated):
         with tuning.override(plans=False):
             want = ms.rmsnorm_linear(x, nw, ws, eps=1e-6, gate=gate)
         assert all(torch.equal(g, w) for g, w in zip(got, want))
+    # the whole call (norm + joined GEMV) was served by one plan kept with the joined weight
+    from microscale.linear.batched import _plan
+    from microscale.linear.norm_linear import OP
+    from microscale.linear.plans import Plan
+    from microscale.linear.weight_state import state
+    assert any(type(v) is Plan and k[0] == OP for k, v in state(_plan(ws)[1][0]).plans.items())
