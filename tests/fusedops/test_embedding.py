@@ -8,6 +8,8 @@ from microscale.embedding import embedding_triton
 from microscale.reference import dequantize as ref_dequantize
 
 FORMATS = sorted(ms.registry.keys())
+#: where the kernel runs: CUDA tensors on a GPU machine, CPU tensors under the interpreter elsewhere
+KDEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _table(name: str, gen: torch.Generator, V: int = 7, D: int = 40) -> ms.QTensor:
@@ -36,7 +38,7 @@ def test_kernel_gather_is_dequantize_of_rows(name, gen):
     ids = torch.tensor([6, 2, 2, 0, 5], dtype=torch.int32)
     for dtype in (torch.float32, torch.bfloat16):
         full = ref_dequantize(q, dtype)
-        got = embedding_triton(ids, q, dtype)
+        got = embedding_triton(ids.to(KDEV), q.to(KDEV), dtype).cpu()
         assert _bits_equal(got, full[ids.long()]), (name, dtype)
 
 
@@ -46,16 +48,19 @@ def test_out_of_range_ids_are_errors(gen):
         ms.embedding(torch.tensor([1, 7]), q)
     with pytest.raises(ValueError, match=r"e\.g\. -1"):
         ms.embedding(torch.tensor([-1]), q)
+    qk = q.to(KDEV)
     with pytest.raises(ValueError, match=r"ids must lie in \[0, 7\)"):
-        embedding_triton(torch.tensor([0, 9]), q)
-    out = embedding_triton(torch.tensor([0, 9]), q, torch.float32, check=False)  # no read: a NaN row
+        embedding_triton(torch.tensor([0, 9], device=KDEV), qk)
+    out = embedding_triton(torch.tensor([0, 9], device=KDEV), qk, torch.float32, check=False).cpu()  # a NaN row
     assert torch.isnan(out[1]).all() and torch.equal(out[0], ref_dequantize(q)[0])
     # the flag is not zeroed between calls: an earlier call's bad id must not fail a later good call,
     # and a later bad call must still be caught
-    assert torch.equal(embedding_triton(torch.tensor([2]), q, torch.float32), ref_dequantize(q)[[2]])
+    got = embedding_triton(torch.tensor([2], device=KDEV), qk, torch.float32).cpu()
+    assert torch.equal(got, ref_dequantize(q)[[2]])
     with pytest.raises(ValueError, match=r"e\.g\. -3"):
-        embedding_triton(torch.tensor([-3, 1]), q)
-    assert torch.equal(embedding_triton(torch.tensor([4]), q, torch.float32), ref_dequantize(q)[[4]])
+        embedding_triton(torch.tensor([-3, 1], device=KDEV), qk)
+    got = embedding_triton(torch.tensor([4], device=KDEV), qk, torch.float32).cpu()
+    assert torch.equal(got, ref_dequantize(q)[[4]])
 
 
 def test_argument_errors(gen):
@@ -76,5 +81,5 @@ def test_2d_blocks_and_empty(gen):
     ids = torch.tensor([129, 0, 127, 128])
     full = ref_dequantize(q)
     assert _bits_equal(ms.embedding(ids, q, dtype=torch.float32), full[ids])
-    assert _bits_equal(embedding_triton(ids, q, torch.float32), full[ids])
+    assert _bits_equal(embedding_triton(ids.to(KDEV), q.to(KDEV), torch.float32).cpu(), full[ids])
     assert ms.embedding(torch.zeros(0, dtype=torch.long), q).shape == (0, 128)

@@ -161,13 +161,15 @@ def test_gpu_eager_replays_equal_unplanned_calls(gated):
     gen = torch.Generator().manual_seed(11)
     ws = [ms.quantize(torch.randn(n, 512, generator=gen), "mxfp4").to("cuda") for n in (256, 128, 128)]
     nw = torch.randn(512, generator=gen).cuda().bfloat16()
-    for _ in range(5):
+    calls = []
+    for _ in range(5):  # (plans key on the tuning record: the unplanned calls come after)
         x = torch.randn(2, 512, generator=gen).cuda().bfloat16()
         gate = torch.randn(2, 512, generator=gen).cuda().bfloat16() if gated else None
-        got = ms.rmsnorm_linear(x, nw, ws, eps=1e-6, gate=gate)
-        with tuning.override(plans=False):
+        calls.append((x, gate, ms.rmsnorm_linear(x, nw, ws, eps=1e-6, gate=gate)))
+    with tuning.override(plans=False):
+        for x, gate, got in calls:
             want = ms.rmsnorm_linear(x, nw, ws, eps=1e-6, gate=gate)
-        assert all(torch.equal(g, w) for g, w in zip(got, want))
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
     # the whole call (norm + joined GEMV) was served by one plan kept with the joined weight
     from microscale.linear.batched import _plan
     from microscale.linear.norm_linear import OP
