@@ -14,7 +14,11 @@ import torch
 from ..formats.kinds import ScaleKind
 from ..qtensor import QTensor
 from ..reference import dequantize as _ref_dequantize
+from ..linear import tuning
+from ..linear.plans import REFUSED, SEEN, Plan, plannable
+from ..linear.weight_state import state
 from ..runtime import target
+from ..runtime import launch as _kl
 
 __all__ = ["embedding", "embedding_reference", "embedding_triton"]
 
@@ -82,25 +86,56 @@ def embedding_reference(ids: torch.Tensor, table: QTensor, dtype: torch.dtype | 
     return dq[inv * BR + flat % BR].reshape(*ids.shape, D)
 
 
-#: (device, stream) -> [flag tensor, the last call's number]: the kernel raises the flag to its call's
-#: number on an out-of-range id, so no call zeroes it first (one launch less); one flag per stream, since
-#: calls on one stream run in order
+#: (device, stream, checked) -> the out-of-range flag the gather raises to 1 (one int32, never zeroed
+#: before a call: one launch less). A checked call (``check=True``, no graph capture) reads its flag and,
+#: when it is set, zeroes it before raising, so the flag of checked calls is 0 when each one starts (calls
+#: on one stream run in order); unchecked calls and captured ones raise a flag nobody reads.
 _FLAGS: dict = {}
-_EPOCH_MAX = (1 << 31) - 1
 
 
-def _flag(device: torch.device) -> tuple[torch.Tensor, int]:
-    """This stream's out-of-range flag and the number of the call about to run (larger than any earlier
-    call's on the stream, so ``flag == number`` after the call says this call saw a bad id)."""
+def _flag(device: torch.device, checked: bool) -> torch.Tensor:
+    """This stream's out-of-range flag for checked or for unchecked calls."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    slot = _FLAGS.get((device, stream))
-    if slot is None:
-        slot = _FLAGS[(device, stream)] = [torch.zeros(1, dtype=torch.int32, device=device), 0]
-    if slot[1] >= _EPOCH_MAX:  # after 2**31 calls: start over from a zeroed flag
-        slot[0].zero_()
-        slot[1] = 0
-    slot[1] += 1
-    return slot[0], slot[1]
+    flag = _FLAGS.get((device, stream, checked))
+    if flag is None:
+        flag = _FLAGS[(device, stream, checked)] = torch.zeros(1, dtype=torch.int32, device=device)
+    return flag
+
+
+_MAX_PLANS = 64  # call plans kept per table
+
+
+def _plan_key(flat: torch.Tensor, dtype: torch.dtype, checked: bool) -> tuple:
+    return ("embedding", flat.shape, flat.dtype, flat.device, flat.data_ptr() % 16, dtype, checked,
+            _kl.current_stream(), tuning.serial())
+
+
+def _gather_planned(flat: torch.Tensor, table: QTensor, dtype: torch.dtype, checked: bool, launch_gather):
+    """The gather through a call plan kept with the table (its state), as ``ms.linear`` keeps its own:
+    recorded on a key's second eager call, replayed from its third with the new ids and a new output.
+    Key: the ids' shape, dtype, device and 16-byte alignment, the output dtype, checked or not, the
+    stream and the linear tuning record (plans on or off). None where no plan serves yet."""
+    if not plannable(flat):
+        return None
+    key = _plan_key(flat, dtype, checked)
+    plans = state(table).plans
+    plan = plans.get(key)
+    if type(plan) is Plan:
+        return plan(flat)
+    if plan is None:
+        if len(plans) >= _MAX_PLANS:
+            plans.clear()
+        plans[key] = SEEN
+    elif plan is SEEN:  # the second call: recorded
+        rec: list = []
+        _kl.record(rec)
+        try:
+            out = launch_gather()
+        finally:
+            _kl.record(None)
+        plans[key] = Plan.build(rec, (flat,), out) or REFUSED
+        return out
+    return None
 
 
 def gather_tile(block: int, k: int) -> tuple[int, int, int]:
@@ -120,8 +155,12 @@ def embedding_triton(ids: torch.Tensor, table: QTensor, dtype: torch.dtype | Non
     """The GPU gather: one launch decodes only the gathered rows, bit-identical to
     :func:`embedding_reference`. An out-of-range id reads nothing (its output row is NaN) and sets
     a device flag; with ``check`` (default) the flag is read back (one host sync; skipped while a
-    CUDA graph is captured) and raises a ValueError naming the id. The flag is one int32 per device and
-    stream that the kernel raises to the call's number, so no zeroing launch precedes the gather."""
+    CUDA graph is captured) and raises a ValueError naming the id. No launch zeroes the flag before
+    the gather (see ``_FLAGS``). Eager calls replay a call plan from the third with the same ids
+    shape, dtype and table version (``_gather_planned``)."""
+    out = _replay(ids, table, dtype, check)
+    if out is not None:
+        return out
     V, dtype = _check(ids, table, None, dtype, "embedding_triton")
     if table.device.type != "cuda" and not target.interpreting():
         raise ValueError(f"embedding_triton: the table is on {table.device}; this is the GPU kernel's entry point "
@@ -132,38 +171,75 @@ def embedding_triton(ids: torch.Tensor, table: QTensor, dtype: torch.dtype | Non
     why = _p.unsupported_reason(table.fmt)
     if why:
         raise NotImplementedError(f"embedding_triton: {why}")
+    D = int(table.shape[1])
+    flat = ids.reshape(-1).contiguous()
+    if flat.numel() == 0:
+        return _p._empty((0, D), dtype, table.device).reshape(*ids.shape, D)
+    checked = check and not (table.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    flag = _flag(table.device, checked)
+    out = _gather_planned(flat, table, dtype, checked, lambda: _launch(flat, table, dtype, flag))
+    if out is None:
+        out = _launch(flat, table, dtype, flag)
+    _raise_if_flagged(flag, checked, flat, V)
+    return out.reshape(*ids.shape, D)
+
+
+def _raise_if_flagged(flag: torch.Tensor, checked: bool, flat: torch.Tensor, V: int) -> None:
+    """A checked call's flag read back: when set, zeroed (the next checked call starts from 0) and raised."""
+    if checked and int(flag.item()):
+        flag.zero_()
+        raise _range_error(flat.long(), V, "embedding")
+
+
+def _replay(ids, table, dtype, check) -> torch.Tensor | None:
+    """The call through a kept plan, before any argument check (a key with a plan was checked when it
+    was recorded), or None."""
+    if not (isinstance(table, QTensor) and isinstance(ids, torch.Tensor) and ids.is_cuda and ids.is_contiguous()):
+        return None
+    flat = ids.reshape(-1)
+    if not flat.numel() or not plannable(flat):
+        return None
+    dt = table.dtype if dtype is None else dtype
+    checked = bool(check)
+    plan = state(table).plans.get(_plan_key(flat, dt, checked))
+    if type(plan) is not Plan:
+        return None
+    out = plan(flat)
+    _raise_if_flagged(_flag(table.device, checked), checked, flat, int(table.shape[0]))
+    return out.reshape(*ids.shape, out.shape[-1])
+
+
+def _launch(flat: torch.Tensor, table: QTensor, dtype: torch.dtype, flag: torch.Tensor) -> torch.Tensor:
+    """One gather launch: rows ``flat`` of ``table`` into a new ``[T, D]`` tensor of ``dtype``."""
+    from ..quant import params as _p  # (no Triton import)
+
     rl, k = _device()
     fmt = table.fmt
     e = fmt.element
     K = int(table.padded_shape[-1])
     D = int(table.shape[1])
-    flat = ids.reshape(-1).contiguous()
     T = flat.numel()
+    V = int(table.shape[0])
     out = _p._empty((T, D), dtype, table.device)
-    flag, epoch = _flag(table.device)
-    if T:
-        skind = _p._scale_kind(fmt)
-        scales = table.scales.contiguous()
-        scales = scales.view(torch.uint8) if skind < ScaleKind.FP16 else scales  # E8M0 / UE4M3 bytes
-        data = table.data.contiguous()
-        g = table.global_scale
-        if g is not None:
-            g = g.to(device=table.device, dtype=torch.float32).reshape(1)
-        nan = sorted(e.nan_codes)
-        TR, TK, warps = gather_tile(fmt.block_size, K)
-        rl.launch(k._embedding_kernel, (rl.cdiv(T, TR), rl.cdiv(D, TK)),
-                  flat, data, scales, data if table.zero_points is None else table.zero_points.contiguous(),
-                  data if g is None else g, out, flag, epoch, T, V, K, D, K // fmt.block_size,
-                  TR=TR, TK=TK, B=fmt.block_size, BR=fmt.block_rows,
-                  BITS=e.bits, IS_INT=e.kind == "int", SIGNED=e.signed, STEP=float(2.0 ** -e.frac_bits),
-                  MBITS=e.mbits, POW=float(2.0 ** (127 - e.bias)), NAN_MIN=nan[0] if nan else -1,
-                  INF_CODE=e.inf_code if e.has_inf else -1, SCALE_KIND=skind, HAS_ZP=fmt.zero_point,
-                  HAS_GLOBAL=fmt.global_scale, MANUAL_BF16=_p._MANUAL_BF16,
-                  num_warps=warps, enable_fp_fusion=False)
-        capturing = table.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if check and not capturing and int(flag.item()) == epoch:
-            raise _range_error(flat.long(), V, "embedding")
-    return out.reshape(*ids.shape, D)
+    skind = _p._scale_kind(fmt)
+    scales = table.scales.contiguous()
+    scales = scales.view(torch.uint8) if skind < ScaleKind.FP16 else scales  # E8M0 / UE4M3 bytes
+    data = table.data.contiguous()
+    g = table.global_scale
+    if g is not None:
+        g = g.to(device=table.device, dtype=torch.float32).reshape(1)
+    nan = sorted(e.nan_codes)
+    TR, TK, warps = gather_tile(fmt.block_size, K)
+    rl.launch(k._embedding_kernel, (rl.cdiv(T, TR), rl.cdiv(D, TK)),
+              flat, data, scales, data if table.zero_points is None else table.zero_points.contiguous(),
+              data if g is None else g, out, flag, T, V, K, D, K // fmt.block_size,
+              TR=TR, TK=TK, B=fmt.block_size, BR=fmt.block_rows,
+              BITS=e.bits, IS_INT=e.kind == "int", SIGNED=e.signed, STEP=float(2.0 ** -e.frac_bits),
+              MBITS=e.mbits, POW=float(2.0 ** (127 - e.bias)), NAN_MIN=nan[0] if nan else -1,
+              INF_CODE=e.inf_code if e.has_inf else -1, SCALE_KIND=skind, HAS_ZP=fmt.zero_point,
+              HAS_GLOBAL=fmt.global_scale, MANUAL_BF16=_p._MANUAL_BF16,
+              num_warps=warps, enable_fp_fusion=False)
+    return out
 
 
 def embedding(ids: torch.Tensor, table: QTensor, padding_idx: int | None = None, *,

@@ -83,3 +83,28 @@ def test_2d_blocks_and_empty(gen):
     assert _bits_equal(ms.embedding(ids, q, dtype=torch.float32), full[ids])
     assert _bits_equal(embedding_triton(ids.to(KDEV), q.to(KDEV), torch.float32).cpu(), full[ids])
     assert ms.embedding(torch.zeros(0, dtype=torch.long), q).shape == (0, 128)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (call plans are eager CUDA calls)")
+def test_gpu_eager_replays_equal_unplanned_calls(gen):
+    """From the third eager call with the same ids shape the gather replays a call plan kept with the table:
+    each call's ids reach it, the rows equal the reference's, a checked replay still raises on a bad id and
+    the next checked call does not."""
+    from microscale.embedding.op import _plan_key
+    from microscale.linear.plans import Plan
+    from microscale.linear.weight_state import state
+
+    q = _table("nvfp4", gen, V=50, D=64).to("cuda")
+    full = ref_dequantize(q.to("cpu"), torch.bfloat16)
+    for _ in range(5):
+        ids = torch.randint(0, 50, (3, 4), generator=gen)
+        got = ms.embedding(ids.cuda(), q, dtype=torch.bfloat16).cpu()
+        assert _bits_equal(got, full[ids])
+    flat = torch.zeros(12, dtype=torch.int64, device="cuda")
+    assert type(state(q).plans.get(_plan_key(flat, torch.bfloat16, True))) is Plan
+    bad = torch.randint(0, 50, (3, 4), generator=gen)
+    bad[1, 2] = 50
+    with pytest.raises(ValueError, match=r"e\.g\. 50"):
+        ms.embedding(bad.cuda(), q, dtype=torch.bfloat16)
+    ids = torch.randint(0, 50, (3, 4), generator=gen)
+    assert _bits_equal(ms.embedding(ids.cuda(), q, dtype=torch.bfloat16).cpu(), full[ids])

@@ -11,9 +11,9 @@ from ...quant._kernels.elements import _decode
 from ...quant._kernels.scales import _scale_decode
 
 
-@triton.jit(do_not_specialize=["EPOCH"])
+@triton.jit
 def _embedding_kernel(
-    ids_ptr, data_ptr, scale_ptr, zp_ptr, gscale_ptr, out_ptr, flag_ptr, EPOCH, T, V, K, KO, SC,
+    ids_ptr, data_ptr, scale_ptr, zp_ptr, gscale_ptr, out_ptr, flag_ptr, T, V, K, KO, SC,
     TR: tl.constexpr, TK: tl.constexpr, B: tl.constexpr, BR: tl.constexpr,
     BITS: tl.constexpr, IS_INT: tl.constexpr, SIGNED: tl.constexpr, STEP: tl.constexpr,
     MBITS: tl.constexpr, POW: tl.constexpr, NAN_MIN: tl.constexpr, INF_CODE: tl.constexpr,
@@ -21,9 +21,8 @@ def _embedding_kernel(
 ):
     """out[t, :KO] = dequantize(table)[ids[t], :KO] for a ``[TR, TK]`` tile of tokens x columns.
 
-    An id outside ``[0, V)`` reads nothing: its row is written as NaN and ``flag`` is raised to
-    ``EPOCH``, the call's number (the host raises on it; no zeroing launch before each call).
-    ``K`` is the stored (block-padded) row length, ``KO`` the output's."""
+    An id outside ``[0, V)`` reads nothing: its row is written as NaN and ``flag`` is set to 1
+    (the host raises on it). ``K`` is the stored (block-padded) row length, ``KO`` the output's."""
     PACK_WORD: tl.constexpr = (8 % BITS) != 0  # 3-, 5-, 6-bit codes: 8 codes in BITS bytes
     G: tl.constexpr = 8 if PACK_WORD else 8 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
@@ -33,7 +32,7 @@ def _embedding_kernel(
     tmask = toks < T
     ids = tl.load(ids_ptr + toks, mask=tmask, other=0).to(tl.int64)
     bad = tmask & ((ids < 0) | (ids >= V))
-    tl.atomic_max(flag_ptr + tl.zeros([TR], tl.int32), tl.full([TR], EPOCH, tl.int32), mask=bad)
+    tl.atomic_max(flag_ptr + tl.zeros([TR], tl.int32), bad.to(tl.int32), mask=bad)
     ok = tmask & ~bad
     rows = tl.where(ok, ids, 0)
     k0 = tl.program_id(1) * TK
