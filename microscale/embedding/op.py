@@ -15,7 +15,7 @@ from ..formats.kinds import ScaleKind
 from ..qtensor import QTensor
 from ..reference import dequantize as _ref_dequantize
 from ..linear import tuning
-from ..linear.plans import REFUSED, SEEN, Plan, plannable
+from ..linear.plans import Plan, plannable, through_plan
 from ..linear.weight_state import state
 from ..runtime import target
 from ..runtime import launch as _kl
@@ -117,25 +117,8 @@ def _gather_planned(flat: torch.Tensor, table: QTensor, dtype: torch.dtype, chec
     stream and the linear tuning record (plans on or off). None where no plan serves yet."""
     if not plannable(flat):
         return None
-    key = _plan_key(flat, dtype, checked)
-    plans = state(table).plans
-    plan = plans.get(key)
-    if type(plan) is Plan:
-        return plan(flat)
-    if plan is None:
-        if len(plans) >= _MAX_PLANS:
-            plans.clear()
-        plans[key] = SEEN
-    elif plan is SEEN:  # the second call: recorded
-        rec: list = []
-        _kl.record(rec)
-        try:
-            out = launch_gather()
-        finally:
-            _kl.record(None)
-        plans[key] = Plan.build(rec, (flat,), out) or REFUSED
-        return out
-    return None
+    return through_plan(state(table).plans, _plan_key(flat, dtype, checked), (flat,),
+                        lambda: (launch_gather(), True), _MAX_PLANS)
 
 
 def gather_tile(block: int, k: int) -> tuple[int, int, int]:

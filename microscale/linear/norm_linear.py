@@ -20,7 +20,7 @@ from . import tuning
 from .batched import _plan as batched_plan
 from .batched import linear_batched
 from .eligibility import check
-from .plans import REFUSED, SEEN, Plan, plan_key, plannable
+from .plans import plan_key, plannable, through_plan
 from .routing import route
 from .weight_state import state
 
@@ -140,23 +140,9 @@ def _norm_planned(x2: torch.Tensor, nw: torch.Tensor, gate: torch.Tensor | None,
     key = (x2.shape, x2.dtype, x2.device, x2.data_ptr() % 16, nw.shape, nw.dtype, nw.device, nw.data_ptr() % 16,
            None if gate is None else (gate.shape, gate.dtype, gate.data_ptr() % 16), eps, _kl.current_stream(),
            tuning.serial())
-    plan = _NORM_PLANS.get(key)
-    if type(plan) is Plan:
-        return plan(x2, nw, gate)
-    if plan is None:
-        if len(_NORM_PLANS) >= _MAX_NORM_PLANS:
-            _NORM_PLANS.clear()
-        _NORM_PLANS[key] = SEEN
-    elif plan is SEEN:  # the second call: recorded
-        rec: list = []
-        _kl.record(rec)
-        try:
-            h = _norm_rows(x2, nw, gate, eps)
-        finally:
-            _kl.record(None)
-        _NORM_PLANS[key] = Plan.build(rec, (x2, nw, gate), h) or REFUSED
-        return h
-    return _norm_rows(x2, nw, gate, eps)
+    h = through_plan(_NORM_PLANS, key, (x2, nw, gate), lambda: (_norm_rows(x2, nw, gate, eps), True),
+                     _MAX_NORM_PLANS)
+    return _norm_rows(x2, nw, gate, eps) if h is None else h
 
 
 def _call_planned(x2: torch.Tensor, nw: torch.Tensor, gate: torch.Tensor | None, eps: float,
@@ -181,26 +167,12 @@ def _call_planned(x2: torch.Tensor, nw: torch.Tensor, gate: torch.Tensor | None,
         return None
     key = (OP, key0, nw.shape, nw.dtype, nw.device, nw.data_ptr() % 16,
            None if gate is None else (gate.shape, gate.dtype, gate.data_ptr() % 16), eps)
-    plans = state(q).plans
-    plan = plans.get(key)
-    if type(plan) is Plan:
-        y = plan(x2, nw, gate)
-    elif hit_only:
-        return None
-    elif plan is SEEN:  # the second call: recorded (the norm and the route the table gives, uncached)
-        rec: list = []
-        _kl.record(rec)
-        try:
-            h = _norm_rows(x2, nw, gate, eps)
-            y, ok = route(h, q, None, cache=False)
-        finally:
-            _kl.record(None)
-        plans[key] = (Plan.build(rec, (x2, nw, gate), y) if ok else None) or REFUSED
-    else:
-        if plan is None:
-            if len(plans) >= tuning.get().plans_per_weight:
-                plans.clear()
-            plans[key] = SEEN
+
+    def run():
+        h = _norm_rows(x2, nw, gate, eps)
+        return route(h, q, None, cache=False)
+    y = through_plan(state(q).plans, key, (x2, nw, gate), run, tuning.get().plans_per_weight, hit_only)
+    if y is None:
         return None
     return list(y.split_with_sizes(ns, dim=-1))
 

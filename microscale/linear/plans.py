@@ -114,3 +114,30 @@ class Plan:
                     args[i] = subs[j] if dt is None else subs[j].view(dt)
             fn(stream, args)
         return out
+
+
+def through_plan(plans: dict, key, ins: tuple, run, cap: int, replay_only: bool = False):
+    """One eager call through the plan lifecycle of ``plans[key]``: a kept :class:`Plan` replays on ``ins``;
+    a key's first call marks it SEEN; its second runs ``run()`` (returning ``(output, plannable)``) while
+    recording and keeps the plan it builds (or REFUSED). Returns the output, or None where the caller runs
+    the call itself (a first call, a refused key, or ``replay_only`` without a plan). ``cap``: keys kept
+    before the dict is cleared."""
+    plan = plans.get(key)
+    if type(plan) is Plan:
+        return plan(*ins)
+    if replay_only:
+        return None
+    if plan is SEEN:
+        rec: list = []
+        _kl.record(rec)
+        try:
+            out, ok = run()
+        finally:
+            _kl.record(None)
+        plans[key] = (Plan.build(rec, ins, out) if ok else None) or REFUSED
+        return out
+    if plan is None:
+        if len(plans) >= cap:
+            plans.clear()
+        plans[key] = SEEN
+    return None
