@@ -12,13 +12,13 @@ import functools
 import torch
 
 from ..formats.kinds import ScaleKind
-from ..qtensor import QTensor
-from ..reference import dequantize as _ref_dequantize
 from ..linear import tuning
 from ..linear.plans import Plan, plannable, through_plan
 from ..linear.weight_state import state
-from ..runtime import target
+from ..qtensor import QTensor
+from ..reference import dequantize as _ref_dequantize
 from ..runtime import launch as _kl
+from ..runtime import target
 
 __all__ = ["embedding", "embedding_reference", "embedding_triton"]
 
