@@ -213,6 +213,11 @@ def _launch(flat: torch.Tensor, table: QTensor, dtype: torch.dtype, flag: torch.
         g = g.to(device=table.device, dtype=torch.float32).reshape(1)
     nan = sorted(e.nan_codes)
     TR, TK, warps = gather_tile(fmt.block_size, K)
+    per_byte = 8 // e.bits if 8 % e.bits == 0 else 0  # codes a byte (0: 3/5/6-bit codes, packed 8 in BITS bytes)
+    word32 = (per_byte > 0 and (K // per_byte) % 4 == 0 and (TK // per_byte) % 4 == 0
+              and data.storage_offset() % 4 == 0 and data.data_ptr() % 4 == 0)
+    if word32:
+        data = data.view(torch.int32)
     rl.launch(k._embedding_kernel, (rl.cdiv(T, TR), rl.cdiv(D, TK)),
               flat, data, scales, data if table.zero_points is None else table.zero_points.contiguous(),
               data if g is None else g, out, flag, T, V, K, D, K // fmt.block_size,
@@ -220,7 +225,7 @@ def _launch(flat: torch.Tensor, table: QTensor, dtype: torch.dtype, flag: torch.
               BITS=e.bits, IS_INT=e.kind == "int", SIGNED=e.signed, STEP=float(2.0 ** -e.frac_bits),
               MBITS=e.mbits, POW=float(2.0 ** (127 - e.bias)), NAN_MIN=nan[0] if nan else -1,
               INF_CODE=e.inf_code if e.has_inf else -1, SCALE_KIND=skind, HAS_ZP=fmt.zero_point,
-              HAS_GLOBAL=fmt.global_scale, MANUAL_BF16=_p._MANUAL_BF16,
+              HAS_GLOBAL=fmt.global_scale, MANUAL_BF16=_p._MANUAL_BF16, WORD32=word32,
               num_warps=warps, enable_fp_fusion=False)
     return out
 

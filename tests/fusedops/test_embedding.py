@@ -108,3 +108,21 @@ def test_gpu_eager_replays_equal_unplanned_calls(gen):
         ms.embedding(bad.cuda(), q, dtype=torch.bfloat16)
     ids = torch.randint(0, 50, (3, 4), generator=gen)
     assert _bits_equal(ms.embedding(ids.cuda(), q, dtype=torch.bfloat16).cpu(), full[ids])
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp8_e4m3", "int4_affine_g128"])
+def test_kernel_reads_bytes_where_rows_are_not_word_aligned(name, gen):
+    """Codes at an address that is not a multiple of 4 take the byte-wise read (aligned ones are read
+    as int32 words): both equal the reference bit for bit."""
+    q = _table(name, gen, V=9, D=64)
+    qk = q.to(KDEV)
+    raw = torch.zeros(q.data.numel() + 1, dtype=torch.uint8, device=KDEV)
+    raw[1:] = qk.data.reshape(-1)
+    odd = ms.QTensor(raw[1:].view(q.data.shape), qk.scales, q.fmt, q.shape, q.dtype, qk.global_scale,
+                     qk.zero_points, dict(q.meta))
+    assert odd.data.data_ptr() % 4 != 0
+    ids = torch.tensor([8, 0, 3, 3, 5])
+    full = ref_dequantize(q, torch.float32)
+    for t in (qk, odd):
+        got = embedding_triton(ids.to(KDEV), t, torch.float32).cpu()
+        assert _bits_equal(got, full[ids]), name
