@@ -109,7 +109,6 @@ def nvfp4_global_scale(x: torch.Tensor, convention: TwoLevel | str = TwoLevel.MO
     return torch.where(amax > 0, s, one)
 
 
-
 def compressed_tensors_global_scale(amax: torch.Tensor) -> torch.Tensor:
     """compressed-tensors' stored (reciprocal) global scale ``gs = 2688/max(amax, tiny)``,
     NaN/Inf/zero-amax -> 1."""

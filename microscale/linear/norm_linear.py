@@ -166,7 +166,7 @@ def _call_planned(x2: torch.Tensor, nw: torch.Tensor, gate: torch.Tensor | None,
                                                                           or gate.data_ptr() == x2.data_ptr())):
         return None
     key = (OP, key0, nw.shape, nw.dtype, nw.device, nw.data_ptr() % 16,
-           None if gate is None else (gate.shape, gate.dtype, gate.data_ptr() % 16), eps)
+           None if gate is None else (gate.shape, gate.dtype, gate.device, gate.data_ptr() % 16), eps)
 
     def run():
         h = _norm_rows(x2, nw, gate, eps)

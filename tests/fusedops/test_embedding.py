@@ -53,8 +53,8 @@ def test_out_of_range_ids_are_errors(gen):
         embedding_triton(torch.tensor([0, 9], device=KDEV), qk)
     out = embedding_triton(torch.tensor([0, 9], device=KDEV), qk, torch.float32, check=False).cpu()  # a NaN row
     assert torch.isnan(out[1]).all() and torch.equal(out[0], ref_dequantize(q)[0])
-    # the flag is not zeroed between calls: an earlier call's bad id must not fail a later good call,
-    # and a later bad call must still be caught
+    # no launch zeroes the flag before a call: an earlier call's bad id (unchecked or raised) must not
+    # fail a later good call, and a later bad call must still be caught
     got = embedding_triton(torch.tensor([2], device=KDEV), qk, torch.float32).cpu()
     assert torch.equal(got, ref_dequantize(q)[[2]])
     with pytest.raises(ValueError, match=r"e\.g\. -3"):
