@@ -72,6 +72,20 @@ def route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> tuple:
     return perm, offsets, te, tb
 
 
+def slot_sum(y: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """Each token's sum of its ``top_k`` consecutive rows of ``y`` (fp32 ``[T*top_k, H]``, contiguous), the
+    slots added in order in fp32 and cast to ``dtype``: ``[T, H]`` in one launch."""
+    from ._kernels import _grouped as kern
+
+    r, h = y.shape
+    out = torch.empty((r // top_k, h), dtype=dtype, device=y.device)
+    if out.numel():
+        block = min(1024, max(128, next_pow2(h)))
+        launch(kern._slot_sum_kernel, (out.shape[0], cdiv(h, block)), y, out, h, TOP_K=top_k, BLOCK=block,
+               num_warps=4)
+    return out
+
+
 def grouped_run(x: torch.Tensor, pe: PackedExperts, offsets: torch.Tensor, bias: torch.Tensor | None = None,
                 rows: torch.Tensor | None = None, config: GroupedConfig | None = None,
                 out: torch.Tensor | None = None, *, gather_div: int = 1, tiles: tuple | None = None,

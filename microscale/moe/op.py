@@ -13,7 +13,11 @@ import json
 import torch
 
 from ..formats import Format
+from ..linear import tuning as linear_tuning
+from ..linear.plans import Plan, plannable, through_plan
+from ..linear.weight_state import state, weight_key
 from ..qtensor import QTensor
+from ..runtime import launch as _kl
 from .packed import OP, PackedExperts, cached_prepare_experts, fmt_json
 from .reference import ACTIVATIONS, LAYOUTS, grouped_linear_reference, moe_experts_reference
 
@@ -140,14 +144,23 @@ def grouped_linear(x: torch.Tensor, w: QTensor | PackedExperts, offsets: torch.T
 
 def _experts_forward(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_bias, dn_bias, activation, alpha,
                      limit, layout):
+    """The composed forward on CUDA (:func:`_forward_launches`), its output."""
+    return _forward_launches(x, gu, dn, idx, weights, gu_bias, dn_bias, activation, alpha, limit, layout)[0]
+
+
+def _forward_launches(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_bias, dn_bias, activation, alpha,
+                      limit, layout) -> tuple[torch.Tensor, bool]:
     """The composed forward on CUDA: the routing (one launch at decode), the gathered gate/up
     GEMM with the activation in its epilogue, the down GEMM with the routing weight and the
     un-sort in its epilogue (fp32), and each token's sum of its top_k slots in slot order
     (deterministic). Each GEMM runs the decode kernel where :func:`~.decode.decode_eligible` says
     so (few rows per expert, E2M1 experts), the Gluon prefill path where :func:`~.prefill.prefill_takes` does
-    (many rows per expert, E2M1 experts, when switched on), else the grouped kernel."""
+    (many rows per expert, E2M1 experts, when switched on), else the grouped kernel. Returns the output and
+    whether every tensor a launch read was the call's own input, a view of one, or a launch's output (the
+    decode path with the one-launch routing, contiguous inputs): then a call plan may replay the launches."""
     from .decode import DECODE_TILE_ROWS, decode_eligible, decode_run
-    from .grouped import grouped_run, pair_eligible, route
+    from . import grouped
+    from .grouped import grouped_run, pair_eligible, route, slot_sum
     from .prefill import choose_prefill_config, prefill_run, prefill_takes
     from .tuning import choose_config, expected_touched
 
@@ -183,7 +196,10 @@ def _experts_forward(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_b
         y = prefill_run(h, dn, offsets, dn_bias, rows=perm, config=c_pf, tiles=tiles, scatter=wflat)
     else:
         y = grouped_run(h, dn, offsets, dn_bias, rows=perm, config=c_dn, tiles=tiles, scatter=wflat)
-    return y.view(t, top_k, -1).sum(1).to(x.dtype)
+    # (torch's routing above the kernel's rows, or the grouped path's own tile maps, are tensors no launch
+    # recorded; a copy of an input is refused by Plan.build, which finds the input itself in no launch)
+    own = d_gu and d_dn and r <= grouped.ROUTE_KERNEL_MAX_ROWS and idx.dtype in (torch.int32, torch.int64)
+    return slot_sum(y, top_k, x.dtype), own
 
 
 @torch.library.custom_op("microscale::moe_experts", mutates_args=())
@@ -215,6 +231,30 @@ def _(x, gu_codes, gu_scales, gu_zp, gu_gs, gu_words, gu_wscales, dn_codes, dn_s
     return x.new_empty((x.shape[0], dims[1]))
 
 
+_MAX_PLANS = 64  # call plans kept per gate/up weight
+
+
+def _spec(t) -> tuple | None:
+    return None if t is None else (t.shape, t.dtype, t.device, t.data_ptr() % 16, t.is_contiguous())
+
+
+def _plan_key(x, w_gate_up, w_down, idx, weights, gu_bias, dn_bias, activation, alpha, limit, layout) -> tuple | None:
+    """What a call plan of :func:`moe_experts` depends on besides ``w_gate_up``'s version (plans live in
+    its state), or None where no plan may serve (QTensor weights only, CUDA x as :func:`plannable` says,
+    tensor arguments): the inputs' shapes, dtypes, devices, alignment and contiguity, the activation, the
+    version of ``w_down``, the routing switches, the stream and the linear tuning record (plans on or off)."""
+    from . import decode, grouped, tuning as moe_tuning
+
+    if not (isinstance(w_gate_up, QTensor) and isinstance(w_down, QTensor) and isinstance(idx, torch.Tensor)
+            and isinstance(weights, torch.Tensor) and isinstance(x, torch.Tensor) and plannable(x)
+            and all(b is None or isinstance(b, torch.Tensor) for b in (gu_bias, dn_bias))):
+        return None
+    return ("moe_experts", x.shape, x.dtype, x.device, x.data_ptr() % 16, _spec(idx), _spec(weights), _spec(gu_bias),
+            _spec(dn_bias), activation, alpha, limit, layout, weight_key(w_down), decode.DECODE_MAX_PER_EXPERT,
+            grouped.ROUTE_KERNEL_MAX_ROWS, moe_tuning.PREFILL_WS_MIN_PER_EXPERT, _kl.current_stream(),
+            linear_tuning.serial())
+
+
 def moe_experts(x: torch.Tensor, w_gate_up: QTensor | PackedExperts, w_down: QTensor | PackedExperts,
                 top_k_index: torch.Tensor, top_k_weights: torch.Tensor, *, activation: str = "swiglu",
                 gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
@@ -239,7 +279,18 @@ def moe_experts(x: torch.Tensor, w_gate_up: QTensor | PackedExperts, w_down: QTe
 
     Returns:
         ``[T, H]`` in x's dtype.
+
+    Eager calls on CUDA that take the decode path replay a call plan from the third call with the same
+    shapes, dtypes, alignment, biases' shapes, activation, ``w_down`` version and stream (kept with
+    ``w_gate_up``, as ``ms.linear`` keeps its own: :mod:`microscale.linear.plans`).
     """
+    key = _plan_key(x, w_gate_up, w_down, top_k_index, top_k_weights, gate_up_bias, down_bias, activation, alpha,
+                    limit, layout)
+    if key is not None:
+        plans = state(w_gate_up).plans
+        plan = plans.get(key)
+        if type(plan) is Plan:
+            return plan(x, top_k_index, top_k_weights, gate_up_bias, down_bias)
     if activation not in ACTIVATIONS:
         raise ValueError(f"{_MOE}: activation={activation!r}; expected one of {', '.join(ACTIVATIONS)}")
     if layout not in LAYOUTS:
@@ -269,6 +320,12 @@ def moe_experts(x: torch.Tensor, w_gate_up: QTensor | PackedExperts, w_down: QTe
             raise ValueError(f"{_MOE}: top_k_index holds {lo if lo < 0 else hi}, outside [0, {e})")
     _check_bias(gate_up_bias, e, h2, x.device, "gate_up_bias", _MOE)
     _check_bias(down_bias, e, hid, x.device, "down_bias", _MOE)
+    if key is not None:
+        y = through_plan(plans, key, (x, top_k_index, top_k_weights, gate_up_bias, down_bias),
+                         lambda: _forward_launches(x, gu, dn, top_k_index, top_k_weights, gate_up_bias, down_bias,
+                                                   activation, alpha, limit, layout), _MAX_PLANS)
+        if y is not None:
+            return y
     return torch.ops.microscale.moe_experts(
         x, *_tensors(gu), *_tensors(dn), top_k_index, top_k_weights, gate_up_bias, down_bias, fmt_json(gu.fmt),
         fmt_json(dn.fmt), [h2, hid, h2 // 2], [gu.specials, dn.specials], _mma(gu), _mma(dn), activation, alpha,

@@ -280,3 +280,65 @@ def test_errors(gen):
         ms.moe_experts(x, gu, gu, idx, w)
     with pytest.raises(ValueError, match="swiglu_clamped"):
         ms.moe_experts(x, gu, dn, idx, w, alpha=1.0)
+
+
+KDEV = "cuda" if torch.cuda.is_available() else "cpu"  # (kernels: the GPU, else the interpreter on CPU)
+
+
+@pytest.mark.parametrize("top,h,dtype", [(1, 96, torch.bfloat16), (4, 2880, torch.bfloat16), (8, 130, torch.float16),
+                                         (4, 64, torch.float32)])
+def test_slot_sum_adds_slots_in_order(top, h, dtype, gen):
+    """The experts forward's last launch: each token's slots added in slot order in fp32, then cast."""
+    t = 5
+    y = (torch.randn(t * top, h, generator=gen) * torch.logspace(-6, 6, h)).to(KDEV)
+    want = y.view(t, top, h)[:, 0].clone()
+    for j in range(1, top):
+        want = want + y.view(t, top, h)[:, j]
+    got = grouped.slot_sum(y, top, dtype)
+    assert got.shape == (t, h) and got.dtype == dtype
+    if dtype == torch.bfloat16 and KDEV == "cpu":  # (the interpreter's fp32 -> bf16 cast truncates: one ulp)
+        assert torch.equal(got.float(), (want.view(torch.int32) & -65536).view(torch.float32))
+    else:
+        assert torch.equal(got.cpu(), want.to(dtype).cpu())
+    assert grouped.slot_sum(y[:0], top, dtype).shape == (0, h)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (call plans are eager CUDA calls)")
+@pytest.mark.parametrize("bias", [False, True])
+def test_gpu_eager_replays_equal_unplanned_calls(bias, gen):
+    """From the third eager decode call with the same shapes, ``moe_experts`` replays a call plan kept with the
+    gate/up weight: each call's x, routing, weights and biases reach it, and its outputs equal those of the same
+    calls with plans off, bit for bit; an in-place change of the down weight is not served by the old plan."""
+    from microscale.linear import tuning as lt
+    from microscale.linear.plans import Plan
+    from microscale.linear.weight_state import state
+
+    e, h, i, t, top = 16, 256, 128, 2, 4
+    gu = ms.quantize(torch.randn(e, 2 * i, h, generator=gen), "mxfp4").to("cuda")
+    dn = ms.quantize(torch.randn(e, h, i, generator=gen), "mxfp4").to("cuda")
+    calls = []
+    for _ in range(6):
+        b1 = torch.randn(e, 2 * i, generator=gen).cuda() if bias else None
+        b2 = torch.randn(e, h, generator=gen).cuda() if bias else None
+        calls.append((torch.randn(t, h, generator=gen).bfloat16().cuda(),
+                      torch.stack([torch.randperm(e, generator=gen)[:top] for _ in range(t)]).cuda(),
+                      torch.softmax(torch.randn(t, top, generator=gen), -1).cuda(), b1, b2))
+    kw = dict(activation="swiglu_clamped", layout="interleaved")
+    got = [ms.moe_experts(x, gu, dn, idx, w, gate_up_bias=b1, down_bias=b2, **kw) for x, idx, w, b1, b2 in calls]
+    assert any(type(p) is Plan for p in state(gu).plans.values())
+    with lt.override(plans=False):
+        want = [ms.moe_experts(x, gu, dn, idx, w, gate_up_bias=b1, down_bias=b2, **kw) for x, idx, w, b1, b2 in calls]
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    x, idx, w, b1, b2 = calls[0]
+    d = lambda v: None if v is None else v.double().cpu()  # noqa: E731
+    ref = moe_experts_reference(x.double().cpu(), gu.dequantize(torch.float64).cpu(), dn.dequantize(torch.float64).cpu(),
+                                idx.cpu(), w.double().cpu(), gate_up_bias=d(b1), down_bias=d(b2), alpha=1.702,
+                                limit=7.0, activation="swiglu_clamped", layout="interleaved")
+    assert rel(got[0].cpu(), ref) < 1e-2
+    dn.data.copy_(torch.roll(dn.data, 1, 0))  # (a new version of the down weight: a new key)
+    for _ in range(3):
+        after = ms.moe_experts(x, gu, dn, idx, w, gate_up_bias=b1, down_bias=b2, **kw)
+    with lt.override(plans=False):
+        assert torch.equal(after, ms.moe_experts(x, gu, dn, idx, w, gate_up_bias=b1, down_bias=b2, **kw))
+    assert not torch.equal(after, got[0])

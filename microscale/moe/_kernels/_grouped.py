@@ -189,3 +189,17 @@ def _route_kernel(ids_ptr, perm_ptr, offs_ptr, te_ptr, tb_ptr, P, E, MT, BLOCK_M
         first = tl.sum(tl.where(offs_e[None, :] == te[:, None], (tends - tiles)[None, :], 0), 1)
         tl.store(te_ptr + s, te, mask=s < MT)
         tl.store(tb_ptr + s, s - first, mask=s < MT)
+
+
+@triton.jit
+def _slot_sum_kernel(y_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[t] = sum_j y[t * TOP_K + j]`` in fp32, slots in order (deterministic), cast to out's dtype:
+    the experts forward's last step, one launch (so an eager call plan records every launch of the call)."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < H
+    src = y_ptr + t * TOP_K * H + cols
+    acc = tl.load(src, mask=m, other=0.0)
+    for j in tl.static_range(1, TOP_K):
+        acc += tl.load(src + j * H, mask=m, other=0.0)
+    tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=m)
