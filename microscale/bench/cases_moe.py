@@ -85,7 +85,7 @@ def _check_rows(inputs: tuple, y: torch.Tensor, experts) -> Check:
 
 
 def build_moe(spec: CaseSpec, ctx: Context) -> Case:
-    """``ms.moe_experts`` (plain SwiGLU, concatenated gate/up) with weights already packed, checked
+    """``ms.moe_experts`` (plain SwiGLU, concatenated gate/up) on QTensor weights already packed, checked
     against the float64 reference; bytes: the touched experts' weights + x + out; flops 6*T*top_k*H*I.
     Peers: the same forward on dense bf16 weights as transformers' loop over touched experts, and over
     ``torch._grouped_mm`` (the bf16 grouped GEMM); and microscale's own Gluon prefill path
@@ -99,8 +99,10 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
 
     def make() -> tuple:
         x = random_input((t, h), ctx)
-        wgu = cached_prepare_experts(quantize(random_input((e, 2 * i, h), ctx) * 0.05, spec.format))
-        wd = cached_prepare_experts(quantize(random_input((e, h, i), ctx) * 0.05, spec.format))
+        # QTensors, as users pass them (eager calls replay call plans kept with them), repacked ahead
+        wgu = quantize(random_input((e, 2 * i, h), ctx) * 0.05, spec.format)
+        wd = quantize(random_input((e, h, i), ctx) * 0.05, spec.format)
+        cached_prepare_experts(wgu), cached_prepare_experts(wd)
         idx = _routing(t, e, top_k, ctx)
         wts = torch.softmax(random_input((t, top_k), ctx, torch.float32), -1).to(x.dtype)
         return (x, wgu, wd, idx, wts)
@@ -110,7 +112,7 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
 
     def check(inputs: tuple, y) -> Check:
         return _check_rows(inputs, y, lambda w, used: torch.stack(
-            [w.expert(int(j)).to_qtensor().dequantize(torch.float64).cpu() for j in used]))
+            [cached_prepare_experts(w).expert(int(j)).to_qtensor().dequantize(torch.float64).cpu() for j in used]))
 
     def dense_inputs() -> tuple:
         return (random_input((t, h), ctx), random_input((e, 2 * i, h), ctx, torch.bfloat16) * 0.05,
@@ -153,7 +155,8 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
                 moe_tuning.PREFILL_WS_MIN_PER_EXPERT = None
         moe_tuning.PREFILL_WS_MIN_PER_EXPERT = 1
         try:
-            takes = prefill_takes(wgu0, random_input((1, h), ctx), t * top_k)  # (the op's own weights)
+            # (the op's own weights)
+            takes = prefill_takes(cached_prepare_experts(wgu0), random_input((1, h), ctx), t * top_k)
         finally:
             moe_tuning.PREFILL_WS_MIN_PER_EXPERT = None
         if not takes:
@@ -162,7 +165,7 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
 
     _, wgu0, wd0, idx0, _ = make()
     touched = int(torch.unique(idx0).numel())
-    per_expert = wgu0.nbytes_per_expert + wd0.nbytes_per_expert
+    per_expert = cached_prepare_experts(wgu0).nbytes_per_expert + cached_prepare_experts(wd0).nbytes_per_expert
     nbytes = touched * per_expert + 2 * t * h * 2
     return Case(spec, fn, make, check, nbytes=nbytes, flops=6 * t * top_k * h * i, compute_kind="bf16_mm",
                 set_bytes=e * per_expert + 2 * t * h * 2,
