@@ -218,7 +218,7 @@ def moe_breakdown(rows: list, copy: float) -> int:
     distinct experts per step): the whole forward, and its parts alone with the chosen configs: the routing
     launch, the gate/up decode GEMM (with the gather and SwiGLU epilogue), the down decode GEMM (with the
     weighted scatter) and the sum over the top-k slots. Bytes: the touched experts' gate/up + down weights."""
-    from microscale.moe.grouped import route
+    from microscale.moe.grouped import route, slot_sum
     from microscale.moe.decode import DECODE_TILE_ROWS
     from microscale.moe.reference import moe_experts_reference
 
@@ -264,7 +264,7 @@ def moe_breakdown(rows: list, copy: float) -> int:
                     parts, 60)
                 t_dn = _time(lambda x, ix, w, perm, offs, te, tb, hh, _y: decode_run(
                     hh, dn, offs, rows=perm, tiles=(te, tb), scatter=w.reshape(-1)), parts, 60)
-                t_sum = _time(lambda *a: a[-1].view(t, top, -1).sum(1).to(torch.bfloat16), parts, 30)
+                t_sum = _time(lambda *a: slot_sum(a[-1], top, torch.bfloat16), parts, 30)
                 row.update(us=t_all * 1e3, pct_copy=100 * nbytes / t_all / 1e6 / copy, route_us=t_route * 1e3,
                            gate_up_us=t_gu * 1e3, down_us=t_dn * 1e3, sum_us=t_sum * 1e3,
                            gemms_pct_copy=100 * nbytes / (t_gu + t_dn) / 1e6 / copy)
