@@ -10,6 +10,8 @@ from microscale.accuracy.hadamard import block_hadamard_reference
 
 BLOCKS = [2, 16, 32, 64, 128, 256]
 
+KDEV = "cuda" if torch.cuda.is_available() else "cpu"  # (kernels: the GPU, else the interpreter on CPU)
+
 
 @pytest.mark.parametrize("n", BLOCKS)
 def test_hadamard_matrix_is_orthonormal_and_symmetric(n):
@@ -41,7 +43,7 @@ def test_triton_kernel_equals_the_matrix_product(b, dtype, gen):
     from microscale.accuracy._hadamard_kernel import block_hadamard_triton
 
     x = (torch.randn(3, 5, 512, generator=gen) * 3).to(dtype)
-    y = block_hadamard_triton(x, b)
+    y = block_hadamard_triton(x.to(KDEV), b).cpu()
     assert y.dtype == dtype and y.shape == x.shape
     ref = x.double() @ _rotation(512, b)
     if dtype == torch.float32:
@@ -57,10 +59,11 @@ def test_kernel_rows_per_program_and_empty(gen):
     x = torch.randn(7, 64, generator=gen)
     ref = block_hadamard_reference(x, 32)
     for rows in (1, 2, 4):  # programs that end past the last block (masked rows)
-        torch.testing.assert_close(block_hadamard_triton(x, 32, rows_per_program=rows), ref, rtol=0, atol=1e-5)
+        torch.testing.assert_close(block_hadamard_triton(x.to(KDEV), 32, rows_per_program=rows).cpu(), ref, rtol=0,
+                                   atol=1e-5)
     with pytest.raises(ValueError, match="rows_per_program=3"):
-        block_hadamard_triton(x, 32, rows_per_program=3)
-    assert block_hadamard_triton(torch.empty(0, 64), 16).shape == (0, 64)
+        block_hadamard_triton(x.to(KDEV), 32, rows_per_program=3)
+    assert block_hadamard_triton(torch.empty(0, 64, device=KDEV), 16).shape == (0, 64)
 
 
 def test_hadamard_linear_equals_the_unrotated_layer(gen):

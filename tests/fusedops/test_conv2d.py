@@ -71,17 +71,25 @@ def test_exactly_representable_weight_round_trips(gen):
     assert torch.equal(dequantize_conv_weight(q), w)
 
 
+KDEV = "cuda" if torch.cuda.is_available() else "cpu"  # (kernels: the GPU, else the interpreter on CPU)
+
+
+def _tri(x, q, bias=None, **kw):
+    """``conv2d_triton`` on KDEV (the GPU where there is one), its output back on the CPU."""
+    return conv2d_triton(x.to(KDEV), q.to(KDEV), None if bias is None else bias.to(KDEV), **kw).cpu()
+
+
 # ---- kernels under the interpreter vs the float64 reference ---------------------------------------
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3", "int4_affine_g32"])
 def test_kernel_matches_float64_reference(name, case, gen, poisoned):
     q, x, kw = _setup(CASES[case], name, gen)
     want = conv2d_reference(x.double(), q, **kw)
-    got = conv2d_triton(x, q, **kw)
+    got = _tri(x, q, **kw)
     assert got.shape == want.shape and got.dtype == torch.float32
     assert _rel(got, want) < 1e-5, (name, case)
     xb = x.bfloat16()
-    got = conv2d_triton(xb, q, **kw)
+    got = _tri(xb, q, **kw)
     assert got.dtype == torch.bfloat16 and not got.isnan().any()
     assert _rel(got, conv2d_reference(xb.double(), q, **kw)) < 1e-2, (name, case)
 
@@ -93,7 +101,7 @@ def test_kernel_other_formats(name, gen, poisoned):
     decode, 2-D blocks: the general case and the depthwise one."""
     for case in (GENERAL, DEPTHWISE):
         q, x, kw = _setup(case, name, gen, batch=1)
-        assert _rel(conv2d_triton(x, q, **kw), conv2d_reference(x.double(), q, **kw)) < 1e-5, (name, case)
+        assert _rel(_tri(x, q, **kw), conv2d_reference(x.double(), q, **kw)) < 1e-5, (name, case)
 
 
 @pytest.mark.filterwarnings("ignore:Using padding=.same. with even kernel lengths")
@@ -104,20 +112,20 @@ def test_kernel_bias_dtypes_layouts(gen, poisoned):
     b = torch.randn(12, generator=gen)
     x = torch.randn(2, 6, 6, 7, generator=gen)
     want = conv2d_reference(x.double(), q, b.double(), padding=1)
-    assert _rel(conv2d_triton(x, q, b, padding=1), want) < 1e-5
-    assert _rel(conv2d_triton(x.half(), q, b.half(), padding=1), conv2d_reference(x.half().double(), q, b.double(),
+    assert _rel(_tri(x, q, b, padding=1), want) < 1e-5
+    assert _rel(_tri(x.half(), q, b.half(), padding=1), conv2d_reference(x.half().double(), q, b.double(),
                                                                                  padding=1)) < 1e-2
     xcl = x.contiguous(memory_format=torch.channels_last)
-    assert _rel(conv2d_triton(xcl, q, b, padding=1), want) < 1e-5
-    y1 = conv2d_triton(x[1], q, b, padding=1)
+    assert _rel(_tri(xcl, q, b, padding=1), want) < 1e-5
+    y1 = _tri(x[1], q, b, padding=1)
     assert y1.shape == want.shape[1:] and _rel(y1, want[1]) < 1e-5
     qe = quantize_conv_weight(torch.randn(4, 6, 2, 4, generator=gen), "mxfp8_e4m3")
     want = F.conv2d(x.double(), dequantize_conv_weight(qe, torch.float64), None, 1, "same", (2, 1))
     assert _rel(conv2d_reference(x.double(), qe, padding="same", dilation=(2, 1)), want) == 0
-    assert _rel(conv2d_triton(x, qe, padding="same", dilation=(2, 1)), want) < 1e-5
+    assert _rel(_tri(x, qe, padding="same", dilation=(2, 1)), want) < 1e-5
     qd = quantize_conv_weight(torch.randn(6, 1, 7, 7, generator=gen), "mxfp4")
     bd = torch.randn(6, generator=gen)
-    assert _rel(conv2d_triton(x[:1], qd, bd, padding=3, groups=6),
+    assert _rel(_tri(x[:1], qd, bd, padding=3, groups=6),
                 conv2d_reference(x[:1].double(), qd, bd.double(), padding=3, groups=6)) < 1e-5
 
 
