@@ -3,6 +3,7 @@
 (:class:`microscale.moe.decode.DecodeConfig`), on a Hopper GPU.
 
     python benchmarks/sweep_decode.py [--json OUT.json] [--only attention|moe] [--quick]
+        [--formats mxfp4,nvfp4] [--tokens 1,8] [--experts 32,128]   # (subsets of the MoE sweep)
     TRITON_INTERPRET=1 python benchmarks/sweep_decode.py --smoke   # the script itself on a CPU, tiny shapes
     ncu --clock-control none -k regex:"paged_attn|decode_mma" --section SpeedOfLight --section WarpStateStats \
         python benchmarks/sweep_decode.py --once                  # the chosen configs, each run once, untimed
@@ -156,18 +157,21 @@ def sweep_attention(rows: list, copy: float, quick: bool) -> int:
     return bad
 
 
-def sweep_moe(rows: list, copy: float, quick: bool) -> int:
+def sweep_moe(rows: list, copy: float, quick: bool, formats: tuple = ("mxfp4", "nvfp4"), token_counts: tuple = (1, 8),
+              experts: tuple | None = None) -> int:
     """The decode GEMM alone (gate/up and down projections of gpt-oss-20b / -120b shapes) at 1 and 8 tokens,
-    top-4, one routed row per (token, expert) pair, touched experts distinct per input set."""
+    top-4, one routed row per (token, expert) pair, touched experts distinct per input set (``formats``,
+    ``token_counts``, ``experts``: subsets)."""
     bad = 0
     gen = torch.Generator(device=DEV).manual_seed(1)
     shapes = ((4, 64, 256),) if SMOKE else ((32, 5760, 2880), (32, 2880, 2880), (128, 5760, 2880))
-    for fmt_name in ("mxfp4", "nvfp4"):
+    shapes = tuple(sh for sh in shapes if experts is None or SMOKE or sh[0] in experts)
+    for fmt_name in formats:
         for e, n, k in shapes:
             w = ms.quantize(torch.randn((e, n, k), generator=gen, device=DEV) * 0.05, fmt_name)
             pe = prepare_experts(w)
             per_expert = (w.data.numel() + w.scales.numel() * w.scales.element_size()) // e
-            for tokens in (1, 8):
+            for tokens in token_counts:
                 r = 4 * tokens
                 sets = []
                 for _ in range(16):
@@ -283,6 +287,9 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="run the script on a CPU (TRITON_INTERPRET=1), tiny shapes")
     ap.add_argument("--once", action="store_true", help="each chosen config checked and run once more, untimed "
                     "(to run under a profiler)")
+    ap.add_argument("--formats", default="mxfp4,nvfp4", help="the MoE sweep's formats (comma-separated)")
+    ap.add_argument("--tokens", default="1,8", help="the MoE sweep's token counts (comma-separated)")
+    ap.add_argument("--experts", default=None, help="the MoE sweep's expert counts: 32 and/or 128 (default both)")
     args = ap.parse_args()
     global DEV, SMOKE, ONCE
     ONCE = args.once
@@ -301,7 +308,9 @@ def main() -> int:
     if args.only in (None, "moe_forward") and not SMOKE:  # (smoke: the decode kernel's PTX needs a GPU)
         bad += moe_breakdown(rows, copy)
     if args.only in (None, "moe"):
-        bad += sweep_moe(rows, copy, args.quick)
+        bad += sweep_moe(rows, copy, args.quick, tuple(args.formats.split(",")),
+                         tuple(int(t) for t in args.tokens.split(",")),
+                         None if args.experts is None else tuple(int(e) for e in args.experts.split(",")))
     if args.json:
         write_text_atomic(args.json, json.dumps(rows, indent=1))
     return 1 if bad else 0
