@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..formats import Format, get_format
 from ..qtensor import QTensor
 from ..runtime import launch as _kl
 from ..runtime import target
@@ -63,8 +64,18 @@ def _check_norm(x: torch.Tensor, norm_weight: torch.Tensor, gate: torch.Tensor |
 
 def rmsnorm_linear(x: torch.Tensor, norm_weight: torch.Tensor, w: QTensor | list[QTensor],
                    bias: torch.Tensor | None | list[torch.Tensor | None] = None, *, eps: float,
-                   gate: torch.Tensor | None = None, kernel: bool | None = None) -> torch.Tensor | list[torch.Tensor]:
+                   gate: torch.Tensor | None = None, kernel: bool | None = None, act_format: str | Format | None = None,
+                   fast_accum: bool = False) -> torch.Tensor | list[torch.Tensor]:
     """``linear(rmsnorm(x) * norm_weight [* silu(gate)], w, bias)``, the norm fused into the GEMM.
+
+    With ``act_format``: the normalized activations quantized to that format (block scales from the data; a
+    two-level format's per-tensor scale is the weight's static activation scale, else their amax) and
+    multiplied by :func:`microscale.scaled_mm`, as ``ms.linear(..., act_format=...)`` does. On CUDA (or under
+    the interpreter with ``kernel=True``) one pass normalizes and quantizes
+    (:func:`microscale.quant.fused.rmsnorm_quantize`; no gate, 1-D blocks, K whole blocks, and for a two-level
+    format a static activation scale), so the normalized rows never go to memory; otherwise the float32
+    normalized rows are quantized by :func:`microscale.quantize`. Each distinct activation quantization is
+    made once for all of ``w``.
 
     Args:
         x: bfloat16 / float16 ``[..., K]``.
@@ -77,13 +88,18 @@ def rmsnorm_linear(x: torch.Tensor, norm_weight: torch.Tensor, w: QTensor | list
             ``silu(gate)`` (gated RMSNorm).
         kernel: run the Triton kernel (default: on CUDA tensors; True on CPU tensors needs
             ``TRITON_INTERPRET=1``).
+        act_format: quantize the normalized activations to this format and run both quantized (see above);
+            None (default): weight-only.
+        fast_accum: with ``act_format``, :func:`microscale.scaled_mm`'s ``fast_accum``.
 
     Returns:
         ``[..., N]`` in x's dtype (a list for a list ``w``, in its order).
     """
     many = isinstance(w, (list, tuple))
     ws = list(w) if many else [w]
-    if (bias is None and kernel is not False and x.is_cuda and isinstance(eps, float) and x.dim() == 2
+    if fast_accum and act_format is None:
+        raise ValueError(f"{OP}: fast_accum=True needs act_format (it is scaled_mm's allowance)")
+    if (act_format is None and bias is None and kernel is not False and x.is_cuda and isinstance(eps, float) and x.dim() == 2
             and isinstance(norm_weight, torch.Tensor)
             and all(isinstance(q, QTensor) and len(q.shape) == 2 for q in ws)):
         ys = _call_planned(x, norm_weight, gate, eps, ws, hit_only=True)  # (None unless a plan replays)
@@ -100,10 +116,54 @@ def rmsnorm_linear(x: torch.Tensor, norm_weight: torch.Tensor, w: QTensor | list
     use_kernel = x.device.type == "cuda" if kernel is None else kernel
     if use_kernel and x.device.type != "cuda" and not target.interpreting():
         raise ValueError(f"{OP}: kernel=True on {x.device} tensors needs TRITON_INTERPRET=1")
+    if act_format is not None:
+        outs = _act_quantized(x, norm_weight, ws, bs, eps, gate, get_format(act_format), fast_accum, use_kernel)
+        return outs if many else outs[0]
     if not use_kernel:
         outs = [rmsnorm_linear_reference(x, norm_weight, q, b, eps=eps, gate=gate) for q, b in zip(ws, bs)]
         return outs if many else outs[0]
     return _fused_run(x, norm_weight, ws, bs, eps, gate, many)
+
+
+def _norm_quantized(x2: torch.Tensor, norm_weight: torch.Tensor, gate: torch.Tensor | None, eps: float, fmt: Format,
+                    gs: torch.Tensor | None, use_kernel: bool) -> QTensor:
+    """``rmsnorm(x2) * norm_weight [* silu(gate)]`` quantized to ``fmt`` with per-tensor scale ``gs`` (None: the
+    amax's), K zero-padded to whole blocks: one fused pass where it serves, else float32 rows then quantize."""
+    from ..ops import quantize
+    from ..quant.fused import rmsnorm_quantize
+
+    if (use_kernel and gate is None and fmt.block_rows == 1 and x2.shape[-1] % fmt.block_size == 0
+            and (gs is not None or not fmt.global_scale)):
+        return rmsnorm_quantize(x2, norm_weight, fmt, eps=eps, global_scale=gs)
+    xf = x2.float()
+    h = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
+    if gate is not None:
+        h = h * torch.nn.functional.silu(gate.reshape(h.shape).float())
+    return quantize(h, fmt, global_scale=gs, pad=True)
+
+
+_ACT_SCALE_META = ("input_scale", "input_global_scale")  # where a weight carries its static activation scale
+
+
+def _act_quantized(x: torch.Tensor, norm_weight: torch.Tensor, ws: list, bs: list, eps: float,
+                   gate: torch.Tensor | None, fmt: Format, fast_accum: bool, use_kernel: bool) -> list[torch.Tensor]:
+    """The ``act_format`` path: the normalized activations quantized once per distinct per-tensor scale,
+    then :func:`microscale.scaled_mm` with each weight."""
+    from .scaled import activation_scale, scaled_mm
+
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    made: dict = {}
+    outs = []
+    for q, b in zip(ws, bs):
+        gs = activation_scale(q) if fmt.global_scale else None
+        # (weights with the same static activation scale share one quantization; read from the host-side meta)
+        key = None if gs is None else tuple(tuple(q.meta[m]["values"]) for m in _ACT_SCALE_META if m in q.meta)
+        a = made.get(key)
+        if a is None:
+            a = made[key] = _norm_quantized(x2, norm_weight, gate, eps, fmt, gs, use_kernel)
+        outs.append(scaled_mm(a, q, bias=b, out_dtype=x.dtype, fast_accum=fast_accum).reshape(*lead, q.shape[0]))
+    return outs
 
 
 #: The norm kernel keeps rows of up to this many elements in registers (one read of x); one row a program

@@ -176,3 +176,76 @@ def test_gpu_eager_replays_equal_unplanned_calls(gated):
     from microscale.linear.plans import Plan
     from microscale.linear.weight_state import state
     assert any(type(v) is Plan and k[0] == OP for k, v in state(_plan(ws)[1][0]).plans.items())
+
+
+# ---- act_format: norm + activation quantize + both-quantized GEMM -----------------------------------------
+def _act_oracle(x, nw, q, bias, eps, gate, act, gs=None):
+    """float64 norm, its float32 rows quantized to ``act`` by the reference (per-tensor scale ``gs``), then the
+    float64 product of both operands' decoded values."""
+    xd = x.double()
+    h = xd / torch.sqrt((xd * xd).mean(-1, keepdim=True) + eps) * nw.double()
+    if gate is not None:
+        h = h * gate.double() * torch.sigmoid(gate.double())
+    a = ms.quantize(h.float(), act, pad=True, global_scale=gs)
+    y = ms.dequantize(a, torch.float64) @ ms.dequantize(q, torch.float64).T
+    return y if bias is None else y + bias.double()
+
+
+KERNEL_ARGS = [False] + ([True] if INTERP or torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("kernel", KERNEL_ARGS)
+@pytest.mark.parametrize("wf,act", [("nvfp4", "nvfp4"), ("mxfp4", "mxfp8_e4m3"), ("mxfp8_e4m3", "mxfp8_e4m3"),
+                                    ("fp8_e4m3_block128x128", "fp8_e4m3_block128")])
+@pytest.mark.parametrize("gated", [False, True])
+def test_act_format_is_norm_quantize_scaled_mm(wf, act, gated, kernel, gen):
+    """With ``act_format`` the normalized activations are quantized (the fused rmsnorm-quantize pass on the kernel
+    path where it serves, float32 rows + quantize otherwise) and multiplied by ``scaled_mm``: equal to that
+    composition in float64 within bf16 rounding (and the two paths to each other), for one weight and a list."""
+    dev = "cuda" if torch.cuda.is_available() and kernel else "cpu"
+    ws, k = _weights(wf, [128, 256], 256, gen)
+    ws = [q.to(dev) for q in ws]
+    x = torch.randn(3, k, generator=gen).bfloat16().to(dev)
+    nw = (torch.rand(k, generator=gen) + 0.5).to(dev)
+    gate = torch.randn(3, k, generator=gen).bfloat16().to(dev) if gated else None
+    b = torch.randn(128, generator=gen).to(dev)
+    y = ms.rmsnorm_linear(x, nw, ws[0], b, eps=1e-5, gate=gate, act_format=act, kernel=kernel)
+    assert y.dtype == torch.bfloat16 and y.shape == (3, 128)
+    want = _act_oracle(x.cpu(), nw.cpu(), ws[0].to("cpu"), b.cpu(), 1e-5, None if gate is None else gate.cpu(), act)
+    assert _rel(y.cpu(), want) < 1e-2
+    ys = ms.rmsnorm_linear(x, nw, ws, [b, None], eps=1e-5, gate=gate, act_format=act, kernel=kernel)
+    assert torch.equal(ys[0], y)
+    want1 = _act_oracle(x.cpu(), nw.cpu(), ws[1].to("cpu"), None, 1e-5, None if gate is None else gate.cpu(), act)
+    assert _rel(ys[1].cpu(), want1) < 1e-2
+
+
+@pytest.mark.parametrize("kernel", KERNEL_ARGS)
+def test_act_format_takes_the_static_activation_scale(kernel, gen, monkeypatch):
+    """NVFP4 activations take the weight's static activation scale (ModelOpt ``input_scale``), so the kernel path
+    normalizes and quantizes in one pass (and only then); the two paths agree, and not with the dynamic scale."""
+    from microscale.quant import fused
+
+    fused_calls = []
+    real = fused.rmsnorm_quantize
+    monkeypatch.setattr(fused, "rmsnorm_quantize", lambda *a, **kw: fused_calls.append(1) or real(*a, **kw))
+    dev = "cuda" if torch.cuda.is_available() and kernel else "cpu"
+    (q,), k = _weights("nvfp4", [64], 128, gen)
+    q = q.to(dev)
+    x = (torch.randn(2, k, generator=gen) * 3).bfloat16().to(dev)
+    nw = torch.ones(k, device=dev)
+    dynamic = ms.rmsnorm_linear(x, nw, q, eps=1e-6, act_format="nvfp4", kernel=kernel)
+    assert not fused_calls  # (a dynamic two-level scale needs the rows' amax first: no one-pass kernel)
+    q.meta["input_scale"] = {"shape": [], "values": [0.02]}
+    y = ms.rmsnorm_linear(x, nw, q, eps=1e-6, act_format="nvfp4", kernel=kernel)
+    assert len(fused_calls) == int(kernel)
+    want = _act_oracle(x.cpu(), nw.cpu(), q.to("cpu"), None, 1e-6, None, "nvfp4", gs=torch.tensor(0.02))
+    assert _rel(y.cpu(), want) < 1e-2 and not torch.equal(y, dynamic)
+
+
+def test_act_format_errors(gen):
+    (q,), k = _weights("mxfp4", [32], 64, gen)
+    x = torch.randn(2, k, generator=gen).bfloat16()
+    with pytest.raises(ValueError, match="fast_accum=True needs act_format"):
+        ms.rmsnorm_linear(x, torch.ones(k), q, eps=1e-6, fast_accum=True)
+    with pytest.raises(KeyError):
+        ms.rmsnorm_linear(x, torch.ones(k), q, eps=1e-6, act_format="no_such_format")
