@@ -27,13 +27,14 @@ def gemv_kind(fmt: Format) -> int | None:
     return _KINDS[id(fmt)][1]
 
 
-def check(x: torch.Tensor, n: int, k: int, device: torch.device, bias: torch.Tensor | None) -> None:
+def check(x: torch.Tensor, n: int, k: int, device: torch.device, bias: torch.Tensor | None,
+          dtypes: tuple = (torch.bfloat16, torch.float16)) -> None:
     """Clear errors for what every route of :func:`linear` assumes (weight ``[n, k]`` on
-    ``device``)."""
+    ``device``; x of one of ``dtypes``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{OP}: x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in (torch.bfloat16, torch.float16):
-        raise TypeError(f"{OP}: x has dtype {x.dtype}; expected bfloat16 or float16")
+    if x.dtype not in dtypes:
+        raise TypeError(f"{OP}: x has dtype {x.dtype}; expected {' or '.join(str(d).split('.')[-1] for d in dtypes)}")
     if x.dim() < 1 or x.shape[-1] != k:
         raise ValueError(f"{OP}: x has shape {tuple(x.shape)}; its last dim must be K={k} of the weight")
     if x.device != device:

@@ -78,7 +78,7 @@ def rmsnorm_linear(x: torch.Tensor, norm_weight: torch.Tensor, w: QTensor | list
     made once for all of ``w``.
 
     Args:
-        x: bfloat16 / float16 ``[..., K]``.
+        x: bfloat16 / float16 ``[..., K]`` (also float32 with ``act_format``).
         norm_weight: ``[K]`` (any float dtype).
         w: a QTensor ``[N, K]`` in any registry format, or a list of them (then ``bias`` is a list
             too, or None) for the norm followed by several projections in one launch.
@@ -111,7 +111,8 @@ def rmsnorm_linear(x: torch.Tensor, norm_weight: torch.Tensor, w: QTensor | list
     for i, q in enumerate(ws):
         if not isinstance(q, QTensor) or len(q.shape) != 2:
             raise TypeError(f"{OP}: weight {i} must be a 2-D QTensor [N, K], got {type(q).__name__}")
-        check(x, int(q.shape[0]), int(q.shape[1]), q.device, bs[i])
+        check(x, int(q.shape[0]), int(q.shape[1]), q.device, bs[i],
+              (torch.bfloat16, torch.float16) if act_format is None else (torch.bfloat16, torch.float16, torch.float32))
     _check_norm(x, norm_weight, gate, eps)
     use_kernel = x.device.type == "cuda" if kernel is None else kernel
     if use_kernel and x.device.type != "cuda" and not target.interpreting():

@@ -249,3 +249,15 @@ def test_act_format_errors(gen):
         ms.rmsnorm_linear(x, torch.ones(k), q, eps=1e-6, fast_accum=True)
     with pytest.raises(KeyError):
         ms.rmsnorm_linear(x, torch.ones(k), q, eps=1e-6, act_format="no_such_format")
+
+
+def test_act_format_takes_float32_x(gen):
+    """As ``ms.linear(..., act_format=...)``, float32 x is accepted with ``act_format`` (and float32 comes out);
+    weight-only calls still take bfloat16 / float16 only."""
+    (q,), k = _weights("mxfp4", [32], 64, gen)
+    x = torch.randn(2, k, generator=gen)
+    nw = torch.rand(k, generator=gen) + 0.5
+    y = ms.rmsnorm_linear(x, nw, q, eps=1e-6, act_format="mxfp8_e4m3")
+    assert y.dtype == torch.float32 and _rel(y, _act_oracle(x, nw, q, None, 1e-6, None, "mxfp8_e4m3")) < 1e-5
+    with pytest.raises(TypeError, match="expected bfloat16 or float16"):
+        ms.rmsnorm_linear(x, nw, q, eps=1e-6)
