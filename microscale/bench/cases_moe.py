@@ -65,6 +65,17 @@ def _grouped_bf16(x, wgu, wd, idx, wts):
     return torch.zeros(x.shape[0], wd.shape[1], dtype=torch.float32, device=x.device).index_add_(0, tok, y).to(x.dtype)
 
 
+def _experts_f64(w, used: torch.Tensor) -> torch.Tensor:
+    """Experts ``used`` of a 3-D QTensor ``w`` decoded in float64 on the CPU from the QTensor's own bytes (not
+    the packed copy the op reads, so a repacking error shows)."""
+    from ..qtensor import QTensor
+
+    i = used.to(w.data.device)
+    sub = QTensor(w.data[i], w.scales[i], w.fmt, torch.Size((int(used.numel()), *w.shape[1:])), w.dtype,
+                  w.global_scale, None if w.zero_points is None else w.zero_points[i], dict(w.meta))
+    return sub.to("cpu").dequantize(torch.float64)
+
+
 def _check_rows(inputs: tuple, y: torch.Tensor, experts) -> Check:
     """The first :data:`_CHECK_ROWS` tokens of a ``moe`` case against float64 over only the experts
     they use (``experts(w, used)``: those experts' weights in float64 on the CPU); all 128 experts of
@@ -111,8 +122,7 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
         return moe_experts(x, wgu, wd, idx, wts)
 
     def check(inputs: tuple, y) -> Check:
-        return _check_rows(inputs, y, lambda w, used: torch.stack(
-            [cached_prepare_experts(w).expert(int(j)).to_qtensor().dequantize(torch.float64).cpu() for j in used]))
+        return _check_rows(inputs, y, _experts_f64)
 
     def dense_inputs() -> tuple:
         return (random_input((t, h), ctx), random_input((e, 2 * i, h), ctx, torch.bfloat16) * 0.05,

@@ -159,7 +159,7 @@ def _act_quantized(x: torch.Tensor, norm_weight: torch.Tensor, ws: list, bs: lis
     for q, b in zip(ws, bs):
         gs = activation_scale(q) if fmt.global_scale else None
         # (weights with the same static activation scale share one quantization; read from the host-side meta)
-        key = None if gs is None else tuple(tuple(q.meta[m]["values"]) for m in _ACT_SCALE_META if m in q.meta)
+        key = None if gs is None else tuple((m, tuple(q.meta[m]["values"])) for m in _ACT_SCALE_META if m in q.meta)
         a = made.get(key)
         if a is None:
             a = made[key] = _norm_quantized(x2, norm_weight, gate, eps, fmt, gs, use_kernel)

@@ -63,6 +63,8 @@ def route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> tuple:
     ids = top_k_index.reshape(-1)
     if ids.dtype not in (torch.int32, torch.int64):
         ids = ids.to(torch.int64)
+    if ids.stride(0) != 1:  # (a strided view, e.g. every other column: the kernel reads unit-stride ids)
+        ids = ids.contiguous()
     out = torch.empty(p + num_experts + 1 + 2 * mt, dtype=torch.int32, device=dev)
     perm, offsets, te, tb = out.split([p, num_experts + 1, mt, mt])
     eb = next_pow2(num_experts + 1)

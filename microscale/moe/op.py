@@ -235,19 +235,22 @@ _MAX_PLANS = 64  # call plans kept per gate/up weight
 
 
 def _spec(t) -> tuple | None:
-    return None if t is None else (t.shape, t.dtype, t.device, t.data_ptr() % 16, t.is_contiguous())
+    return None if t is None else (t.shape, t.dtype, t.device, t.data_ptr() % 16)
 
 
 def _plan_key(x, w_gate_up, w_down, idx, weights, gu_bias, dn_bias, activation, alpha, limit, layout) -> tuple | None:
     """What a call plan of :func:`moe_experts` depends on besides ``w_gate_up``'s version (plans live in
     its state), or None where no plan may serve (QTensor weights only, CUDA x as :func:`plannable` says,
-    tensor arguments): the inputs' shapes, dtypes, devices, alignment and contiguity, the activation, the
+    contiguous tensor arguments): the inputs' shapes, dtypes, devices and alignment, the activation, the
     version of ``w_down``, the routing switches, the stream and the linear tuning record (plans on or off)."""
     from . import decode, grouped, tuning as moe_tuning
 
     if not (isinstance(w_gate_up, QTensor) and isinstance(w_down, QTensor) and isinstance(idx, torch.Tensor)
             and isinstance(weights, torch.Tensor) and isinstance(x, torch.Tensor) and plannable(x)
             and all(b is None or isinstance(b, torch.Tensor) for b in (gu_bias, dn_bias))):
+        return None
+    # (a launch takes a bias's row stride by value: strided inputs would replay the recorded strides)
+    if not all(t is None or t.is_contiguous() for t in (idx, weights, gu_bias, dn_bias)):
         return None
     return ("moe_experts", x.shape, x.dtype, x.device, x.data_ptr() % 16, _spec(idx), _spec(weights), _spec(gu_bias),
             _spec(dn_bias), activation, alpha, limit, layout, weight_key(w_down), decode.DECODE_MAX_PER_EXPERT,

@@ -833,6 +833,25 @@ def test_reciprocal_and_markstein_division_are_ieee_on_the_gpu(gen):
         assert torch.equal(q.view(torch.int32), (a / d).view(torch.int32))
 
 
+@triton.jit
+def _rint_probe(t_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(o_ptr + i, _kc._rint_s32(tl.load(t_ptr + i, mask=m, other=0.0)), mask=m)
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="PTX inline assembly: GPU only")
+def test_rint_s32_rounds_ties_to_even_on_the_gpu():
+    """``_rint_s32`` (the affine quantizer's one-instruction rounding) equals ``_round_int(t, 0)``'s
+    nearest-even integer for every tie and its neighbours in [-600, 600] and random values."""
+    ties = torch.arange(-1200, 1201, dtype=torch.float32) / 2
+    t = torch.cat([ties, torch.nextafter(ties, ties + 1), torch.nextafter(ties, ties - 1),
+                   torch.randn(100000) * 300]).to(DEV)
+    o = torch.empty(t.shape, dtype=torch.int32, device=DEV)
+    _rint_probe[(triton.cdiv(t.numel(), 1024),)](t, o, t.numel(), BLOCK=1024)
+    assert torch.equal(o, torch.round(t).to(torch.int32))  # (torch.round: ties to even)
+
+
 def test_host_int_helpers_match_triton():
     """The wrappers' host-side ceil-division / next power of two (triton's own are
     microseconds per host call) agree with triton's on the values the tilings use."""

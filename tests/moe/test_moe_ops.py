@@ -342,3 +342,62 @@ def test_gpu_eager_replays_equal_unplanned_calls(bias, gen):
     with lt.override(plans=False):
         assert torch.equal(after, ms.moe_experts(x, gu, dn, idx, w, gate_up_bias=b1, down_bias=b2, **kw))
     assert not torch.equal(after, got[0])
+
+
+def test_plan_key_refuses_strided_inputs(gen, monkeypatch):
+    """A call plan replays its launches' scalar arguments (a bias's row stride among them), so strided
+    routing, weights or biases get no plan key; contiguous ones do, and the key follows ``w_down``'s version
+    (CPU: ``plannable`` stood in)."""
+    monkeypatch.setattr(op, "plannable", lambda x: True)
+    monkeypatch.setattr(op._kl, "current_stream", lambda: 0)  # (no CUDA stream on the CPU)
+    e, h, i, t = 4, 64, 32, 2
+    gu = ms.quantize(torch.randn(e, 2 * i, h, generator=gen), "mxfp4")
+    dn = ms.quantize(torch.randn(e, h, i, generator=gen), "mxfp4")
+    x = torch.randn(t, h, generator=gen).bfloat16()
+    idx = torch.randint(0, e, (t, 2), generator=gen)
+    w = torch.rand(t, 2, generator=gen)
+    b1, b2 = torch.randn(e, 2 * i + 8, generator=gen), torch.randn(e, h, generator=gen)
+
+    def key(**kw):
+        a = dict(idx=idx, weights=w, gu_bias=b1[:, :2 * i].contiguous(), dn_bias=b2)
+        a.update(kw)
+        return op._plan_key(x, gu, dn, a["idx"], a["weights"], a["gu_bias"], a["dn_bias"], "swiglu", None, None,
+                            "concat")
+    k0 = key()
+    assert k0 is not None and key() == k0
+    assert key(gu_bias=b1[:, :2 * i]) is None  # (the row stride of a column slice)
+    assert key(idx=torch.randint(0, e, (t, 4), generator=gen)[:, ::2]) is None
+    assert key(weights=torch.rand(2, t, generator=gen).T) is None
+    dn.data.add_(0)  # (a new version of the down weight: a new key)
+    assert key() not in (None, k0)
+
+
+def test_route_reads_strided_ids(gen):
+    """Expert ids given as a strided view (every other column of a wider tensor) route as their contiguous copy."""
+    wide = torch.randint(0, 16, (5, 8), generator=gen)
+    idx = wide[:, ::2]
+    assert idx.reshape(-1).stride(0) == 2  # (a view, not a copy: what the kernel must not read as unit-stride)
+    got = route(idx.to(KDEV), 16, 8)
+    want = route(idx.contiguous().to(KDEV), 16, 8)
+    for a, b in zip(got, want):
+        assert torch.equal(a.cpu(), b.cpu())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (call plans are eager CUDA calls)")
+def test_gpu_strided_biases_and_ids_equal_unplanned_calls(gen):
+    """Biases sliced from wider tensors (row strides that change from call to call) and strided expert ids give
+    the outputs of the same calls with plans off."""
+    from microscale.linear import tuning as lt
+
+    e, h, i, t, top = 16, 256, 128, 2, 4
+    gu = ms.quantize(torch.randn(e, 2 * i, h, generator=gen), "mxfp4").to("cuda")
+    dn = ms.quantize(torch.randn(e, h, i, generator=gen), "mxfp4").to("cuda")
+    x = torch.randn(t, h, generator=gen).bfloat16().cuda()
+    w = torch.softmax(torch.randn(t, top, generator=gen), -1).cuda()
+    for pad in (16, 16, 16, 48, 80):
+        b1 = torch.randn(e, 2 * i + pad, generator=gen).cuda()[:, :2 * i]
+        wide = torch.stack([torch.randperm(e, generator=gen)[:2 * top] for _ in range(t)]).cuda()
+        idx = wide[:, ::2]
+        got = ms.moe_experts(x, gu, dn, idx, w, gate_up_bias=b1)
+        with lt.override(plans=False):
+            assert torch.equal(got, ms.moe_experts(x, gu, dn, idx.contiguous(), w, gate_up_bias=b1.contiguous()))

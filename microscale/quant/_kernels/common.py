@@ -80,6 +80,13 @@ def _round_int(t, ROUNDING: tl.constexpr):
 
 
 @triton.jit
+def _rint_s32(t):
+    """``cvt.rni.s32.f32``: ``t`` rounded to the nearest integer, ties to even, as int32 in one instruction
+    (``_round_int(t, 0)`` then a conversion; |t| < 2^31, not NaN; GPU only)."""
+    return tl.inline_asm_elementwise("cvt.rni.s32.f32 $0, $1;", "=r,f", [t], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _rcp_rn_normal(d):
     """RN(1/d) for d in [2^-100, 2^100] (GPU only): the in-range branch of ``rcp.rn.f32``
     (an approximate reciprocal and one Newton step, as ptxas expands it), without its

@@ -42,7 +42,7 @@ import triton.language as tl
 from .amax import _global_from_partials
 from .common import (
     SK_E8M0, SK_FP16, SK_UE4M3, _bits, _clamp_nan, _flt, _isfinite, _markstein_div, _nan_rule, _pdl_start,
-    _rcp_rn_normal, _round_int, _to_f32,
+    _rcp_rn_normal, _rint_s32, _round_int, _to_f32,
 )
 from .elements import (
     _encode, _encode_mag_rne, _encode_mag_rne_p2, _mag_max, _pack8_nibbles, _pk_codes, _pk_load, _pk_words,
@@ -209,8 +209,14 @@ def _quantize_kernel(
             amax = _flt(tl.max(tl.max(ab, axis=3), axis=1))  # [RB, NB]
 
         if RULE == 5:  # ---- affine (minmax): unsigned codes, x = (code - zp) * s
-            # the range from the finite values; NaN -> the zero point, +-Inf -> saturated (as the reference)
-            xr = tl.where(_isfinite(xb), xb, 0.0)
+            # the range from the finite values; NaN -> the zero point, +-Inf -> saturated (as the reference). A tile
+            # without Inf / NaN (its blocks' magnitude bits below Inf's) takes min / max of x as it is
+            abm = tl.max(tl.max(ab, axis=3), axis=1)  # [RB, NB]
+            tile_abm = tl.max(tl.reshape(abm, [RB * NB], can_reorder=True), axis=0)
+            if tile_abm < 0x7F800000:
+                xr = xb
+            else:
+                xr = tl.where(_isfinite(xb), xb, 0.0)
             lo = tl.minimum(tl.min(tl.min(xr, axis=3), axis=1), 0.0)
             hi = tl.maximum(tl.max(tl.max(xr, axis=3), axis=1), 0.0)
             raw, s = _scale_encode(tl.math.div_rn(hi - lo, MAX_CODE * 1.0 + tl.zeros_like(hi)), SCALE_KIND,
@@ -230,22 +236,28 @@ def _quantize_kernel(
             tile_ok = False
             if MARKSTEIN:  # (the interpreter's fma rounds twice: IEEE division there)
                 sbits = _bits(s)
-                sbad = (tl.max(tl.max(ab, axis=3), axis=1) >= 0x5D800000) | (sbits < 0x2B800000) | \
-                    (sbits > 0x5D800000) | (s * (2.0 * MAX_CODE) < hi - lo)
+                sbad = (abm >= 0x5D800000) | (sbits < 0x2B800000) | (sbits > 0x5D800000) | \
+                    (s * (2.0 * MAX_CODE) < hi - lo)
                 tile_ok = tl.max(tl.reshape(sbad.to(tl.int32), [RB * NB], can_reorder=True), axis=0) == 0
             if tile_ok:
                 if ASM:
                     r = _rcp_rn_normal(s)
                 else:
                     r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
-                q = _round_int(_markstein_div(xb, r[:, None, :, None], (0.0 - s)[:, None, :, None]), ROUNDING)
+                xs = _markstein_div(xb, r[:, None, :, None], (0.0 - s)[:, None, :, None])
+                if ASM & (ROUNDING == 0):  # (one cvt.rni rounds and converts; zero point and clamp in integers)
+                    qi = _rint_s32(xs) + zf.to(tl.int32)[:, None, :, None]
+                    codes = tl.minimum(tl.maximum(qi, 0), MAX_CODE)
+                else:
+                    q = _round_int(xs, ROUNDING) + zf[:, None, :, None]
+                    codes = tl.minimum(tl.maximum(q, 0.0), MAX_CODE * 1.0).to(tl.int32)
             else:
                 q = tl.math.div_rn(xb, s[:, None, :, None])
                 qn = q != q
                 q = _round_int(tl.minimum(tl.maximum(tl.where(qn, 0.0, q), -4194304.0), 4194304.0), ROUNDING)
-            q = q + zf[:, None, :, None]
-            q = tl.minimum(tl.maximum(q, 0.0), MAX_CODE * 1.0)
-            codes = tl.where(znan[:, None, :, None], 0, q.to(tl.int32))
+                q = q + zf[:, None, :, None]
+                q = tl.minimum(tl.maximum(q, 0.0), MAX_CODE * 1.0)
+                codes = tl.where(znan[:, None, :, None], 0, q.to(tl.int32))
             clean = False  # (affine blocks have no fast path)
         else:
             # per-block operand: DIV -> xs = x / op (IEEE), else xs = x * op
