@@ -4,7 +4,8 @@
 * ``torch.compile`` of the reference dequantize followed by ``F.linear`` (and of the
   reference dequantize alone);
 * torchao's NVFP4 / MX quantizers, when torchao imports;
-* a plain Triton ``tl.dot_scaled`` bf16 x MXFP4 kernel (E2M1 codes, E8M0 scales per 32).
+* a plain Triton ``tl.dot_scaled`` bf16 x MXFP4 kernel (E2M1 codes, E8M0 scales per 32);
+* OpenAI's ``triton_kernels`` ``matmul_ogs`` MoE forward on MXFP4 experts, when it imports.
 
 Every peer is built lazily and raises :class:`Skip` with a reason when it does not
 apply or cannot be built here; nothing in this module runs at import.
@@ -24,6 +25,8 @@ __all__ = [
     "torchao_quantizer",
     "dot_scaled_mxfp4_applies",
     "dot_scaled_mxfp4_linear",
+    "matmul_ogs_experts",
+    "matmul_ogs_moe",
 ]
 
 
@@ -193,3 +196,54 @@ def scaled_mm_fp8_tensorwise(x8: torch.Tensor, w8: torch.Tensor, sx: torch.Tenso
 def cublas_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """cuBLAS bf16 ``F.linear(x, w)`` (the peer every quantized linear is held against)."""
     return F.linear(x, w)
+
+
+# ---- OpenAI triton_kernels' matmul_ogs (the MoE peer) -------------------------------------------------------
+def _triton_kernels() -> Any:
+    """``triton_kernels`` (OpenAI's, from the Triton repository or vendored by vLLM; the PyPI package of that
+    name is another project), or :class:`Skip`."""
+    try:
+        import triton_kernels.matmul_ogs as mo
+    except Exception as exc:  # (absent, or another package of that name)
+        raise Skip(f"triton_kernels (OpenAI's matmul_ogs) not importable: {type(exc).__name__}") from None
+    return mo
+
+
+def matmul_ogs_experts(q: Any) -> tuple:
+    """An MXFP4 QTensor of experts ``[E, N, K]`` (codes two a byte, low nibble first; E8M0 scales per 32 along K:
+    gpt-oss's ``*_blocks`` / ``*_scales``) as ``matmul_ogs`` takes it: ``[E, K, N]`` in the target's default
+    layouts, with its ``PrecisionConfig``. On Hopper the scales' K groups are zero-padded to a multiple of 4 and
+    split-K is pinned off, as vLLM does for this kernel."""
+    _triton_kernels()
+    from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
+    from triton_kernels.matmul_ogs_details import opt_flags
+    from triton_kernels.numerics import InFlexData
+    from triton_kernels.tensor import FP4, convert_layout, wrap_torch_tensor
+    from triton_kernels.tensor_details import layout
+
+    codes, scales = q.data, q.scales.view(torch.uint8)
+    if torch.cuda.get_device_capability(codes.device)[0] == 9:
+        opt_flags.update_opt_flags_constraints({"split_k": 1})
+        scales = F.pad(scales, (0, -scales.shape[-1] % 4))
+    vl, vo = layout.make_default_matmul_mxfp4_w_layout(mx_axis=1)
+    sl, so = layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=8)
+    w = convert_layout(wrap_torch_tensor(codes.transpose(-2, -1), dtype=FP4), vl, **vo)
+    s = convert_layout(wrap_torch_tensor(scales.transpose(-2, -1)), sl, **so)
+    return w, PrecisionConfig(weight_scale=s, flex_ctx=FlexCtx(rhs_data=InFlexData()))
+
+
+def matmul_ogs_moe(x: torch.Tensor, w1: Any, pc1: Any, w2: Any, pc2: Any, logits: torch.Tensor,
+                   idx16: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """gpt-oss's experts forward on ``matmul_ogs``: routing from the given top-k ids (``logits`` hold the log of
+    each token's routing weights at its ids, so the kernel's softmax over the k gives them back), the gate/up
+    GEMM gathering rows with the clamped SwiGLU of interleaved gate/up fused, the down GEMM scattering with the
+    routing weights and summing each token's k slots."""
+    mo = _triton_kernels()
+    from triton_kernels.routing import routing
+    from triton_kernels.swiglu import swiglu_fn
+
+    rdata, gather, scatter = routing(logits, idx16.shape[1], expt_indx=idx16)
+    act = mo.FusedActivation(mo.FnSpecs("swiglu", swiglu_fn, ("alpha", "limit")), (alpha, limit), 2)
+    h = mo.matmul_ogs(x, w1, None, rdata, gather_indx=gather, precision_config=pc1, fused_activation=act)
+    y = mo.matmul_ogs(h, w2, None, rdata, scatter_indx=scatter, precision_config=pc2, gammas=rdata.gate_scal)
+    return y.reshape(x.shape[0], -1)

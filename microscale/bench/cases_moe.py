@@ -76,7 +76,7 @@ def _experts_f64(w, used: torch.Tensor) -> torch.Tensor:
     return sub.to("cpu").dequantize(torch.float64)
 
 
-def _check_rows(inputs: tuple, y: torch.Tensor, experts) -> Check:
+def _check_rows(inputs: tuple, y: torch.Tensor, experts, **act) -> Check:
     """The first :data:`_CHECK_ROWS` tokens of a ``moe`` case against float64 over only the experts
     they use (``experts(w, used)``: those experts' weights in float64 on the CPU); all 128 experts of
     a 4096-token case in float64 would be ~17 GB."""
@@ -89,7 +89,7 @@ def _check_rows(inputs: tuple, y: torch.Tensor, experts) -> Check:
     remap = torch.full((int(sub.max()) + 1 if sub.numel() else 1,), -1, dtype=torch.long)
     remap[used] = torch.arange(used.numel())
     ref = moe_experts_reference(x[:r].cpu().double(), experts(wgu, used), experts(wd, used), remap[sub],
-                                wts[:r].cpu().double())
+                                wts[:r].cpu().double(), **act)
     err = rel_fro(y[:r].cpu(), ref)
     return Check(err < _TOL, "rel_fro", err, f"rel Frobenius error {err:.3g} over the first {r} tokens "
                                              f"(tolerance {_TOL:g})")
@@ -99,8 +99,10 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
     """``ms.moe_experts`` (plain SwiGLU, concatenated gate/up) on QTensor weights already packed, checked
     against the float64 reference; bytes: the touched experts' weights + x + out; flops 6*T*top_k*H*I.
     Peers: the same forward on dense bf16 weights as transformers' loop over touched experts, and over
-    ``torch._grouped_mm`` (the bf16 grouped GEMM); and microscale's own Gluon prefill path
-    (:mod:`microscale.moe.prefill`) switched on for the call, while it is off by default."""
+    ``torch._grouped_mm`` (the bf16 grouped GEMM); microscale's own Gluon prefill path
+    (:mod:`microscale.moe.prefill`) switched on for the call, while it is off by default; and, where it imports,
+    OpenAI's ``triton_kernels`` ``matmul_ogs`` on the same MXFP4 experts (gpt-oss's clamped SwiGLU on interleaved
+    gate/up, its own routing from the same ids; checked against that forward in float64)."""
     moe_experts = _lookup("moe_experts")
     quantize = _lookup("quantize")
     _format(spec.format)
@@ -173,6 +175,27 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
             raise Skip("the Gluon prefill path does not take this format or GPU")
         return Peer("microscale Gluon prefill path", on, check)
 
+    def matmul_ogs_peer() -> Peer:
+        if ctx.cpu:
+            raise Skip("triton_kernels runs on CUDA")
+        _peers._triton_kernels()
+        if spec.format != "mxfp4":
+            raise Skip("matmul_ogs takes MXFP4 experts here (gpt-oss's)")
+
+        def tk_inputs() -> tuple:
+            x, wgu, wd, idx, wts = make()
+            w1, pc1 = _peers.matmul_ogs_experts(wgu)
+            w2, pc2 = _peers.matmul_ogs_experts(wd)
+            logits = torch.zeros((t, e), dtype=x.dtype, device=x.device).scatter_(1, idx, wts.float().log().to(x.dtype))
+            return (x, w1, pc1, w2, pc2, logits, idx.to(torch.int16), wgu, wd, idx, wts)
+
+        def tk_check(inputs: tuple, y) -> Check:  # (gpt-oss's clamped SwiGLU on interleaved gate/up, as it runs)
+            x, *_, wgu, wd, idx, wts = inputs
+            return _check_rows((x, wgu, wd, idx, wts), y, _experts_f64, activation="swiglu_clamped",
+                               layout="interleaved", alpha=1.702, limit=7.0)
+        return Peer("triton_kernels matmul_ogs", lambda *a: _peers.matmul_ogs_moe(*a[:7]), tk_check,
+                    make_inputs=tk_inputs)
+
     _, wgu0, wd0, idx0, _ = make()
     touched = int(torch.unique(idx0).numel())
     per_expert = cached_prepare_experts(wgu0).nbytes_per_expert + cached_prepare_experts(wd0).nbytes_per_expert
@@ -180,7 +203,7 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
     return Case(spec, fn, make, check, nbytes=nbytes, flops=6 * t * top_k * h * i, compute_kind="bf16_mm",
                 set_bytes=e * per_expert + 2 * t * h * 2,
                 peers=[("bf16 experts (transformers loop)", loop_peer), ("torch._grouped_mm bf16", grouped_peer),
-                       ("microscale Gluon prefill path", prefill_peer)])
+                       ("microscale Gluon prefill path", prefill_peer), ("triton_kernels matmul_ogs", matmul_ogs_peer)])
 
 
 def build_scaled_mm(spec: CaseSpec, ctx: Context) -> Case:
