@@ -239,13 +239,17 @@ def test_experts_forward_kernel_path(layout, activation, bias, gen):
     assert y.dtype == torch.bfloat16 and rel(y, ref) < 1e-2
 
 
-def test_public_ops_cpu_and_compile(gen):
-    e, h, i, t = 4, 64, 32, 5
+def _small_moe(e: int, h: int, i: int, t: int, gen) -> tuple:
+    """MXFP4 gate/up [e, 2i, h] and down [e, h, i] experts, bf16 x [t, h], top-2 ids and weights."""
     gu = ms.quantize(torch.randn(e, 2 * i, h, generator=gen), "mxfp4")
     dn = ms.quantize(torch.randn(e, h, i, generator=gen), "mxfp4")
-    x = torch.randn(t, h, generator=gen).bfloat16()
-    idx = torch.randint(0, e, (t, 2), generator=gen)
-    w = torch.rand(t, 2, generator=gen)
+    return (gu, dn, torch.randn(t, h, generator=gen).bfloat16(), torch.randint(0, e, (t, 2), generator=gen),
+            torch.rand(t, 2, generator=gen))
+
+
+def test_public_ops_cpu_and_compile(gen):
+    e, h, i, t = 4, 64, 32, 5
+    gu, dn, x, idx, w = _small_moe(e, h, i, t, gen)
     ref = moe_experts_reference(x.double(), gu.dequantize(torch.float64), dn.dequantize(torch.float64), idx,
                                 w.double())
     y = ms.moe_experts(x, gu, dn, idx, w)
@@ -351,11 +355,7 @@ def test_plan_key_refuses_strided_inputs(gen, monkeypatch):
     monkeypatch.setattr(op, "plannable", lambda x: True)
     monkeypatch.setattr(op._kl, "current_stream", lambda: 0)  # (no CUDA stream on the CPU)
     e, h, i, t = 4, 64, 32, 2
-    gu = ms.quantize(torch.randn(e, 2 * i, h, generator=gen), "mxfp4")
-    dn = ms.quantize(torch.randn(e, h, i, generator=gen), "mxfp4")
-    x = torch.randn(t, h, generator=gen).bfloat16()
-    idx = torch.randint(0, e, (t, 2), generator=gen)
-    w = torch.rand(t, 2, generator=gen)
+    gu, dn, x, idx, w = _small_moe(e, h, i, t, gen)
     b1, b2 = torch.randn(e, 2 * i + 8, generator=gen), torch.randn(e, h, generator=gen)
 
     def key(**kw):
