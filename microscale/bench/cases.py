@@ -296,7 +296,12 @@ PEERS["bf16 experts (transformers loop)"] = ("dense bf16 experts, a Python loop 
                                              "transformers runs dequantized experts)")
 PEERS["torch._grouped_mm bf16"] = "dense bf16 experts, both projections as torch._grouped_mm grouped GEMMs"
 PEERS["microscale Gluon prefill path"] = ("ms.moe_experts with its Gluon prefill path switched on for the call "
-                                          "(microscale.moe.tuning.PREFILL_WS_MIN_PER_EXPERT; off by default)")
+                                          "(microscale.moe.tuning.PREFILL_WS_MIN_PER_EXPERT; by default from 128 rows "
+                                          "an expert)")
+PEERS["microscale grouped kernel"] = ("ms.moe_experts with the Gluon prefill path switched off for the call, where "
+                                      "it is the op's own route (the grouped Triton kernel)")
+PEERS["triton_kernels matmul_ogs"] = ("OpenAI triton_kernels' matmul_ogs on the same MXFP4 experts, gpt-oss's "
+                                      "clamped SwiGLU, its routing from the same ids (when installed)")
 PEERS["microscale fast_accum"] = "ms.scaled_mm(a, b, fast_accum=True): the fp8 MMA with a float32 promotion per 128 K"
 PEERS["microscale fold_fp8 fast_accum"] = ("the weight refolded losslessly by ms.fold_fp8 (E4M3, a scale per row and "
                                            "128 columns), then fast_accum with fp8 block-128 activations")

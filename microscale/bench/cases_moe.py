@@ -99,8 +99,9 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
     """``ms.moe_experts`` (plain SwiGLU, concatenated gate/up) on QTensor weights already packed, checked
     against the float64 reference; bytes: the touched experts' weights + x + out; flops 6*T*top_k*H*I.
     Peers: the same forward on dense bf16 weights as transformers' loop over touched experts, and over
-    ``torch._grouped_mm`` (the bf16 grouped GEMM); microscale's own Gluon prefill path
-    (:mod:`microscale.moe.prefill`) switched on for the call, while it is off by default; and, where it imports,
+    ``torch._grouped_mm`` (the bf16 grouped GEMM); microscale's other prefill route at the shapes one of them
+    serves (the Gluon prefill path of :mod:`microscale.moe.prefill` switched on for the call below its threshold,
+    the grouped kernel with it switched off above); and, where it imports,
     OpenAI's ``triton_kernels`` ``matmul_ogs`` on the same MXFP4 experts (gpt-oss's clamped SwiGLU on interleaved
     gate/up, its own routing from the same ids; checked against that forward in float64)."""
     moe_experts = _lookup("moe_experts")
@@ -150,30 +151,48 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
         return Peer("torch._grouped_mm bf16", _grouped_bf16, dense_check, make_inputs=dense_inputs,
                     set_bytes=dense_bytes)
 
-    def prefill_peer() -> Peer:
+    def _switched(least):
+        """The op with ``microscale.moe.tuning.PREFILL_WS_MIN_PER_EXPERT`` = ``least`` for the call only."""
         from ..moe import tuning as moe_tuning
-        from ..moe.prefill import prefill_takes
 
-        if ctx.cpu:
-            raise Skip("the Gluon prefill path is CUDA only")
-        if moe_tuning.PREFILL_WS_MIN_PER_EXPERT is not None:
-            raise Skip("the Gluon prefill path is already microscale's own route here")
-
-        def on(x, wgu, wd, idx, wts):
-            moe_tuning.PREFILL_WS_MIN_PER_EXPERT = 1  # (for this call only)
+        def run(x, wgu, wd, idx, wts):
+            saved, moe_tuning.PREFILL_WS_MIN_PER_EXPERT = moe_tuning.PREFILL_WS_MIN_PER_EXPERT, least
             try:
                 return moe_experts(x, wgu, wd, idx, wts)
             finally:
-                moe_tuning.PREFILL_WS_MIN_PER_EXPERT = None
-        moe_tuning.PREFILL_WS_MIN_PER_EXPERT = 1
-        try:
-            # (the op's own weights)
-            takes = prefill_takes(cached_prepare_experts(wgu0), random_input((1, h), ctx), t * top_k)
+                moe_tuning.PREFILL_WS_MIN_PER_EXPERT = saved
+        return run
+
+    def _probe_prefill(least) -> bool:
+        """Whether the op's gate/up GEMM takes the Gluon prefill path at this shape with the switch at ``least``."""
+        from ..moe import tuning as moe_tuning
+        from ..moe.prefill import prefill_takes
+
+        saved, moe_tuning.PREFILL_WS_MIN_PER_EXPERT = moe_tuning.PREFILL_WS_MIN_PER_EXPERT, least
+        try:  # (the op's own weights)
+            return prefill_takes(cached_prepare_experts(wgu0), random_input((1, h), ctx), t * top_k)
         finally:
-            moe_tuning.PREFILL_WS_MIN_PER_EXPERT = None
-        if not takes:
+            moe_tuning.PREFILL_WS_MIN_PER_EXPERT = saved
+
+    def prefill_peer() -> Peer:
+        from ..moe import tuning as moe_tuning
+
+        if ctx.cpu:
+            raise Skip("the Gluon prefill path is CUDA only")
+        if _probe_prefill(moe_tuning.PREFILL_WS_MIN_PER_EXPERT):
+            raise Skip("the Gluon prefill path is microscale's own route here")
+        if not _probe_prefill(1):
             raise Skip("the Gluon prefill path does not take this format or GPU")
-        return Peer("microscale Gluon prefill path", on, check)
+        return Peer("microscale Gluon prefill path", _switched(1), check)
+
+    def grouped_kernel_peer() -> Peer:
+        from ..moe import tuning as moe_tuning
+
+        if ctx.cpu:
+            raise Skip("the grouped kernel's peer is timed on CUDA")
+        if not _probe_prefill(moe_tuning.PREFILL_WS_MIN_PER_EXPERT):
+            raise Skip("the grouped kernel (or the decode path) is microscale's own route here")
+        return Peer("microscale grouped kernel", _switched(None), check)
 
     def matmul_ogs_peer() -> Peer:
         if ctx.cpu:
@@ -203,7 +222,8 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
     return Case(spec, fn, make, check, nbytes=nbytes, flops=6 * t * top_k * h * i, compute_kind="bf16_mm",
                 set_bytes=e * per_expert + 2 * t * h * 2,
                 peers=[("bf16 experts (transformers loop)", loop_peer), ("torch._grouped_mm bf16", grouped_peer),
-                       ("microscale Gluon prefill path", prefill_peer), ("triton_kernels matmul_ogs", matmul_ogs_peer)])
+                       ("microscale Gluon prefill path", prefill_peer), ("microscale grouped kernel", grouped_kernel_peer),
+                       ("triton_kernels matmul_ogs", matmul_ogs_peer)])
 
 
 def build_scaled_mm(spec: CaseSpec, ctx: Context) -> Case:

@@ -42,8 +42,8 @@ def test_gathered_xperm_is_xperm_of_the_gathered_rows(cb, gen):
 
 
 def test_reasons_and_switch(gen, monkeypatch):
-    """Refusals name the missing piece; the route takes the path only when switched on, at the stated rows per
-    expert, for E2M1 experts on a Hopper."""
+    """Refusals name the missing piece; the route takes the path at the stated rows per expert (128 by default;
+    None switches it off), for E2M1 experts on a Hopper."""
     from microscale.linear._compile_cases import _dev
     from microscale.runtime import target
 
@@ -56,9 +56,13 @@ def test_reasons_and_switch(gen, monkeypatch):
     dx = _dev(x)
     with target.override(capability=(9, 0)):
         assert prefill_reason(mx, dx) is None
-        assert tuning.PREFILL_WS_MIN_PER_EXPERT is None and not prefill_takes(mx, dx, 512)  # off by default
+        # on by default from 128 rows an expert (4 experts: 512 rows take it, 256 do not)
+        assert tuning.PREFILL_WS_MIN_PER_EXPERT == 128
+        assert prefill_takes(mx, dx, 512) and not prefill_takes(mx, dx, 256) and not prefill_takes(f8, dx, 512)
         monkeypatch.setattr(tuning, "PREFILL_WS_MIN_PER_EXPERT", 64)
-        assert prefill_takes(mx, dx, 512) and not prefill_takes(mx, dx, 128) and not prefill_takes(f8, dx, 512)
+        assert prefill_takes(mx, dx, 256) and not prefill_takes(mx, dx, 128)
+        monkeypatch.setattr(tuning, "PREFILL_WS_MIN_PER_EXPERT", None)  # (switched off)
+        assert not prefill_takes(mx, dx, 4096)
     with pytest.raises(ValueError, match="prefill path needs a Hopper"):
         prefill_run(x, mx, offsets_of([128, 128, 128, 128]))
     with target.override(capability=(9, 0)):
