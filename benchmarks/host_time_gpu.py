@@ -72,14 +72,16 @@ def measure_ops(calls: int, repeats: int) -> list[dict]:
     idx = torch.randperm(e, generator=gen)[:4].view(1, 4).cuda()
     tw = torch.softmax(torch.randn(1, 4, generator=gen), -1).cuda()
     moe = lambda: ms.moe_experts(x, gu, dn, idx, tw, activation="swiglu_clamped", layout="interleaved")  # noqa: E731
-    ref = moe_experts_reference(x.double().cpu(), gu.dequantize(torch.float64).cpu(), dn.dequantize(torch.float64).cpu(),
-                                idx.cpu(), tw.double().cpu(), activation="swiglu_clamped", layout="interleaved")
+    ref = moe_experts_reference(x.double().cpu(), gu.dequantize(torch.float64).cpu(),
+                                dn.dequantize(torch.float64).cpu(), idx.cpu(), tw.double().cpu(),
+                                activation="swiglu_clamped", layout="interleaved")
     table = ms.quantize(torch.randn(32000, 4096, generator=gen), "nvfp4").to("cuda")
     ids = torch.tensor([17], device="cuda")
     emb = lambda: ms.embedding(ids, table, dtype=torch.bfloat16)  # noqa: E731
+    want = table.dequantize(torch.float32)[ids]
     rows = []
     for name, call, check in (("moe_experts", moe, lambda y: float((y.double().cpu() - ref).norm() / ref.norm())),
-                              ("embedding", emb, lambda y: float((y.float() - table.dequantize(torch.float32)[ids]).abs().max()))):
+                              ("embedding", emb, lambda y: float((y.float() - want).abs().max()))):
         for plans in (True, False):
             with tuning.override(plans=plans):
                 err = check(call())

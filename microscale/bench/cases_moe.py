@@ -205,7 +205,8 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
             x, wgu, wd, idx, wts = make()
             w1, pc1 = _peers.matmul_ogs_experts(wgu)
             w2, pc2 = _peers.matmul_ogs_experts(wd)
-            logits = torch.zeros((t, e), dtype=x.dtype, device=x.device).scatter_(1, idx, wts.float().log().to(x.dtype))
+            logits = torch.zeros((t, e), dtype=x.dtype, device=x.device)
+            logits.scatter_(1, idx, wts.float().log().to(x.dtype))
             return (x, w1, pc1, w2, pc2, logits, idx.to(torch.int16), wgu, wd, idx, wts)
 
         def tk_check(inputs: tuple, y) -> Check:  # (gpt-oss's clamped SwiGLU on interleaved gate/up, as it runs)
@@ -222,7 +223,8 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
     return Case(spec, fn, make, check, nbytes=nbytes, flops=6 * t * top_k * h * i, compute_kind="bf16_mm",
                 set_bytes=e * per_expert + 2 * t * h * 2,
                 peers=[("bf16 experts (transformers loop)", loop_peer), ("torch._grouped_mm bf16", grouped_peer),
-                       ("microscale Gluon prefill path", prefill_peer), ("microscale grouped kernel", grouped_kernel_peer),
+                       ("microscale Gluon prefill path", prefill_peer),
+                       ("microscale grouped kernel", grouped_kernel_peer),
                        ("triton_kernels matmul_ogs", matmul_ogs_peer)])
 
 

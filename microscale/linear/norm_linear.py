@@ -99,7 +99,8 @@ def rmsnorm_linear(x: torch.Tensor, norm_weight: torch.Tensor, w: QTensor | list
     ws = list(w) if many else [w]
     if fast_accum and act_format is None:
         raise ValueError(f"{OP}: fast_accum=True needs act_format (it is scaled_mm's allowance)")
-    if (act_format is None and bias is None and kernel is not False and x.is_cuda and isinstance(eps, float) and x.dim() == 2
+    if (act_format is None and bias is None and kernel is not False and x.is_cuda and isinstance(eps, float)
+            and x.dim() == 2
             and isinstance(norm_weight, torch.Tensor)
             and all(isinstance(q, QTensor) and len(q.shape) == 2 for q in ws)):
         ys = _call_planned(x, norm_weight, gate, eps, ws, hit_only=True)  # (None unless a plan replays)
@@ -111,8 +112,8 @@ def rmsnorm_linear(x: torch.Tensor, norm_weight: torch.Tensor, w: QTensor | list
     for i, q in enumerate(ws):
         if not isinstance(q, QTensor) or len(q.shape) != 2:
             raise TypeError(f"{OP}: weight {i} must be a 2-D QTensor [N, K], got {type(q).__name__}")
-        check(x, int(q.shape[0]), int(q.shape[1]), q.device, bs[i],
-              (torch.bfloat16, torch.float16) if act_format is None else (torch.bfloat16, torch.float16, torch.float32))
+        dts = (torch.bfloat16, torch.float16) + (() if act_format is None else (torch.float32,))
+        check(x, int(q.shape[0]), int(q.shape[1]), q.device, bs[i], dts)
     _check_norm(x, norm_weight, gate, eps)
     use_kernel = x.device.type == "cuda" if kernel is None else kernel
     if use_kernel and x.device.type != "cuda" and not target.interpreting():
