@@ -10,11 +10,19 @@ from microscale.moe.grouped import grouped_run, max_tiles, route, tile_map
 from microscale.moe.reference import grouped_linear_reference, swiglu
 from microscale.moe.tuning import GroupedConfig, choose_config
 
+KDEV = "cuda" if torch.cuda.is_available() else "cpu"  # (kernels: the GPU, else the interpreter on CPU)
 FORMATS = ["nvfp4", "mxfp4", "mxfp8_e4m3", "mxfp6_e3m2", "int4_affine_g32", "fp8_e4m3_block128x128", "int8_fp16"]
 
 
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def dev(*ts):
+    """The tensors and QTensors on KDEV, where the kernels run (anything else, packed experts or None, as is:
+    packed experts are made from a QTensor already there)."""
+    out = tuple(t.to(KDEV) if isinstance(t, (torch.Tensor, ms.QTensor)) else t for t in ts)
+    return out if len(out) > 1 else out[0]
 
 
 def offsets_of(counts):
@@ -72,10 +80,10 @@ def test_grouped_kernel_formats(fmt, gen):
     x = torch.randn(sum(counts), k, generator=gen).bfloat16()
     bias = torch.randn(e, n, generator=gen)
     ref = grouped_linear_reference(x.double(), q.dequantize(torch.float64), offs, bias.double())
-    out = torch.full((x.shape[0], n), float("nan"), dtype=torch.bfloat16)
-    grouped_run(x, prepare_experts(q), offs, bias, out=out)
+    out = torch.full((x.shape[0], n), float("nan"), dtype=torch.bfloat16, device=KDEV)
+    grouped_run(*dev(x, prepare_experts(dev(q)), offs, bias), out=out)
     assert not out.isnan().any()
-    assert rel(out, ref) < 1e-2
+    assert rel(out.cpu(), ref) < 1e-2
 
 
 @pytest.mark.parametrize("fmt,cfg", [
@@ -89,21 +97,21 @@ def test_grouped_kernel_ragged_k_steps(fmt, cfg, gen):
     reference (poisoned output, empty experts)."""
     e, n, k = 3, 64, 768
     q = ms.quantize(torch.randn(e, n, k, generator=gen), fmt)
-    pe = prepare_experts(q)
+    pe = prepare_experts(dev(q))
     assert pe.codes.shape[2] % cfg.block_kw
     offs = offsets_of([2, 0, 19])
     x = torch.randn(21, k, generator=gen).bfloat16()
-    out = torch.full((21, n), float("nan"), dtype=torch.bfloat16)
-    grouped_run(x, pe, offs, config=cfg, out=out)
+    out = torch.full((21, n), float("nan"), dtype=torch.bfloat16, device=KDEV)
+    grouped_run(*dev(x, pe, offs), config=cfg, out=out)
     assert not out.isnan().any()
-    assert rel(out, grouped_linear_reference(x.double(), q.dequantize(torch.float64), offs)) < 1e-2
+    assert rel(out.cpu(), grouped_linear_reference(x.double(), q.dequantize(torch.float64), offs)) < 1e-2
 
 
 @pytest.mark.parametrize("case", ["one_expert", "t1", "split_k", "prefill_tiles", "gather"])
 def test_grouped_kernel_routes(case, gen):
     e, n, k = 6, 64, 256
     q = ms.quantize(torch.randn(e, n, k, generator=gen), "nvfp4")
-    pe = prepare_experts(q)
+    pe = prepare_experts(dev(q))
     counts = {"one_expert": [0, 0, 0, 37, 0, 0], "t1": [0, 1, 0, 0, 0, 0], "split_k": [2, 0, 5, 0, 0, 1],
               "prefill_tiles": [33, 0, 40, 1, 0, 0], "gather": [4, 0, 2, 0, 3, 0]}[case]
     cfg = {"split_k": GroupedConfig(block_n=64, block_m=16, block_kw=8, split_k=3),
@@ -114,10 +122,10 @@ def test_grouped_kernel_routes(case, gen):
     rows = torch.randint(0, x.shape[0], (r,), generator=gen, dtype=torch.int32) if case == "gather" else None
     xg = x[rows.long()] if rows is not None else x
     ref = grouped_linear_reference(xg.double(), q.dequantize(torch.float64), offs)
-    out = torch.full((r, n), float("nan"), dtype=torch.bfloat16)
-    grouped_run(x, pe, offs, rows=rows, config=cfg, out=out)
+    out = torch.full((r, n), float("nan"), dtype=torch.bfloat16, device=KDEV)
+    grouped_run(*dev(x, pe, offs), rows=dev(rows), config=cfg, out=out)
     assert not out.isnan().any()
-    assert rel(out, ref) < 1e-2
+    assert rel(out.cpu(), ref) < 1e-2
 
 
 def test_tile_map_covers_every_row_once():
@@ -143,7 +151,7 @@ def test_route_matches_stable_sort(t, top, e, bm, kernel, gen, monkeypatch):
         monkeypatch.setattr(grouped, "ROUTE_KERNEL_MAX_ROWS", 0)
     idx = torch.randint(0, e, (t, top), generator=gen)
     idx[0, 0] = e - 1  # the last expert in use
-    perm, offs, te, tb = route(idx, e, bm)
+    perm, offs, te, tb = (t_.cpu() for t_ in route(dev(idx), e, bm))
     flat = idx.reshape(-1)
     assert torch.equal(perm.long(), torch.argsort(flat, stable=True))
     assert torch.equal(offs, offsets_of(torch.bincount(flat, minlength=e).tolist()))
@@ -156,11 +164,12 @@ def test_pair_decode_equals_element_decode(fmt, gen):
     """The bf16x2 pair decode and the per-element decode give the same products (both exact):
     bit-identical outputs."""
     q = ms.quantize(torch.randn(3, 64, 512, generator=gen), fmt)
-    pe = prepare_experts(q)
+    pe = prepare_experts(dev(q))
     assert grouped.pair_eligible(pe, torch.bfloat16) and not grouped.pair_eligible(pe, torch.float16)
     offs = offsets_of([2, 0, 5])
     x = torch.randn(7, 512, generator=gen).bfloat16()
-    outs = [grouped_run(x, pe, offs, config=GroupedConfig(block_n=64, block_m=16, block_kw=16, split_k=2, pair=p))
+    outs = [grouped_run(*dev(x, pe, offs), config=GroupedConfig(block_n=64, block_m=16, block_kw=16, split_k=2,
+                                                                 pair=p)).cpu()
             for p in (True, False)]
     assert torch.equal(outs[0], outs[1])
     assert rel(outs[0], grouped_linear_reference(x.double(), q.dequantize(torch.float64), offs)) < 1e-2
@@ -173,25 +182,27 @@ def test_grouped_epilogues(layout, activation, pair, gen):
     vs float64; poisoned outputs fully written (every row the routing uses)."""
     e, i, h, t, top = 4, 48, 512, 6, 2
     gu = ms.quantize(torch.randn(e, 2 * i, h, generator=gen), "mxfp4" if pair else "mxfp8_e4m3")
-    pgu = prepare_experts(gu)
+    pgu = prepare_experts(dev(gu))
     idx = torch.stack([torch.randperm(e, generator=gen)[:top] for _ in range(t)])
-    perm, offs, te, tb = route(idx, e, 16)
+    perm, offs, te, tb = route(dev(idx), e, 16)
     x = torch.randn(t, h, generator=gen).bfloat16() * 2
     b1 = torch.randn(e, 2 * i, generator=gen)
     a, lim = (1.702, 7.0) if activation == "swiglu_clamped" else (None, None)
     cfg = GroupedConfig(block_n=64, block_m=16, block_kw=16, split_k=3, pair=pair)
-    hout = torch.full((t * top, i), float("nan"), dtype=torch.bfloat16)
-    grouped_run(x, pgu, offs, b1, rows=perm, config=cfg, out=hout, gather_div=top, tiles=(te, tb),
+    hout = torch.full((t * top, i), float("nan"), dtype=torch.bfloat16, device=KDEV)
+    grouped_run(*dev(x, pgu, offs, b1), rows=perm, config=cfg, out=hout, gather_div=top, tiles=(te, tb),
                 act=(activation, a, lim, layout))
+    perm, offs, hout = perm.cpu(), offs.cpu(), hout.cpu()
     xg = x.double()[perm.long() // top]
     want = swiglu(grouped_linear_reference(xg, gu.dequantize(torch.float64), offs, b1.double()), activation, a, lim,
                   layout)
     assert not hout.isnan().any() and rel(hout, want) < 1e-2
     dn = ms.quantize(torch.randn(e, 64, i, generator=gen), "nvfp4")
     w = torch.rand(t * top, generator=gen)
-    y = torch.full((t * top, 64), float("nan"))
-    grouped_run(hout, prepare_experts(dn), offs, rows=perm, out=y, scatter=w,
+    y = torch.full((t * top, 64), float("nan"), device=KDEV)
+    grouped_run(*dev(hout, prepare_experts(dev(dn)), offs), rows=dev(perm), out=y, scatter=dev(w),
                 config=GroupedConfig(block_n=64, block_m=16, block_kw=8, split_k=2))
+    y = y.cpu()
     yr = grouped_linear_reference(hout.double(), dn.dequantize(torch.float64), offs)
     want = torch.empty_like(yr)
     want[perm.long()] = yr * w.double()[perm.long()][:, None]
@@ -235,8 +246,9 @@ def test_experts_forward_kernel_path(layout, activation, bias, gen):
     ref = moe_experts_reference(x.double(), gu.dequantize(torch.float64), dn.dequantize(torch.float64), idx,
                                 w.double(), activation=activation, gate_up_bias=d(b1), down_bias=d(b2), alpha=a,
                                 limit=lim, layout=layout)
-    y = op._experts_forward(x, prepare_experts(gu), prepare_experts(dn), idx, w, b1, b2, activation, a, lim, layout)
-    assert y.dtype == torch.bfloat16 and rel(y, ref) < 1e-2
+    y = op._experts_forward(*dev(x, prepare_experts(dev(gu)), prepare_experts(dev(dn)), idx, w, b1, b2), activation, a,
+                            lim, layout)
+    assert y.dtype == torch.bfloat16 and rel(y.cpu(), ref) < 1e-2
 
 
 def _small_moe(e: int, h: int, i: int, t: int, gen) -> tuple:
@@ -285,8 +297,6 @@ def test_errors(gen):
     with pytest.raises(ValueError, match="swiglu_clamped"):
         ms.moe_experts(x, gu, dn, idx, w, alpha=1.0)
 
-
-KDEV = "cuda" if torch.cuda.is_available() else "cpu"  # (kernels: the GPU, else the interpreter on CPU)
 
 
 @pytest.mark.parametrize("top,h,dtype", [(1, 96, torch.bfloat16), (4, 2880, torch.bfloat16), (8, 130, torch.float16),
