@@ -11,6 +11,7 @@ plans are off (this measures the path a plan would record). Works on this tree's
 ``microscale.linear`` and on the former ``microscale.qlinear`` (for before / after numbers).
 
     PYTHONPATH=. python tools/host_time.py [--calls 2000] [--repeats 7]
+    PYTHONPATH=. python tools/host_time.py --moe       # ms.moe_experts at one token, plan replay vs the unplanned forward
     PYTHONPATH=. python tools/host_time.py --record launches.json [--compare other.json]
 
 Prints one line per route: the median over ``repeats`` loops of ``calls`` calls, in µs per call.
@@ -271,6 +272,42 @@ def stand_in(uncached: bool = False):
     return configure_uncached, which + " (route_cache off)"
 
 
+def _moe(g: torch.Generator, calls: int, repeats: int) -> None:
+    """``--moe``: one token through gpt-oss-20b's experts (32 x [5760, 2880] and [2880, 2880], MXFP4, top-4): the
+    composed CUDA forward unplanned (``moe.op._experts_forward``: routing, two GEMMs, slot sum) and the whole
+    ``ms.moe_experts`` call replaying its call plan."""
+    from microscale.moe import op, prepare_experts
+
+    e, h, i = 32, 2880, 2880
+    gu = ms.quantize(torch.randn(e, 2 * i, h, generator=g), "mxfp4")
+    dn = ms.quantize(torch.randn(e, h, i, generator=g), "mxfp4")
+    x = torch.randn(1, h, generator=g).bfloat16()
+    idx = torch.randperm(e, generator=g)[:4].view(1, 4)
+    tw = torch.softmax(torch.randn(1, 4, generator=g), -1)
+    pgu, pdn = prepare_experts(gu), prepare_experts(dn)
+    configure, which = stand_in()
+    cases = [("unplanned forward", {"plans": False},
+              lambda: op._experts_forward(x, pgu, pdn, idx, tw, None, None, "swiglu_clamped", 1.702, 7.0, "interleaved")),
+             ("moe_experts, plan", {"plans": True},
+              lambda: ms.moe_experts(x, gu, dn, idx, tw, activation="swiglu_clamped", layout="interleaved"))]
+    print(f"{which}: µs per call (median of {repeats} x {calls} calls), Triton stood in below the cached launcher")
+    for label, settings, call in cases:
+        configure(settings)
+        # (a plan: the first call marks the key, the second records it, the third replays)
+        for _ in range(3):
+            call()
+        _LAUNCHED.clear()
+        call()
+        kernels = "+".join(f if isinstance(f, str) else _name(f) for f in _LAUNCHED)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                call()
+            times.append((time.perf_counter_ns() - t0) / calls / 1e3)
+        print(f"{label:20s} {statistics.median(times):8.2f}   {kernels}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=2000)
@@ -278,8 +315,11 @@ def main() -> None:
     ap.add_argument("--record", help="write every launch of the cases to this JSON file, time nothing")
     ap.add_argument("--compare", help="with --record: a former record to compare with")
     ap.add_argument("--uncached", action="store_true", help="tuning.route_cache off (each call takes the table)")
+    ap.add_argument("--moe", action="store_true", help="time ms.moe_experts instead (one token, gpt-oss-20b experts)")
     a = ap.parse_args()
     g = torch.Generator().manual_seed(0)
+    if a.moe:
+        return _moe(g, a.calls, a.repeats)
     if a.record:
         rec_cases, weights = _record_weights()
     else:
