@@ -25,6 +25,7 @@ __all__ = [
     "torchao_quantizer",
     "dot_scaled_mxfp4_applies",
     "dot_scaled_mxfp4_linear",
+    "require_triton_kernels",
     "matmul_ogs_experts",
     "matmul_ogs_moe",
 ]
@@ -199,7 +200,7 @@ def cublas_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 # ---- OpenAI triton_kernels' matmul_ogs (the MoE peer) -------------------------------------------------------
-def _triton_kernels() -> Any:
+def require_triton_kernels() -> Any:
     """``triton_kernels`` (OpenAI's, from the Triton repository or vendored by vLLM; the PyPI package of that
     name is another project), or :class:`Skip`."""
     try:
@@ -214,7 +215,7 @@ def matmul_ogs_experts(q: Any) -> tuple:
     gpt-oss's ``*_blocks`` / ``*_scales``) as ``matmul_ogs`` takes it: ``[E, K, N]`` in the target's default
     layouts, with its ``PrecisionConfig``. On Hopper the scales' K groups are zero-padded to a multiple of 4 and
     split-K is pinned off, as vLLM does for this kernel."""
-    _triton_kernels()
+    require_triton_kernels()
     from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
     from triton_kernels.matmul_ogs_details import opt_flags
     from triton_kernels.numerics import InFlexData
@@ -238,7 +239,7 @@ def matmul_ogs_moe(x: torch.Tensor, w1: Any, pc1: Any, w2: Any, pc2: Any, logits
     each token's routing weights at its ids, so the kernel's softmax over the k gives them back), the gate/up
     GEMM gathering rows with the clamped SwiGLU of interleaved gate/up fused, the down GEMM scattering with the
     routing weights and summing each token's k slots."""
-    mo = _triton_kernels()
+    mo = require_triton_kernels()
     from triton_kernels.routing import routing
     from triton_kernels.swiglu import swiglu_fn
 

@@ -197,7 +197,7 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
     def matmul_ogs_peer() -> Peer:
         if ctx.cpu:
             raise Skip("triton_kernels runs on CUDA")
-        _peers._triton_kernels()
+        _peers.require_triton_kernels()
         if spec.format != "mxfp4":
             raise Skip("matmul_ogs takes MXFP4 experts here (gpt-oss's)")
 

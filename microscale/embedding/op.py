@@ -13,7 +13,7 @@ import torch
 
 from ..formats.kinds import ScaleKind
 from ..linear import tuning
-from ..linear.plans import Plan, plannable, through_plan
+from ..linear.plans import plannable, through_plan
 from ..linear.weight_state import state
 from ..qtensor import QTensor
 from ..reference import dequantize as _ref_dequantize
@@ -184,10 +184,10 @@ def _replay(ids, table, dtype, check) -> torch.Tensor | None:
         return None
     dt = table.dtype if dtype is None else dtype
     checked = bool(check)
-    plan = state(table).plans.get(_plan_key(flat, dt, checked))
-    if type(plan) is not Plan:
+    out = through_plan(state(table).plans, _plan_key(flat, dt, checked), (flat,), None, _MAX_PLANS,
+                       replay_only=True)
+    if out is None:
         return None
-    out = plan(flat)
     _raise_if_flagged(_flag(table.device, checked), checked, flat, int(table.shape[0]))
     return out.reshape(*ids.shape, out.shape[-1])
 

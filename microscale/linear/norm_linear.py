@@ -34,14 +34,18 @@ def rmsnorm_linear_reference(x: torch.Tensor, norm_weight: torch.Tensor, w: QTen
                              *, eps: float, gate: torch.Tensor | None = None) -> torch.Tensor:
     """The float64 composition: ``(x * rsqrt(mean(x^2) + eps) * norm_weight [* silu(gate)]) @ dequant(w)^T
     + bias``, returned in x's dtype."""
-    xd = x.to(torch.float64)
-    h = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.to(torch.float64)
-    if gate is not None:
-        h = h * torch.nn.functional.silu(gate.to(torch.float64))
-    y = h @ w.dequantize(torch.float64).to(x.device).T
+    y = _normalized(x, norm_weight, eps, gate, torch.float64) @ w.dequantize(torch.float64).to(x.device).T
     if bias is not None:
         y = y + bias.to(torch.float64)
     return y.to(x.dtype)
+
+
+def _normalized(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, gate: torch.Tensor | None,
+                dtype: torch.dtype) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * norm_weight [* silu(gate)]`` computed in ``dtype``."""
+    xd = x.to(dtype)
+    h = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.to(dtype)
+    return h if gate is None else h * torch.nn.functional.silu(gate.reshape(h.shape).to(dtype))
 
 
 def _check_norm(x: torch.Tensor, norm_weight: torch.Tensor, gate: torch.Tensor | None, eps: float) -> None:
@@ -137,21 +141,14 @@ def _norm_quantized(x2: torch.Tensor, norm_weight: torch.Tensor, gate: torch.Ten
     if (use_kernel and gate is None and fmt.block_rows == 1 and x2.shape[-1] % fmt.block_size == 0
             and (gs is not None or not fmt.global_scale)):
         return rmsnorm_quantize(x2, norm_weight, fmt, eps=eps, global_scale=gs)
-    xf = x2.float()
-    h = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
-    if gate is not None:
-        h = h * torch.nn.functional.silu(gate.reshape(h.shape).float())
-    return quantize(h, fmt, global_scale=gs, pad=True)
-
-
-_ACT_SCALE_META = ("input_scale", "input_global_scale")  # where a weight carries its static activation scale
+    return quantize(_normalized(x2, norm_weight, eps, gate, torch.float32), fmt, global_scale=gs, pad=True)
 
 
 def _act_quantized(x: torch.Tensor, norm_weight: torch.Tensor, ws: list, bs: list, eps: float,
                    gate: torch.Tensor | None, fmt: Format, fast_accum: bool, use_kernel: bool) -> list[torch.Tensor]:
     """The ``act_format`` path: the normalized activations quantized once per distinct per-tensor scale,
     then :func:`microscale.scaled_mm` with each weight."""
-    from .scaled import activation_scale, scaled_mm
+    from .scaled import activation_scale, activation_scale_source, scaled_mm
 
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
@@ -159,8 +156,7 @@ def _act_quantized(x: torch.Tensor, norm_weight: torch.Tensor, ws: list, bs: lis
     outs = []
     for q, b in zip(ws, bs):
         gs = activation_scale(q) if fmt.global_scale else None
-        # (weights with the same static activation scale share one quantization; read from the host-side meta)
-        key = None if gs is None else tuple((m, tuple(q.meta[m]["values"])) for m in _ACT_SCALE_META if m in q.meta)
+        key = None if gs is None else activation_scale_source(q)  # (equal sources: one quantization)
         a = made.get(key)
         if a is None:
             a = made[key] = _norm_quantized(x2, norm_weight, gate, eps, fmt, gs, use_kernel)

@@ -179,17 +179,26 @@ def scaled_mm(a: QTensor, b: QTensor, *, bias: torch.Tensor | None = None,
 
 
 # ---- the linear op with quantized activations ---------------------------------------------------
+def activation_scale_source(w: QTensor) -> tuple[str, tuple[float, ...]] | None:
+    """Where ``w``'s static activation scale comes from, read on the host: ``(meta key, values)`` for
+    ModelOpt's ``input_scale`` or else compressed-tensors' ``input_global_scale``; None for neither. Two
+    weights with equal sources have the same :func:`activation_scale`."""
+    for key in ("input_scale", "input_global_scale"):
+        src = w.meta.get(key)
+        if src is not None:
+            return key, tuple(float(v) for v in src["values"])
+    return None
+
+
 def activation_scale(w: QTensor) -> torch.Tensor | None:
     """The static per-tensor activation scale ``w`` carries, as a decode multiplier (float32 0-d on
     ``w``'s device, kept in its state): ModelOpt's ``input_scale`` as it is, compressed-tensors'
     ``input_global_scale`` (an encode multiplier) as ``fl32(1 / g)``; None when it carries neither."""
-    for key, inverse in (("input_scale", False), ("input_global_scale", True)):
-        src = w.meta.get(key)
-        if src is not None:
-            break
-    else:
+    source = activation_scale_source(w)
+    if source is None:
         return None
-    values = tuple(float(v) for v in src["values"])
+    key, values = source
+    inverse = key == "input_global_scale"
     if len(values) != 1:
         raise ValueError(f"linear: the weight's {key} holds {len(values)} values; expected one (per tensor)")
 

@@ -14,7 +14,7 @@ import torch
 
 from ..formats import Format
 from ..linear import tuning as linear_tuning
-from ..linear.plans import Plan, plannable, through_plan
+from ..linear.plans import plannable, through_plan
 from ..linear.weight_state import state, weight_key
 from ..qtensor import QTensor
 from ..runtime import launch as _kl
@@ -155,9 +155,9 @@ def _forward_launches(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_
     un-sort in its epilogue (fp32), and each token's sum of its top_k slots in slot order
     (deterministic). Each GEMM runs the decode kernel where :func:`~.decode.decode_eligible` says
     so (few rows per expert, E2M1 experts), the Gluon prefill path where :func:`~.prefill.prefill_takes` does
-    (many rows per expert, E2M1 experts, when switched on), else the grouped kernel. Returns the output and
-    whether every tensor a launch read was the call's own input, a view of one, or a launch's output (the
-    decode path with the one-launch routing, contiguous inputs): then a call plan may replay the launches."""
+    (many rows per expert, E2M1 experts), else the grouped kernel. Returns the output and whether every
+    tensor a launch read was the call's own input, a view of one, or a launch's output (both GEMMs on the
+    decode path, the one-launch routing): then a call plan may replay the launches."""
     from .decode import DECODE_TILE_ROWS, decode_eligible, decode_run
     from . import grouped
     from .grouped import grouped_run, pair_eligible, route, slot_sum
@@ -289,11 +289,12 @@ def moe_experts(x: torch.Tensor, w_gate_up: QTensor | PackedExperts, w_down: QTe
     """
     key = _plan_key(x, w_gate_up, w_down, top_k_index, top_k_weights, gate_up_bias, down_bias, activation, alpha,
                     limit, layout)
+    ins = (x, top_k_index, top_k_weights, gate_up_bias, down_bias)
     if key is not None:
         plans = state(w_gate_up).plans
-        plan = plans.get(key)
-        if type(plan) is Plan:
-            return plan(x, top_k_index, top_k_weights, gate_up_bias, down_bias)
+        y = through_plan(plans, key, ins, None, _MAX_PLANS, replay_only=True)  # (a key with a plan was checked)
+        if y is not None:
+            return y
     if activation not in ACTIVATIONS:
         raise ValueError(f"{_MOE}: activation={activation!r}; expected one of {', '.join(ACTIVATIONS)}")
     if layout not in LAYOUTS:
@@ -324,7 +325,7 @@ def moe_experts(x: torch.Tensor, w_gate_up: QTensor | PackedExperts, w_down: QTe
     _check_bias(gate_up_bias, e, h2, x.device, "gate_up_bias", _MOE)
     _check_bias(down_bias, e, hid, x.device, "down_bias", _MOE)
     if key is not None:
-        y = through_plan(plans, key, (x, top_k_index, top_k_weights, gate_up_bias, down_bias),
+        y = through_plan(plans, key, ins,
                          lambda: _forward_launches(x, gu, dn, top_k_index, top_k_weights, gate_up_bias, down_bias,
                                                    activation, alpha, limit, layout), _MAX_PLANS)
         if y is not None:
