@@ -18,6 +18,9 @@ __all__ = ["build_moe", "build_scaled_mm", "ACT_FORMAT"]
 
 _TOL = 1e-2
 _CHECK_ROWS = 64  # moe: tokens checked against float64
+#: moe: at most this many experts decoded in float64 for a check (the first rows that use no more, at least one
+#: row); every expert of a 64-token, 128-expert case was ~25 GB of float64 and ~15 s of CPU per check
+_CHECK_EXPERTS = 32
 
 #: scaled_mm: the activation format paired with each weight format (the pairs checkpoints ship)
 ACT_FORMAT = {"fp8_e4m3_block128x128": "fp8_e4m3_block128", "mxfp4": "mxfp8_e4m3", "nvfp4": "nvfp4",
@@ -76,14 +79,25 @@ def _experts_f64(w, used: torch.Tensor) -> torch.Tensor:
     return sub.to("cpu").dequantize(torch.float64)
 
 
+def _check_row_count(idx: torch.Tensor) -> int:
+    """How many leading tokens of ``idx`` [T, top_k] a check covers: at most :data:`_CHECK_ROWS`, and no more
+    than use :data:`_CHECK_EXPERTS` distinct experts (at least one token)."""
+    rows = idx[:_CHECK_ROWS].cpu()
+    seen: set[int] = set()
+    for r, ids in enumerate(rows.tolist()):
+        seen.update(ids)
+        if len(seen) > _CHECK_EXPERTS:
+            return max(r, 1)
+    return rows.shape[0]
+
+
 def _check_rows(inputs: tuple, y: torch.Tensor, experts, **act) -> Check:
-    """The first :data:`_CHECK_ROWS` tokens of a ``moe`` case against float64 over only the experts
-    they use (``experts(w, used)``: those experts' weights in float64 on the CPU); all 128 experts of
-    a 4096-token case in float64 would be ~17 GB."""
+    """The first tokens of a ``moe`` case (:func:`_check_row_count`) against float64 over only the experts
+    they use (``experts(w, used)``: those experts' weights in float64 on the CPU)."""
     from ..moe import moe_experts_reference
 
     x, wgu, wd, idx, wts = inputs
-    r = min(x.shape[0], _CHECK_ROWS)
+    r = _check_row_count(idx)
     sub = idx[:r].cpu()
     used = torch.unique(sub)
     remap = torch.full((int(sub.max()) + 1 if sub.numel() else 1,), -1, dtype=torch.long)

@@ -793,3 +793,18 @@ def test_moe_routing_decode_distinct_prefill_skewed() -> None:
     assert idx.shape == (4096, 4) and bool((idx.sort(1).values.diff(dim=1) > 0).all())
     load = torch.bincount(idx.flatten(), minlength=128).double()
     assert bool((load > 0).all()) and 2.0 < float(load.max() / load.mean()) < 6.0
+
+
+def test_moe_check_rows_bounded_by_experts_decoded() -> None:
+    """A moe check decodes at most _CHECK_EXPERTS experts in float64: a decode step of 8 tokens x top-4 is
+    checked whole, a prefill case over its first rows only, and a token alone past the bound still is."""
+    from microscale.bench import cases_moe as cm
+
+    ctx = Context(torch.device("cpu"), torch.Generator().manual_seed(0))
+    assert cm._check_row_count(cm._routing(8, 32, 4, ctx)) == 8
+    idx = cm._routing(4096, 128, 4, ctx)
+    r = cm._check_row_count(idx)
+    assert 1 <= r < cm._CHECK_ROWS and torch.unique(idx[:r]).numel() <= cm._CHECK_EXPERTS
+    assert torch.unique(idx[:r + 1]).numel() > cm._CHECK_EXPERTS
+    wide = torch.arange(40).reshape(1, 40)
+    assert cm._check_row_count(wide) == 1
