@@ -10,7 +10,7 @@ from ..formats import registry
 from ..ops import quantize
 from ..runtime import target
 from .decode import DecodeConfig, decode_run
-from .grouped import grouped_run, pair_eligible
+from .grouped import grouped_run, pair_eligible, route, slot_sum
 from .op import _experts_forward
 from .packed import prepare_experts
 from .prefill import PrefillConfig, prefill_run
@@ -59,6 +59,13 @@ def launches(mode: str = "full") -> None:
                     for act in (("swiglu_clamped", 1.702, 7.0, "interleaved"), ("swiglu", None, None, "concat")):
                         decode_run(x, pe, offsets, None, rows=rows, gather_div=2, config=c, act=act)
                     decode_run(x, pe, offsets, torch.randn(e, n), rows=rows, config=c, scatter=torch.rand(5))
+                    # the decode chain's programmatic dependents (gate/up after the routing, down after gate/up)
+                    decode_run(x, pe, offsets, None, rows=rows, gather_div=2, config=c,
+                               act=("swiglu", None, None, "concat"), pdl_wait=1, pdl_trigger=True)
+                    decode_run(x, pe, offsets, None, rows=rows, config=c, scatter=torch.rand(5), pdl_wait=2,
+                               pdl_trigger=True)
+        route(torch.randint(0, 8, (4, 2)), 8, 8, trigger=True)
+        slot_sum(torch.randn(8, 64), 2, torch.bfloat16, wait=True)
 
     _prefill_launches(mode, offsets, rows)
 

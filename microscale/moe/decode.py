@@ -69,10 +69,15 @@ def choose_decode_config(rows: int, experts: int, n: int, k: int, device: torch.
 def decode_run(x: torch.Tensor, pe: PackedExperts, offsets: torch.Tensor, bias: torch.Tensor | None = None,
                rows: torch.Tensor | None = None, config: DecodeConfig | None = None,
                out: torch.Tensor | None = None, *, gather_div: int = 1, tiles: tuple | None = None,
-               act: tuple | None = None, scatter: torch.Tensor | None = None) -> torch.Tensor:
+               act: tuple | None = None, scatter: torch.Tensor | None = None, pdl_wait: int = 0,
+               pdl_trigger: bool = False) -> torch.Tensor:
     """:func:`~microscale.moe.grouped.grouped_run`'s contract (rows, gather, ``act`` and ``scatter``
     epilogues) on the decode kernel; ``tiles``: the tile map for :data:`DECODE_TILE_ROWS`-row tiles.
-    ``pe`` must carry its decode view (``pe.mma``) and ``x`` be bf16 with unit last stride."""
+    ``pe`` must carry its decode view (``pe.mma``) and ``x`` be bf16 with unit last stride.
+    ``pdl_wait`` (a GPU with programmatic dependent launch only): launched as a dependent of the launch
+    before, 1: the routing kernel that wrote ``tiles`` (waits at once); 2: the gate/up GEMM that wrote ``x``,
+    launched as 1 (the tile map is read and the first weights loaded before the wait). ``pdl_trigger``:
+    the next launch is a programmatic dependent of this one."""
     from ..linear._kernels import _gemv_mma as mk
     from ..linear.backends.gemv_mma import split_words
     from ._kernels import _decode_mma as kern
@@ -106,9 +111,9 @@ def decode_run(x: torch.Tensor, pe: PackedExperts, offsets: torch.Tensor, bias: 
     xasm, xcons, nxout = mk.load_asm(0, c.words_per_lane, tg, 0, 16)
     sasm, scons = mk.step_asm(c.row_groups, c.words_per_lane, tg, wpg, sk)
     grid_n = cdiv(n_out, 8 * c.row_groups * c.num_warps) if act is not None else cdiv(n, 16 * c.row_groups * c.num_warps)
-    if c.split_k > 1:
+    if c.split_k > 1:  # (the down GEMM's own slot: it may run beside gate/up's tail as a programmatic dependent)
         ws, cnt = workspace(x.device, c.split_k * grid_n * te.numel() * 4 * c.row_groups * tg * 32 * c.num_warps,
-                            grid_n * te.numel())
+                            grid_n * te.numel(), slot=1 if scatter is not None else 0)
     else:
         ws = cnt = out
     dummy = out
@@ -123,5 +128,6 @@ def decode_run(x: torch.Tensor, pe: PackedExperts, offsets: torch.Tensor, bias: 
            HAS_GS=pe.global_scale is not None, HAS_BIAS=bias is not None, GATHER=rows is not None and scatter is None,
            ACT=_ACT.get(a_name, 0), CONCAT=layout == "concat", SCATTER=scatter is not None,
            EVEN_K=per * c.split_k == kw, LASM=lasm, LCONS=lcons, NOUT=nout, XASM=xasm, XCONS=xcons, NXOUT=nxout,
-           SASM=sasm, SCONS=scons, NW=c.num_warps, num_warps=c.num_warps, num_stages=1)
+           SASM=sasm, SCONS=scons, NW=c.num_warps, WAIT=pdl_wait, TRIGGER=pdl_trigger, num_warps=c.num_warps,
+           num_stages=1, **({"launch_pdl": True} if pdl_wait else {}))
     return out

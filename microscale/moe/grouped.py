@@ -42,11 +42,12 @@ def max_tiles(rows: int, experts: int, block_m: int) -> int:
     return cdiv(rows, block_m) + min(experts, rows)
 
 
-def route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> tuple:
+def route(top_k_index: torch.Tensor, num_experts: int, block_m: int, trigger: bool = False) -> tuple:
     """The routing of ``top_k_index`` [T, top_k] on the device, no host sync: ``perm`` (int32
     [T*top_k], the flat (token, slot) pair index of each grouped row, stable), ``offsets`` (int32
     [E+1]) and the tile map (:func:`tile_map`) for ``block_m``-row tiles. Up to
-    :data:`~microscale.moe.tuning.ROUTE_KERNEL_MAX_ROWS` pairs: one single-program launch."""
+    :data:`~microscale.moe.tuning.ROUTE_KERNEL_MAX_ROWS` pairs: one single-program launch, which with
+    ``trigger`` lets the next launch (a programmatic dependent that waits for it) start at once."""
     p = top_k_index.numel()
     mt = max_tiles(p, num_experts, block_m)
     dev = top_k_index.device
@@ -70,13 +71,14 @@ def route(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> tuple:
     eb = next_pow2(num_experts + 1)
     ch = max(16, min(128, 4096 // eb))
     launch(kern._route_kernel, (1,), ids, perm, offsets, te, tb, p, num_experts, mt, BLOCK_M=block_m, EB=eb, CH=ch,
-           NCP=next_pow2(cdiv(p, ch)), NCT=next_pow2(cdiv(mt, ch)), num_warps=4)
+           NCP=next_pow2(cdiv(p, ch)), NCT=next_pow2(cdiv(mt, ch)), TRIGGER=trigger, num_warps=4)
     return perm, offsets, te, tb
 
 
-def slot_sum(y: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+def slot_sum(y: torch.Tensor, top_k: int, dtype: torch.dtype, wait: bool = False) -> torch.Tensor:
     """Each token's sum of its ``top_k`` consecutive rows of ``y`` (fp32 ``[T*top_k, H]``, contiguous), the
-    slots added in order in fp32 and cast to ``dtype``: ``[T, H]`` in one launch."""
+    slots added in order in fp32 and cast to ``dtype``: ``[T, H]`` in one launch; with ``wait``, launched as a
+    programmatic dependent of the launch that writes ``y``."""
     from ._kernels import _grouped as kern
 
     r, h = y.shape
@@ -84,7 +86,7 @@ def slot_sum(y: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
     if out.numel():
         block = min(1024, max(128, next_pow2(h)))
         launch(kern._slot_sum_kernel, (out.shape[0], cdiv(h, block)), y, out, h, TOP_K=top_k, BLOCK=block,
-               num_warps=4)
+               WAIT=wait, num_warps=4, **({"launch_pdl": True} if wait else {}))
     return out
 
 

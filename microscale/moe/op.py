@@ -18,6 +18,7 @@ from ..linear.plans import plannable, through_plan
 from ..linear.weight_state import state, weight_key
 from ..qtensor import QTensor
 from ..runtime import launch as _kl
+from ..runtime import target
 from .packed import OP, PackedExperts, cached_prepare_experts, fmt_json
 from .reference import ACTIVATIONS, LAYOUTS, grouped_linear_reference, moe_experts_reference
 
@@ -162,6 +163,7 @@ def _forward_launches(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_
     from . import grouped
     from .grouped import grouped_run, pair_eligible, route, slot_sum
     from .prefill import choose_prefill_config, prefill_run, prefill_takes
+    from . import tuning as moe_tuning
     from .tuning import choose_config, expected_touched
 
     t, top_k = idx.shape
@@ -180,10 +182,14 @@ def _forward_launches(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_
     c_pf = choose_prefill_config(r / max(1.0, expected_touched(r, gu.e))) if p_gu else None
     bm_gu = DECODE_TILE_ROWS if d_gu else c_pf.block_t if p_gu else c_gu.block_m
     bm_dn = DECODE_TILE_ROWS if d_dn else c_pf.block_t if p_dn else c_dn.block_m
-    perm, offsets, te, tb = route(idx, gu.e, bm_gu)
+    # the decode chain as programmatic dependents: each launch starts while the one before drains
+    pdl = (d_gu and d_dn and r <= grouped.ROUTE_KERNEL_MAX_ROWS and moe_tuning.DECODE_PDL
+           and not target.interpreting() and target.pdl_capable(x.device))
+    perm, offsets, te, tb = route(idx, gu.e, bm_gu, trigger=pdl)
     act = (activation, alpha, limit, layout)
     if d_gu:
-        h = decode_run(x, gu, offsets, gu_bias, rows=perm, gather_div=top_k, tiles=(te, tb), act=act)
+        h = decode_run(x, gu, offsets, gu_bias, rows=perm, gather_div=top_k, tiles=(te, tb), act=act,
+                       pdl_wait=1 if pdl else 0, pdl_trigger=pdl)
     elif p_gu:
         h = prefill_run(x, gu, offsets, gu_bias, rows=perm, config=c_pf, gather_div=top_k, tiles=(te, tb), act=act)
     else:
@@ -191,7 +197,8 @@ def _forward_launches(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_
     # (the same rows and experts: the same tile map where the tile heights agree)
     tiles = (te, tb) if bm_dn == bm_gu else None
     if d_dn:
-        y = decode_run(h, dn, offsets, dn_bias, rows=perm, tiles=tiles, scatter=wflat)
+        y = decode_run(h, dn, offsets, dn_bias, rows=perm, tiles=tiles, scatter=wflat, pdl_wait=2 if pdl else 0,
+                       pdl_trigger=pdl)
     elif p_dn:
         y = prefill_run(h, dn, offsets, dn_bias, rows=perm, config=c_pf, tiles=tiles, scatter=wflat)
     else:
@@ -199,7 +206,7 @@ def _forward_launches(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_
     # (torch's routing above the kernel's rows, or the grouped path's own tile maps, are tensors no launch
     # recorded; a copy of an input is refused by Plan.build, which finds the input itself in no launch)
     own = d_gu and d_dn and r <= grouped.ROUTE_KERNEL_MAX_ROWS and idx.dtype in (torch.int32, torch.int64)
-    return slot_sum(y, top_k, x.dtype), own
+    return slot_sum(y, top_k, x.dtype, wait=pdl), own
 
 
 @torch.library.custom_op("microscale::moe_experts", mutates_args=())
@@ -254,8 +261,8 @@ def _plan_key(x, w_gate_up, w_down, idx, weights, gu_bias, dn_bias, activation, 
         return None
     return ("moe_experts", x.shape, x.dtype, x.device, x.data_ptr() % 16, _spec(idx), _spec(weights), _spec(gu_bias),
             _spec(dn_bias), activation, alpha, limit, layout, weight_key(w_down), decode.DECODE_MAX_PER_EXPERT,
-            grouped.ROUTE_KERNEL_MAX_ROWS, moe_tuning.PREFILL_WS_MIN_PER_EXPERT, _kl.current_stream(),
-            linear_tuning.serial())
+            grouped.ROUTE_KERNEL_MAX_ROWS, moe_tuning.PREFILL_WS_MIN_PER_EXPERT, moe_tuning.DECODE_PDL,
+            _kl.current_stream(), linear_tuning.serial())
 
 
 def moe_experts(x: torch.Tensor, w_gate_up: QTensor | PackedExperts, w_down: QTensor | PackedExperts,

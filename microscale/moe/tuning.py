@@ -31,6 +31,10 @@ DECODE_PROGRAMS_PER_SM = 4
 #: grouped rows (tokens x top_k) up to which the routing runs as one single-program kernel (a
 #: counting sort and the tile map in one launch); above it, torch's sort and a few elementwise ops
 ROUTE_KERNEL_MAX_ROWS = 1024
+#: the decode chain (routing kernel, gate/up and down on the decode kernel, slot sum) as programmatic dependent
+#: launches on a Hopper-or-newer GPU: each launch starts while the one before drains, and the down GEMM loads its
+#: first weight step before it waits for gate/up's output (docs/decisions/moe-grouped-kernel.md)
+DECODE_PDL = True
 #: grouped rows expected per touched expert from which the experts' GEMMs take the Gluon prefill path
 #: (:mod:`microscale.moe.prefill`: the linear op's warp-specialized prefill with an expert axis); None keeps the
 #: grouped kernel. 128: on an H100 (MXFP4, 128 experts, 4096 tokens top-4: 128 rows an expert) it took 3.07 ms where

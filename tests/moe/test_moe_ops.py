@@ -411,3 +411,49 @@ def test_gpu_strided_biases_and_ids_equal_unplanned_calls(gen):
         got = ms.moe_experts(x, gu, dn, idx, w, gate_up_bias=b1)
         with lt.override(plans=False):
             assert torch.equal(got, ms.moe_experts(x, gu, dn, idx.contiguous(), w, gate_up_bias=b1.contiguous()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (programmatic dependent launches)")
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_gpu_decode_chain_as_dependent_launches(fmt, t):
+    """The decode chain launched as programmatic dependents (the down GEMM loading weights before gate/up is
+    done, split-K partials in its own workspace) equals the same chain launched plainly, bit for bit, eagerly and
+    replayed in a CUDA graph, at gpt-oss's width (K = 2880: split K and lanes past the row)."""
+    from microscale.linear import tuning as lt
+
+    g = torch.Generator(device="cuda").manual_seed(t)
+    e, h, i, top = 32, 2880, 2880, 4
+    gu = ms.quantize(torch.randn(e, 2 * i, h, generator=g, device="cuda") * 0.05, fmt)
+    dn = ms.quantize(torch.randn(e, h, i, generator=g, device="cuda") * 0.05, fmt)
+    x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
+    idx = torch.stack([torch.randperm(e, generator=g, device="cuda")[:top] for _ in range(t)])
+    w = torch.softmax(torch.randn(t, top, generator=g, device="cuda"), -1)
+    kw = dict(activation="swiglu_clamped", layout="interleaved", alpha=1.702, limit=7.0)
+    with lt.override(plans=False):
+        saved, tuning.DECODE_PDL = tuning.DECODE_PDL, False
+        try:
+            want = ms.moe_experts(x, gu, dn, idx, w, **kw)
+        finally:
+            tuning.DECODE_PDL = saved
+        assert tuning.DECODE_PDL
+        for _ in range(3):  # (back to back: each call's chain after the last one's)
+            assert torch.equal(ms.moe_experts(x, gu, dn, idx, w, **kw), want)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            ms.moe_experts(x, gu, dn, idx, w, **kw)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ms.moe_experts(x, gu, dn, idx, w, **kw)
+        for _ in range(3):
+            out.zero_()
+            graph.replay()
+            assert torch.equal(out, want)
+    from microscale.bench.cases_moe import _experts_f64  # (only the first token's experts, in float64)
+
+    used = idx[0].cpu()
+    ref = moe_experts_reference(x[:1].double().cpu(), _experts_f64(gu, used), _experts_f64(dn, used),
+                                torch.arange(top)[None], w[:1].double().cpu(), **kw)
+    assert rel(want[:1].cpu(), ref) < 1e-2

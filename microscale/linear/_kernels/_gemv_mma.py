@@ -236,17 +236,32 @@ def _load_at(ws, ss, off, RG: tl.constexpr, WPG: tl.constexpr, LASM: tl.constexp
 
 
 @triton.jit
+def _after_wait(xs, first, TG: tl.constexpr):
+    """``griddepcontrol.wait`` after ``first`` (a register of the first loads) is loaded, and ``xs`` made to
+    depend on it: the activation loads are pure asm, which the compiler could otherwise hoist above a wait it
+    sees no data flow through (the asm's output is zero, the compiler cannot know it)."""
+    z = tl.inline_asm_elementwise("griddepcontrol.wait;\n\tmov.u32 $0, 0;", "=r,r", [first], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    out = ()
+    for q in tl.static_range(TG):
+        out = out + (xs[q] + z.to(tl.int64),)
+    return out
+
+
+@triton.jit
 def _k_steps(ws, ss, xs, k0, ke, KW, KW_PER_SPLIT: tl.constexpr, RG: tl.constexpr, WPL: tl.constexpr,
              TG: tl.constexpr, WPG: tl.constexpr, SK: tl.constexpr, EVEN_K: tl.constexpr, LASM: tl.constexpr,
              LCONS: tl.constexpr, NOUT: tl.constexpr, XASM: tl.constexpr, XCONS: tl.constexpr, NXOUT: tl.constexpr,
-             SASM: tl.constexpr, SCONS: tl.constexpr, NW: tl.constexpr):
+             SASM: tl.constexpr, SCONS: tl.constexpr, NW: tl.constexpr, WAIT: tl.constexpr = False):
     """The K loop of one K range: ``ws`` / ``ss`` the lane's code and scale addresses of its ``2 * RG``
     row slots at word ``k0``, ``xs`` its activation addresses; returns the ``4 * RG * TG`` fp32
     accumulators. Codes and scales of step i+1 are loaded before step i's arithmetic (ptxas moves these
     loads to the loop's end; loading them ahead into L2 instead measured slower); the activations, L1/L2
     hits, in their own step (a register prefetch of them measured slower: registers). Without
     ``EVEN_K`` (K not a multiple of the range's steps) a lane whose words lie past the row (``KW`` words)
-    reads the row's last ``WPL`` words again, in bounds, and zeroes its activations, so they add nothing."""
+    reads the row's last ``WPL`` words again, in bounds, and zeroes its activations, so they add nothing.
+    ``WAIT``: launched as a programmatic dependent whose activations the grid before writes: the first step's
+    codes and scales are loaded, then ``griddepcontrol.wait``, then the first activations."""
     STEP: tl.constexpr = 4 * WPL  # words per row per step
     accs = ()
     for c in tl.static_range(4 * RG * TG):
@@ -256,6 +271,8 @@ def _k_steps(ws, ss, xs, k0, ke, KW, KW_PER_SPLIT: tl.constexpr, RG: tl.constexp
         d = _load(ws, ss, (), LASM, LCONS, NOUT)
     else:
         d = _load_at(ws, ss, tl.minimum(0, last_w), RG, WPG, LASM, LCONS, NOUT)
+    if WAIT:
+        xs = _after_wait(xs, d[0], TG)
     for i in range(0, KW_PER_SPLIT, STEP):
         nxt = tl.minimum(i + STEP, KW_PER_SPLIT - STEP)  # the last step reloads itself
         if not EVEN_K:

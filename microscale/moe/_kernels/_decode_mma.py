@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ...linear._kernels._gemv_mma import TID_ASM, _addr, _k_steps, _sum_splits
 
@@ -47,13 +48,21 @@ def _decode_mma_kernel(
     SK: tl.constexpr, SPLIT_K: tl.constexpr, HAS_GS: tl.constexpr, HAS_BIAS: tl.constexpr, GATHER: tl.constexpr,
     ACT: tl.constexpr, CONCAT: tl.constexpr, SCATTER: tl.constexpr, EVEN_K: tl.constexpr,
     LASM: tl.constexpr, LCONS: tl.constexpr, NOUT: tl.constexpr, XASM: tl.constexpr, XCONS: tl.constexpr,
-    NXOUT: tl.constexpr, SASM: tl.constexpr, SCONS: tl.constexpr, NW: tl.constexpr,
+    NXOUT: tl.constexpr, SASM: tl.constexpr, SCONS: tl.constexpr, NW: tl.constexpr, WAIT: tl.constexpr = 0,
+    TRIGGER: tl.constexpr = False,
 ):
     """One expert row tile's outputs for ``16 * RG * NW`` weight rows (``8 * RG * NW`` output columns
-    with ``ACT``) over one K range."""
+    with ``ACT``) over one K range. Launched as a programmatic dependent, ``WAIT`` 1: wait for the grid
+    before (the routing, whose tile map it reads) at once; 2: the grid before is the gate/up GEMM, launched
+    after the routing had finished, so the tile map is read and the first weight step loaded before the
+    wait, the activations after it. ``TRIGGER``: let the next launch start (after any wait)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_t = tl.program_id(2)
+    if WAIT == 1:
+        gdc_wait()
+    if TRIGGER:
+        gdc_launch_dependents()
     ex = tl.load(te_ptr + pid_t)
     if ex >= E:  # past the last row tile: nothing to read or write
         return
@@ -90,7 +99,7 @@ def _decode_mma_kernel(
             src = xr
         xs = xs + (_addr(x_ptr + src.to(tl.int64) * stride_x + k0 * 8),)
     accs = _k_steps(ws, ss, xs, k0, ke, KW, KW_PER_SPLIT, RG, WPL, TG, WPG, SK, EVEN_K, LASM, LCONS, NOUT, XASM,
-                    XCONS, NXOUT, SASM, SCONS, NW)
+                    XCONS, NXOUT, SASM, SCONS, NW, WAIT == 2)
     scale = post
     if HAS_GS:
         scale = scale * tl.load(gs_ptr)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ...linear._kernels._linear_kernels import (_bcast_words, _decode_scale, _decode_slot_pair, _load_entries, _mma,
                                                 _split_sum)
@@ -156,12 +157,15 @@ def _grouped_kernel(
 
 @triton.jit
 def _route_kernel(ids_ptr, perm_ptr, offs_ptr, te_ptr, tb_ptr, P, E, MT, BLOCK_M: tl.constexpr, EB: tl.constexpr,
-                  CH: tl.constexpr, NCP: tl.constexpr, NCT: tl.constexpr):
+                  CH: tl.constexpr, NCP: tl.constexpr, NCT: tl.constexpr, TRIGGER: tl.constexpr = False):
     """The routing in one program: a stable counting sort of the ``P`` expert ids (``perm[r]``: the
     pair index of grouped row ``r``; ``offsets`` [E+1]) and the map of ``MT`` row-tile slots
     (``te``: expert of each slot, ``E`` past the last tile; ``tb``: tile index within it).
     ``EB``: a power of two > E; ``CH`` ids per chunk (one-hot tiles [CH, EB]); ``NCP`` / ``NCT``:
-    chunks covering P ids / MT slots (constexpr bounds, rounded up by the host to few values)."""
+    chunks covering P ids / MT slots (constexpr bounds, rounded up by the host to few values).
+    ``TRIGGER``: the next launch (a programmatic dependent that waits for this grid) may start now."""
+    if TRIGGER:
+        gdc_launch_dependents()
     offs_e = tl.arange(0, EB)
     e_ok = offs_e < E
     counts = tl.zeros([EB], dtype=tl.int32)
@@ -192,9 +196,12 @@ def _route_kernel(ids_ptr, perm_ptr, offs_ptr, te_ptr, tb_ptr, P, E, MT, BLOCK_M
 
 
 @triton.jit
-def _slot_sum_kernel(y_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+def _slot_sum_kernel(y_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr, WAIT: tl.constexpr = False):
     """``out[t] = sum_j y[t * TOP_K + j]`` in fp32, slots in order (deterministic), cast to out's dtype:
-    the experts forward's last step, one launch (so an eager call plan records every launch of the call)."""
+    the experts forward's last step, one launch (so an eager call plan records every launch of the call).
+    ``WAIT``: launched as a programmatic dependent of the grid that writes ``y``."""
+    if WAIT:
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < H
