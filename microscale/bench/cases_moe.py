@@ -109,19 +109,28 @@ def _check_rows(inputs: tuple, y: torch.Tensor, experts, **act) -> Check:
                                              f"(tolerance {_TOL:g})")
 
 
+def _chain_peer_name() -> str:
+    from ..moe import tuning as moe_tuning
+
+    return ("microscale decode chain, plain launches" if moe_tuning.DECODE_PDL
+            else "microscale decode chain, programmatic launches")
+
+
 def build_moe(spec: CaseSpec, ctx: Context) -> Case:
     """``ms.moe_experts`` (plain SwiGLU, concatenated gate/up) on QTensor weights already packed, checked
     against the float64 reference; bytes: the touched experts' weights + x + out; flops 6*T*top_k*H*I.
     Peers: the same forward on dense bf16 weights as transformers' loop over touched experts, and over
     ``torch._grouped_mm`` (the bf16 grouped GEMM); microscale's other prefill route at the shapes one of them
     serves (the Gluon prefill path of :mod:`microscale.moe.prefill` switched on for the call below its threshold,
-    the grouped kernel with it switched off above); and, where it imports,
+    the grouped kernel with it switched off above); at decode, the op with the decode chain's programmatic launches
+    (``microscale.moe.tuning.DECODE_PDL``) switched the other way; and, where it imports,
     OpenAI's ``triton_kernels`` ``matmul_ogs`` on the same MXFP4 experts (gpt-oss's clamped SwiGLU on interleaved
     gate/up, its own routing from the same ids; checked against that forward in float64)."""
     moe_experts = _lookup("moe_experts")
     quantize = _lookup("quantize")
     _format(spec.format)
     from ..moe import cached_prepare_experts
+    from ..moe.decode import decode_eligible
 
     t, e, h, i, top_k = spec.shape
 
@@ -208,6 +217,23 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
             raise Skip("the grouped kernel (or the decode path) is microscale's own route here")
         return Peer("microscale grouped kernel", _switched(None), check)
 
+    def chain_peer() -> Peer:
+        """The op with the decode chain's programmatic launches switched the other way for the call."""
+        from ..moe import tuning as moe_tuning
+
+        if ctx.cpu:
+            raise Skip("programmatic launches are CUDA only")
+        if not decode_eligible(cached_prepare_experts(wgu0), random_input((1, h), ctx), t * top_k):
+            raise Skip("the decode chain is not microscale's route here")
+
+        def run(x, wgu, wd, idx, wts):
+            saved, moe_tuning.DECODE_PDL = moe_tuning.DECODE_PDL, not moe_tuning.DECODE_PDL
+            try:
+                return moe_experts(x, wgu, wd, idx, wts)
+            finally:
+                moe_tuning.DECODE_PDL = saved
+        return Peer(chain_name, run, check)
+
     def matmul_ogs_peer() -> Peer:
         if ctx.cpu:
             raise Skip("triton_kernels runs on CUDA")
@@ -230,6 +256,7 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
         return Peer("triton_kernels matmul_ogs", lambda *a: _peers.matmul_ogs_moe(*a[:7]), tk_check,
                     make_inputs=tk_inputs)
 
+    chain_name = _chain_peer_name()
     _, wgu0, wd0, idx0, _ = make()
     touched = int(torch.unique(idx0).numel())
     per_expert = cached_prepare_experts(wgu0).nbytes_per_expert + cached_prepare_experts(wd0).nbytes_per_expert
@@ -238,7 +265,7 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
                 set_bytes=e * per_expert + 2 * t * h * 2,
                 peers=[("bf16 experts (transformers loop)", loop_peer), ("torch._grouped_mm bf16", grouped_peer),
                        ("microscale Gluon prefill path", prefill_peer),
-                       ("microscale grouped kernel", grouped_kernel_peer),
+                       ("microscale grouped kernel", grouped_kernel_peer), (chain_name, chain_peer),
                        ("triton_kernels matmul_ogs", matmul_ogs_peer)])
 
 
