@@ -202,6 +202,8 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
 
         if ctx.cpu:
             raise Skip("the Gluon prefill path is CUDA only")
+        if decode_eligible(cached_prepare_experts(wgu0), random_input((1, h), ctx), t * top_k):
+            raise Skip("the decode path serves this shape, whatever the prefill switch")
         if _probe_prefill(moe_tuning.PREFILL_WS_MIN_PER_EXPERT):
             raise Skip("the Gluon prefill path is microscale's own route here")
         if not _probe_prefill(1):
