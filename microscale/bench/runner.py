@@ -39,6 +39,8 @@ class PeerResult:
     tflops: Optional[float] = None
     ratio: Optional[float] = None
     check: Optional[dict] = None
+    #: wall seconds of the peer's phases: ``build``, ``inputs``, ``check`` (first call and check), ``time``
+    phases: Optional[dict] = None
 
 
 @dataclass
@@ -57,6 +59,9 @@ class CaseResult:
     throughput: Optional[dict] = None
     check: Optional[dict] = None
     peers: list[PeerResult] = field(default_factory=list)
+    #: wall seconds of the case's phases (``build``, ``inputs``, ``check``, ``time``, ``peers``): where a slow
+    #: suite spends its time
+    phases: Optional[dict] = None
 
     @property
     def id(self) -> str:
@@ -117,14 +122,37 @@ def _time(fn: Callable[..., Any], sets: list[tuple], ctx: Context, opts: RunOpti
     return replace(t, clocks=state.to_dict()) if state is not None else t
 
 
+#: a case whose phases take longer than this many seconds logs them (results.json keeps them for every case)
+_SLOW_CASE_S = 10.0
+
+
+class _Phases:
+    """Wall seconds between marks, added up per phase name (the device synchronized at each mark, so a phase
+    holds its own GPU work); ``done`` is the dict the result keeps."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.done: dict = {}
+        self.t = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.done[name] = round(self.done.get(name, 0.0) + now - self.t, 3)
+        self.t = now
+
+
 def _run_peer(name: str, build: Callable[[], Peer], case: Case, sets: list[tuple], op_ms: float,
               ctx: Context, opts: RunOptions, monitor: Optional[_clocks.Monitor] = None) -> PeerResult:
+    ph = _Phases(ctx.device)
     try:
         peer = build()
     except Skip as s:
         return PeerResult(name, "skipped", str(s))
     except Exception as exc:
         return PeerResult(name, "skipped", f"could not build: {_short(exc)}")
+    ph.mark("build")
     try:
         pbytes = peer.nbytes if peer.nbytes is not None else case.nbytes
         if peer.make_inputs is None:
@@ -133,16 +161,19 @@ def _run_peer(name: str, build: Callable[[], Peer], case: Case, sets: list[tuple
             first = peer.make_inputs()
             n = _n_sets(peer.set_bytes or case.set_bytes, ctx, opts)
             psets = [first] + [peer.make_inputs() for _ in range(n - 1)]
+        ph.mark("inputs")
         out = peer.fn(*psets[0])
         chk = peer.check(psets[0], out)
         del out
+        ph.mark("check")
         if not chk.ok:
-            return PeerResult(name, "failed", f"check failed: {chk.detail}", check=asdict(chk))
+            return PeerResult(name, "failed", f"check failed: {chk.detail}", check=asdict(chk), phases=ph.done)
         t = _time(peer.fn, psets, ctx, opts, monitor)
+        ph.mark("time")
         gb = models.gbps(pbytes, t.median_ms)
         tf = models.tflops(case.flops, t.median_ms) if case.flops else None
         return PeerResult(name, "ok", t.note, timing=t.to_dict(), nbytes=pbytes, gbps=gb, tflops=tf,
-                          ratio=t.median_ms / op_ms, check=asdict(chk))
+                          ratio=t.median_ms / op_ms, check=asdict(chk), phases=ph.done)
     except Skip as s:
         return PeerResult(name, "skipped", str(s))
     except NotImplementedError as exc:
@@ -161,6 +192,7 @@ def run_case(spec: CaseSpec, ctx: Context, ceilings: models.Ceilings, opts: RunO
     where given and sampling, each timing records the GPU's clocks (``timing['clocks']``)."""
     builders = BUILDERS if builders is None else builders
     base = dict(op=spec.op, format=spec.format, shape=list(spec.shape))
+    ph = _Phases(ctx.device)
     if spec.op not in builders:
         return CaseResult(**base, status="skipped", reason=f"no builder for op {spec.op!r}")
     try:
@@ -173,19 +205,25 @@ def run_case(spec: CaseSpec, ctx: Context, ceilings: models.Ceilings, opts: RunO
     except Exception as exc:
         _free(ctx.device)
         return CaseResult(**base, status="error", reason=f"build: {_short(exc)}")
-    res = CaseResult(**base, status="error", nbytes=case.nbytes, flops=case.flops, compute_kind=case.compute_kind)
+    res = CaseResult(**base, status="error", nbytes=case.nbytes, flops=case.flops, compute_kind=case.compute_kind,
+                     phases=ph.done)
+    ph.mark("build")
     try:
         sets = [case.make_inputs()]
+        ph.mark("inputs")
         out = case.fn(*sets[0])
         chk = case.check(sets[0], out)
         del out
+        ph.mark("check")
         res.check = asdict(chk)
         if not chk.ok:
             res.status, res.reason = "failed", f"check failed: {chk.detail}"
             return res
         n = _n_sets(case.set_bytes, ctx, opts)
         sets += [case.make_inputs() for _ in range(n - 1)]
+        ph.mark("inputs")
         t = _time(case.fn, sets, ctx, opts, monitor)
+        ph.mark("time")
         res.timing = t.to_dict()
         res.throughput = asdict(models.throughput(case.nbytes, case.flops, t.median_ms, ceilings,
                                                   case.compute_kind))
@@ -193,6 +231,7 @@ def run_case(spec: CaseSpec, ctx: Context, ceilings: models.Ceilings, opts: RunO
         for name, build in case.peers:
             pr = _run_peer(name, build, case, sets, t.median_ms, ctx, opts, monitor)
             res.peers.append(pr)
+        ph.mark("peers")
     except Skip as s:
         res.status, res.reason = "skipped", str(s)
     except NotImplementedError as exc:
@@ -246,6 +285,8 @@ def run_cases(specs: Sequence[CaseSpec], ctx: Context, ceilings: models.Ceilings
                 _log(log, f"[{i:>3}/{len(specs)}] {spec.id} ...")
                 r = run_case(spec, ctx, ceilings, opts, builders, monitor)
                 _log(log, f"          {_describe(r)}")
+                if r.phases and sum(r.phases.values()) > _SLOW_CASE_S:
+                    _log(log, "          wall: " + ", ".join(f"{k} {v:.1f} s" for k, v in r.phases.items()))
             out.append(r)
             if on_result is not None:
                 on_result(r)

@@ -808,3 +808,30 @@ def test_moe_check_rows_bounded_by_experts_decoded() -> None:
     assert torch.unique(idx[:r + 1]).numel() > cm._CHECK_EXPERTS
     wide = torch.arange(40).reshape(1, 40)
     assert cm._check_row_count(wide) == 1
+
+
+def test_runner_records_where_a_case_spends_its_wall_time():
+    """Each case and peer keeps the wall seconds of its phases; a slow check shows in the check phase, and a
+    case over the slow threshold logs them."""
+    import io
+    import time as _t
+
+    def slow_check_peer():
+        def check(i, y):
+            _t.sleep(0.05)
+            return Check(True, "mismatches", 0.0)
+        return Peer("slow-check", lambda x: x + x, check)
+
+    builders = {"quantize": lambda s, c: _fake_case(s, c, peers=[("slow-check", slow_check_peer)])}
+    log = io.StringIO()
+    old, runner._SLOW_CASE_S = runner._SLOW_CASE_S, 0.0
+    try:
+        [r] = runner.run_cases([CaseSpec("quantize", "fake", (64, 64))], _ctx(), CEIL, FAST, builders, log=log)
+    finally:
+        runner._SLOW_CASE_S = old
+    assert set(r.phases) == {"build", "inputs", "check", "time", "peers"}
+    assert r.phases["peers"] >= 0.05 and r.phases["check"] < r.phases["peers"]
+    [p] = r.peers
+    assert set(p.phases) == {"build", "inputs", "check", "time"} and p.phases["check"] >= 0.05
+    assert "wall: build" in log.getvalue()
+    assert r.to_dict()["phases"] == r.phases
