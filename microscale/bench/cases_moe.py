@@ -225,8 +225,17 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
 
         if ctx.cpu:
             raise Skip("programmatic launches are CUDA only")
-        if not decode_eligible(cached_prepare_experts(wgu0), random_input((1, h), ctx), t * top_k):
-            raise Skip("the decode chain is not microscale's route here")
+        from ..moe.op import decode_chain_pdl
+
+        was = moe_tuning.DECODE_PDL
+        try:  # (with the switch on: whether the chain could run as dependents here at all)
+            moe_tuning.DECODE_PDL = True
+            able = decode_chain_pdl(cached_prepare_experts(wgu0), cached_prepare_experts(wd0),
+                                    random_input((1, h), ctx), t * top_k)
+        finally:
+            moe_tuning.DECODE_PDL = was
+        if not able:
+            raise Skip("no decode chain of programmatic launches here (path, rows or GPU)")
 
         def run(x, wgu, wd, idx, wts):
             saved, moe_tuning.DECODE_PDL = moe_tuning.DECODE_PDL, not moe_tuning.DECODE_PDL

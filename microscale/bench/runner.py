@@ -152,8 +152,8 @@ def _run_peer(name: str, build: Callable[[], Peer], case: Case, sets: list[tuple
         return PeerResult(name, "skipped", str(s))
     except Exception as exc:
         return PeerResult(name, "skipped", f"could not build: {_short(exc)}")
-    ph.mark("build")
     try:
+        ph.mark("build")
         pbytes = peer.nbytes if peer.nbytes is not None else case.nbytes
         if peer.make_inputs is None:
             psets = sets
@@ -207,8 +207,8 @@ def run_case(spec: CaseSpec, ctx: Context, ceilings: models.Ceilings, opts: RunO
         return CaseResult(**base, status="error", reason=f"build: {_short(exc)}")
     res = CaseResult(**base, status="error", nbytes=case.nbytes, flops=case.flops, compute_kind=case.compute_kind,
                      phases=ph.done)
-    ph.mark("build")
     try:
+        ph.mark("build")  # (inside: it synchronizes, so an asynchronous error of the build surfaces here)
         sets = [case.make_inputs()]
         ph.mark("inputs")
         out = case.fn(*sets[0])

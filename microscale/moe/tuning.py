@@ -32,7 +32,7 @@ DECODE_PROGRAMS_PER_SM = 4
 #: counting sort and the tile map in one launch); above it, torch's sort and a few elementwise ops
 ROUTE_KERNEL_MAX_ROWS = 1024
 #: the decode chain (routing kernel, gate/up and down on the decode kernel, slot sum) as programmatic dependent
-#: launches on a Hopper-or-newer GPU: each launch starts while the one before drains, and the down GEMM loads its
+#: launches on a Hopper-or-newer GPU: each launch starts while the one before drains, and the down GEMM issues its
 #: first weight step before it waits for gate/up's output (docs/decisions/moe-grouped-kernel.md)
 DECODE_PDL = True
 #: grouped rows expected per touched expert from which the experts' GEMMs take the Gluon prefill path

@@ -418,8 +418,9 @@ def test_gpu_strided_biases_and_ids_equal_unplanned_calls(gen):
 @pytest.mark.parametrize("t", [1, 2, 8])
 def test_gpu_decode_chain_as_dependent_launches(fmt, t):
     """The decode chain launched as programmatic dependents (the down GEMM loading weights before gate/up is
-    done, split-K partials in its own workspace) equals the same chain launched plainly, bit for bit, eagerly and
-    replayed in a CUDA graph, at gpt-oss's width (K = 2880: split K and lanes past the row)."""
+    done, split-K partials in its own workspace) equals the same chain launched plainly, bit for bit, eagerly,
+    replayed in a CUDA graph and replayed as an eager call plan, at gpt-oss's width (K = 2880: split K and lanes
+    past the row)."""
     from microscale.linear import tuning as lt
 
     g = torch.Generator(device="cuda").manual_seed(t)
@@ -451,6 +452,8 @@ def test_gpu_decode_chain_as_dependent_launches(fmt, t):
             out.zero_()
             graph.replay()
             assert torch.equal(out, want)
+    for _ in range(4):  # (eager calls with plans on replay the recorded dependent launches from the third)
+        assert torch.equal(ms.moe_experts(x, gu, dn, idx, w, **kw), want)
     from microscale.bench.cases_moe import _experts_f64  # (only the first token's experts, in float64)
 
     used = idx[0].cpu()

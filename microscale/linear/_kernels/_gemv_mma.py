@@ -261,7 +261,8 @@ def _k_steps(ws, ss, xs, k0, ke, KW, KW_PER_SPLIT: tl.constexpr, RG: tl.constexp
     ``EVEN_K`` (K not a multiple of the range's steps) a lane whose words lie past the row (``KW`` words)
     reads the row's last ``WPL`` words again, in bounds, and zeroes its activations, so they add nothing.
     ``WAIT``: launched as a programmatic dependent whose activations the grid before writes: the first step's
-    codes and scales are loaded, then ``griddepcontrol.wait``, then the first activations."""
+    codes and scales are issued, then ``griddepcontrol.wait``, then the first activations (ptxas, which sees
+    the wait's zero, may sink the weight loads below the wait; the activation loads stay after it)."""
     STEP: tl.constexpr = 4 * WPL  # words per row per step
     accs = ()
     for c in tl.static_range(4 * RG * TG):

@@ -54,8 +54,9 @@ def _decode_mma_kernel(
     """One expert row tile's outputs for ``16 * RG * NW`` weight rows (``8 * RG * NW`` output columns
     with ``ACT``) over one K range. Launched as a programmatic dependent, ``WAIT`` 1: wait for the grid
     before (the routing, whose tile map it reads) at once; 2: the grid before is the gate/up GEMM, launched
-    after the routing had finished, so the tile map is read and the first weight step loaded before the
-    wait, the activations after it. ``TRIGGER``: let the next launch start (after any wait)."""
+    after the routing had finished, so the tile map is read and the first weight step issued before the
+    wait (ptxas may still sink those loads below it), the activations after it. ``TRIGGER``: let the next
+    launch start (after the wait with 1, at entry with 2: the slot sum it lets in waits for this grid)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_t = tl.program_id(2)
