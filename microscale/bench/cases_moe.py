@@ -227,14 +227,8 @@ def build_moe(spec: CaseSpec, ctx: Context) -> Case:
             raise Skip("programmatic launches are CUDA only")
         from ..moe.op import decode_chain_pdl
 
-        was = moe_tuning.DECODE_PDL
-        try:  # (with the switch on: whether the chain could run as dependents here at all)
-            moe_tuning.DECODE_PDL = True
-            able = decode_chain_pdl(cached_prepare_experts(wgu0), cached_prepare_experts(wd0),
-                                    random_input((1, h), ctx), t * top_k)
-        finally:
-            moe_tuning.DECODE_PDL = was
-        if not able:
+        if not decode_chain_pdl(cached_prepare_experts(wgu0), cached_prepare_experts(wd0), random_input((1, h), ctx),
+                                t * top_k):
             raise Skip("no decode chain of programmatic launches here (path, rows or GPU)")
 
         def run(x, wgu, wd, idx, wts):

@@ -76,7 +76,7 @@ def decode_run(x: torch.Tensor, pe: PackedExperts, offsets: torch.Tensor, bias: 
     ``pe`` must carry its decode view (``pe.mma``) and ``x`` be bf16 with unit last stride.
     ``pdl_wait`` (a GPU with programmatic dependent launch only): launched as a dependent of the launch
     before, 1: the routing kernel that wrote ``tiles`` (waits at once); 2: the gate/up GEMM that wrote ``x``,
-    launched as 1 (the tile map is read and the first weights loaded before the wait). ``pdl_trigger``:
+    launched as 1 (the tile map is read and the first weights issued before the wait). ``pdl_trigger``:
     the next launch is a programmatic dependent of this one."""
     from ..linear._kernels import _gemv_mma as mk
     from ..linear.backends.gemv_mma import split_words
@@ -111,9 +111,9 @@ def decode_run(x: torch.Tensor, pe: PackedExperts, offsets: torch.Tensor, bias: 
     xasm, xcons, nxout = mk.load_asm(0, c.words_per_lane, tg, 0, 16)
     sasm, scons = mk.step_asm(c.row_groups, c.words_per_lane, tg, wpg, sk)
     grid_n = cdiv(n_out, 8 * c.row_groups * c.num_warps) if act is not None else cdiv(n, 16 * c.row_groups * c.num_warps)
-    if c.split_k > 1:  # (the down GEMM's own slot: it may run beside gate/up's tail as a programmatic dependent)
+    if c.split_k > 1:  # (a programmatic dependent touches it only after its wait: the grid before is done with it)
         ws, cnt = workspace(x.device, c.split_k * grid_n * te.numel() * 4 * c.row_groups * tg * 32 * c.num_warps,
-                            grid_n * te.numel(), slot=1 if scatter is not None else 0)
+                            grid_n * te.numel())
     else:
         ws = cnt = out
     dummy = out

@@ -149,21 +149,15 @@ def _experts_forward(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_b
     return _forward_launches(x, gu, dn, idx, weights, gu_bias, dn_bias, activation, alpha, limit, layout)[0]
 
 
-def _chain_pdl(x: torch.Tensor, rows: int) -> bool:
-    """Whether a decode chain (both GEMMs on the decode kernel) of ``rows`` grouped rows runs as programmatic
-    dependents: the one-launch routing, the switch on, a GPU that has them."""
-    from . import grouped, tuning as moe_tuning
-
-    return (rows <= grouped.ROUTE_KERNEL_MAX_ROWS and moe_tuning.DECODE_PDL and not target.interpreting()
-            and target.pdl_capable(x.device))
-
-
 def decode_chain_pdl(w_gate_up: PackedExperts, w_down: PackedExperts, x: torch.Tensor, rows: int) -> bool:
-    """Whether :func:`moe_experts` on these packed experts runs ``rows`` grouped rows (tokens x top_k) of ``x`` as
-    the decode chain with programmatic dependent launches (``microscale.moe.tuning.DECODE_PDL``)."""
+    """Whether :func:`moe_experts` on these packed experts can run ``rows`` grouped rows (tokens x top_k) of ``x``
+    as the decode chain of programmatic dependent launches: both GEMMs on the decode kernel, the one-launch
+    routing, a GPU that has them (``microscale.moe.tuning.DECODE_PDL`` then says whether it does)."""
+    from . import grouped
     from .decode import decode_eligible
 
-    return decode_eligible(w_gate_up, x, rows) and w_down.mma is not None and _chain_pdl(x, rows)
+    return (decode_eligible(w_gate_up, x, rows) and w_down.mma is not None and rows <= grouped.ROUTE_KERNEL_MAX_ROWS
+            and not target.interpreting() and target.pdl_capable(x.device))
 
 
 def _forward_launches(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_bias, dn_bias, activation, alpha,
@@ -199,7 +193,7 @@ def _forward_launches(x, gu: PackedExperts, dn: PackedExperts, idx, weights, gu_
     c_pf = choose_prefill_config(r / max(1.0, expected_touched(r, gu.e))) if p_gu else None
     bm_gu = DECODE_TILE_ROWS if d_gu else c_pf.block_t if p_gu else c_gu.block_m
     bm_dn = DECODE_TILE_ROWS if d_dn else c_pf.block_t if p_dn else c_dn.block_m
-    pdl = d_gu and d_dn and _chain_pdl(x, r)
+    pdl = moe_tuning.DECODE_PDL and decode_chain_pdl(gu, dn, x, r)
     perm, offsets, te, tb = route(idx, gu.e, bm_gu, trigger=pdl)
     act = (activation, alpha, limit, layout)
     if d_gu:

@@ -13,16 +13,15 @@ _WS: dict = {}
 _SCRATCH: dict = {}
 
 
-def workspace(device: torch.device, floats: int, tiles: int, slot: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def workspace(device: torch.device, floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 partials (``floats``) and zeroed int32 tile counters (``tiles``) of a split-K
-    launch. The kernels leave the counters zero, so one pair per (device, stream, ``slot``) is
-    reused; a fresh pair while a CUDA graph is being captured (the graph then owns it).
-    ``slot``: launches that may run at once on one stream (programmatic dependents) use different ones."""
+    launch. The kernels leave the counters zero, so one pair per (device, stream) is
+    reused; a fresh pair while a CUDA graph is being captured (the graph then owns it)."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return (torch.empty(max(floats, 1), dtype=torch.float32, device=device),
                 torch.zeros(max(tiles, 1), dtype=torch.int32, device=device))
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream, slot)
+    key = (device, stream)
     ws, cnt = _WS.get(key, (None, None))
     if ws is None or ws.numel() < floats or cnt.numel() < tiles:
         ws = torch.zeros(max(floats, 1 << 16), dtype=torch.float32, device=device)

@@ -417,8 +417,8 @@ def test_gpu_strided_biases_and_ids_equal_unplanned_calls(gen):
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("t", [1, 2, 8])
 def test_gpu_decode_chain_as_dependent_launches(fmt, t):
-    """The decode chain launched as programmatic dependents (the down GEMM loading weights before gate/up is
-    done, split-K partials in its own workspace) equals the same chain launched plainly, bit for bit, eagerly,
+    """The decode chain launched as programmatic dependents (the down GEMM started before gate/up is done, its
+    split-K partials in the workspace gate/up used) equals the same chain launched plainly, bit for bit, eagerly,
     replayed in a CUDA graph and replayed as an eager call plan, at gpt-oss's width (K = 2880: split K and lanes
     past the row)."""
     from microscale.linear import tuning as lt
